@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Creates .venv (if needed) and installs cyb with its test dependencies into it.
+# CPU machines get the CPU build of torch 2.13.0; machines with an NVIDIA driver get a CUDA build.
+# Override the torch requirement with CYB_TORCH (e.g. CYB_TORCH="torch==2.13.0+cpu") and add an
+# index with PIP_EXTRA_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu) where needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+stamp=.venv/.cyb-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+"$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
+  if [ -n "${CYB_TORCH:-}" ]; then
+    spec=$CYB_TORCH
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    spec="torch>=2.4"
+  else
+    spec="torch==2.13.0"
+  fi
+  echo "setup: installing $spec into .venv"
+  "$VPY" -m pip install -q "$spec"
+fi
+echo "setup: installing cyb (editable) and its test dependencies into .venv"
+"$VPY" -m pip install -q -e ".[test]"
+rm -f .venv/.cyb-setup-*
+touch "$stamp"

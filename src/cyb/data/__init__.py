@@ -1,0 +1,1 @@
+"""Data: text sources, tokenisers, packing, and synthetic reasoning tasks."""
