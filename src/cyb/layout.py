@@ -109,7 +109,7 @@ class PauseVocab:
         lo, hi = int(vals.min()), int(vals.max())
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"ids: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         if self._special:
             special = torch.tensor(sorted(self._special), device=vals.device)
             hit = torch.isin(vals, special)
@@ -165,6 +165,8 @@ def next_token_labels(
         keep &= loss_mask.bool()
     valid_next = torch.zeros_like(keep)
     valid_next[:, :-1] = keep[:, 1:]
+    if attention_mask is not None:
+        valid_next &= attention_mask.bool()  # a padding position predicts nothing
     return labels.masked_fill(~valid_next, ignore_index)
 
 

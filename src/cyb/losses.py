@@ -67,9 +67,16 @@ def _check_steps(log_t: torch.Tensor | None, log_d: torch.Tensor, log_not_d: tor
     return log_d.shape[-1]
 
 
+def _as_float(values, like: torch.Tensor) -> torch.Tensor:
+    """``values`` as a tensor of ``like``'s dtype and device, without a float32 detour."""
+    if isinstance(values, torch.Tensor):
+        return values.to(device=like.device, dtype=like.dtype)
+    return torch.tensor(values, dtype=like.dtype, device=like.device)
+
+
 def _as_dist(name: str, values: Dist, m: int, like: torch.Tensor) -> torch.Tensor:
     """Validate and normalise a distribution over steps: tensor broadcastable to ``[..., M]``."""
-    t = torch.as_tensor(values, device=like.device).to(like.dtype)
+    t = _as_float(values, like)
     if t.dim() == 0 or t.shape[-1] != m:
         raise ValueError(f"{name} must have length M = {m} on its last axis, got shape {tuple(t.shape)}")
     if not bool(torch.isfinite(t).all()):
@@ -85,7 +92,7 @@ def _as_dist(name: str, values: Dist, m: int, like: torch.Tensor) -> torch.Tenso
 def _log_gamma(gamma: Dist, m: int, like: torch.Tensor) -> torch.Tensor:
     if gamma is None:
         return torch.zeros(m, dtype=like.dtype, device=like.device)
-    g = torch.as_tensor(gamma, device=like.device).to(like.dtype)
+    g = _as_float(gamma, like)
     if g.dim() == 0 or g.shape[-1] != m:
         raise ValueError(f"gamma must have length M = {m} on its last axis, got shape {tuple(g.shape)}")
     if not bool(((g >= 0) & (g <= 1)).all()):

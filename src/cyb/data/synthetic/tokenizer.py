@@ -56,7 +56,8 @@ class CharTokenizer:
         self._alphabet = alphabet
         self._tokens: list[str] = list(BASE_SPECIAL_TOKENS) + list(alphabet)
         self._special: dict[str, int] = {name: i for i, name in enumerate(BASE_SPECIAL_TOKENS)}
-        self._char_to_id: dict[str, int] = {c: i + len(BASE_SPECIAL_TOKENS) for i, c in enumerate(alphabet)}
+        first = len(BASE_SPECIAL_TOKENS)
+        self._char_to_id: dict[str, int] = {c: first + i for i, c in enumerate(alphabet)}
         self.add_special_tokens(extra_special_tokens)
 
     # ----------------------------------------------------------------- vocabulary
@@ -145,7 +146,8 @@ class CharTokenizer:
             token_id = self._char_to_id.get(c)
             if token_id is None:
                 raise ValueError(
-                    f"character {c!r} at index {i} of {text!r} is not in the alphabet {self._alphabet!r}"
+                    f"character {c!r} at index {i} of {text!r} is not in the alphabet "
+                    f"{self._alphabet!r}"
                 )
             ids.append(token_id)
             i += 1
@@ -171,7 +173,9 @@ class CharTokenizer:
         if not isinstance(token_id, int) or isinstance(token_id, bool):
             raise TypeError(f"token ids must be ints, got {token_id!r}")
         if not 0 <= token_id < len(self._tokens):
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {len(self._tokens)})")
+            raise ValueError(
+                f"token id {token_id} is outside the vocabulary [0, {len(self._tokens)})"
+            )
 
     # ----------------------------------------------------------------- persistence
     def to_dict(self) -> dict:

@@ -1,0 +1,306 @@
+"""Stream the text of documents from files, folders, globs and Hugging Face data sets.
+
+One entry point, :func:`iter_texts`, picks a reader by what ``spec`` is:
+
+=======================================  ===================================================
+``spec``                                 read as
+=======================================  ===================================================
+``*.jsonl``, ``*.json``, ``*.ndjson``    JSON lines (C4 layout), one document per line;
+(each optionally ``.gz``)                the text is the field ``text_field``
+``*.txt`` (optionally ``.gz``)           one document per file, or one per blank-line
+                                         separated paragraph with ``paragraphs=True``
+``*.parquet``                            the column ``text_field`` (needs ``pyarrow``)
+a folder written by ``save_to_disk``     a ``datasets`` Dataset / DatasetDict (needs
+                                         ``datasets``)
+any other folder                         every supported file below it, in sorted order
+                                         (bare ``.json`` files excepted: mostly metadata)
+a glob (``data/*.jsonl.gz``)             every supported file it matches, in sorted order
+``hf:NAME`` or ``hf:NAME:CONFIG``        ``datasets.load_dataset(NAME, CONFIG, split=...,
+                                         streaming=True)`` (needs the hub to be reachable)
+=======================================  ===================================================
+
+Everything streams: at most one document (one record batch for parquet) is in memory at a time.
+Empty documents are skipped. A source that yields no document at all raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import glob as _glob
+import gzip
+import io
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HUB_PREFIX = "hf:"
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+TEXT_SUFFIXES = (".txt",)
+PARQUET_SUFFIXES = (".parquet",)
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def _format_of(path: Path) -> str | None:
+    """``"jsonl"``, ``"txt"``, ``"parquet"`` or None for a file name we do not read."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+        if name.endswith(PARQUET_SUFFIXES):
+            return None  # parquet compresses internally; a gzipped parquet file is not a format
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(TEXT_SUFFIXES):
+        return "txt"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return None
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
+            if not isinstance(record, dict) or text_field not in record:
+                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise KeyError(
+                    f"{path}:{lineno}: no field text_field={text_field!r} (found {keys})"
+                )
+            text = record[text_field]
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"{path}:{lineno}: field {text_field!r} must hold a string, "
+                    f"got {type(text).__name__}"
+                )
+            yield text
+
+
+def _read_txt(path: Path, paragraphs: bool) -> Iterator[str]:
+    with _open_text(path) as f:
+        if not paragraphs:
+            yield f.read()
+            return
+        lines: list[str] = []
+        for line in f:
+            if line.strip():
+                lines.append(line)
+            elif lines:
+                yield "".join(lines).rstrip("\n")
+                lines = []
+        if lines:
+            yield "".join(lines).rstrip("\n")
+
+
+def _import(module: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(
+            f"reading {extra} needs the package {module.split('.')[0]!r}: "
+            f"pip install {module.split('.')[0]}  (or pip install 'cyb[data]')"
+        ) from None
+
+
+def _read_parquet(path: Path, text_field: str, batch_rows: int = 1024) -> Iterator[str]:
+    pq = _import("pyarrow.parquet", "parquet files")
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        raise KeyError(f"{path}: no column text_field={text_field!r} (found {names})")
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=[text_field]):
+        for text in batch.column(0).to_pylist():
+            if text is not None:
+                yield text
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
+
+
+def _iter_hf_dataset(
+    ds: Any, text_field: str, where: str, batch_rows: int = 1024
+) -> Iterator[str]:
+    columns = ds.column_names
+    if columns is not None and text_field not in columns:
+        raise KeyError(f"{where}: no column text_field={text_field!r} (found {columns})")
+    if hasattr(ds, "select_columns") and columns is not None:
+        ds = ds.select_columns([text_field])
+    for batch in ds.iter(batch_size=batch_rows):
+        for text in batch[text_field]:
+            if text is not None:
+                yield text
+
+
+def _pick_split(dsd: Any, split: str | None, where: str) -> Any:
+    names = list(dsd.keys())
+    if split is None:
+        if "train" in names:
+            split = "train"
+        elif len(names) == 1:
+            split = names[0]
+        else:
+            raise ValueError(f"{where} holds splits {names}; pass split= one of them")
+    if split not in names:
+        raise ValueError(f"{where}: split={split!r} not found; available: {names}")
+    return dsd[split]
+
+
+def _read_saved_dataset(path: Path, text_field: str, split: str | None) -> Iterator[str]:
+    datasets = _import("datasets", "a saved Hugging Face data set")
+    ds = datasets.load_from_disk(str(path))
+    if hasattr(ds, "keys"):  # a DatasetDict
+        ds = _pick_split(ds, split, str(path))
+    elif split is not None and ds.split is not None and str(ds.split) != split:
+        raise ValueError(f"{path} holds split {str(ds.split)!r}, not split={split!r}")
+    yield from _iter_hf_dataset(ds, text_field, str(path))
+
+
+def _read_hub(spec: str, text_field: str, split: str | None) -> Iterator[str]:
+    name, _, config = spec[len(HUB_PREFIX):].partition(":")
+    if not name:
+        raise ValueError(f"hub spec {spec!r} names no data set; write hf:NAME or hf:NAME:CONFIG")
+    datasets = _import("datasets", "a hub data set")
+    ds = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
+    for record in ds:
+        if text_field not in record:
+            raise KeyError(f"{spec}: no field text_field={text_field!r} (found {sorted(record)})")
+        text = record[text_field]
+        if text is not None:
+            yield text
+
+
+def _matches_split(path: Path, split: str) -> bool:
+    """True if ``split`` is one of the words of the file name (``c4-train.00001.json.gz``)."""
+    return split.lower() in re.split(r"[^0-9a-zA-Z]+", path.name.lower())
+
+
+def list_files(spec: str | Path, split: str | None = None) -> list[Path]:
+    """The readable files a path, folder or glob stands for, sorted; filtered by ``split``.
+
+    With ``split`` set, only files with ``split`` as a word of their name are kept
+    (``train.jsonl.gz`` and ``c4-train.00000-of-01024.json.gz`` for ``split="train"``).
+    Raises FileNotFoundError when nothing readable is found.
+    """
+    s = str(spec)
+    path = Path(s).expanduser()
+    if path.is_file():
+        if _format_of(path) is None:
+            raise ValueError(
+                f"unknown format of {path}: expected .jsonl/.json/.ndjson[.gz], .txt[.gz] "
+                "or .parquet"
+            )
+        found = [path]
+    elif path.is_dir():
+        # bare .json files in a folder are mostly metadata (config.json, dataset_info.json)
+        found = sorted(
+            p for p in path.rglob("*")
+            if p.is_file() and _format_of(p) is not None and not p.name.lower().endswith(".json")
+        )
+    elif _GLOB_CHARS.search(s):
+        found = sorted(
+            Path(p) for p in _glob.glob(str(path), recursive=True)
+            if Path(p).is_file() and _format_of(Path(p)) is not None
+        )
+    else:
+        raise FileNotFoundError(
+            f"data source {s!r} does not exist (for a hub data set write {HUB_PREFIX}NAME)"
+        )
+    if split is not None:
+        found = [p for p in found if _matches_split(p, split)]
+    if not found:
+        which = f" for split={split!r}" if split is not None else ""
+        raise FileNotFoundError(
+            f"no readable files{which} in {s!r} (looked for .jsonl/.json/.ndjson[.gz], "
+            ".txt[.gz], .parquet)"
+        )
+    return found
+
+
+def _iter_raw(
+    spec: str | Path, text_field: str, split: str | None, paragraphs: bool
+) -> Iterator[str]:
+    s = str(spec)
+    if s.startswith(HUB_PREFIX):
+        yield from _read_hub(s, text_field, split)
+        return
+    path = Path(s).expanduser()
+    if path.is_dir() and _is_saved_dataset(path):
+        yield from _read_saved_dataset(path, text_field, split)
+        return
+    for f in list_files(s, split):
+        kind = _format_of(f)
+        if kind == "jsonl":
+            yield from _read_jsonl(f, text_field)
+        elif kind == "txt":
+            yield from _read_txt(f, paragraphs)
+        else:
+            yield from _read_parquet(f, text_field)
+
+
+def iter_texts(
+    spec: str | Path,
+    *,
+    text_field: str = "text",
+    split: str | None = None,
+    paragraphs: bool = False,
+) -> Iterator[str]:
+    """Yield the text of every document of ``spec``, in a fixed order, one at a time.
+
+    Args:
+        spec: a file, folder, glob, saved ``datasets`` folder or ``hf:NAME[:CONFIG]`` (see the
+            module docstring for how each is read).
+        text_field: the JSON field / parquet or data set column that holds the text.
+        split: for a hub data set the split to stream (default ``"train"``); for a saved
+            DatasetDict the split to read (default ``"train"``, or the only one); for files,
+            folders and globs only files with ``split`` as a word of their name are read.
+        paragraphs: for ``.txt`` files, one document per blank-line separated paragraph
+            instead of one per file.
+
+    Raises:
+        FileNotFoundError: ``spec`` does not exist or holds no readable file.
+        ValueError: unknown file format, or the source holds no non-empty document.
+        KeyError: a record lacks ``text_field``.
+        ImportError: the reader needs ``pyarrow`` / ``datasets`` and it is not installed.
+    """
+    count = 0
+    for text in _iter_raw(spec, text_field, split, paragraphs):
+        if text:
+            count += 1
+            yield text
+    if count == 0:
+        raise ValueError(f"data source {str(spec)!r} holds no non-empty document")
+
+
+def text_source(
+    spec: str | Path,
+    *,
+    text_field: str = "text",
+    split: str | None = None,
+    paragraphs: bool = False,
+) -> Callable[[], Iterator[str]]:
+    """A factory that starts :func:`iter_texts` afresh at each call (what packing re-reads).
+
+    Checks at once that a local ``spec`` exists, so a typo fails before training starts.
+    """
+    if not str(spec).startswith(HUB_PREFIX):
+        path = Path(str(spec)).expanduser()
+        if not (path.is_dir() and _is_saved_dataset(path)):
+            list_files(spec, split)
+    return functools.partial(
+        iter_texts, spec, text_field=text_field, split=split, paragraphs=paragraphs
+    )
