@@ -15,7 +15,7 @@ a folder written by ``save_to_disk``     a ``datasets`` Dataset / DatasetDict (n
 any other folder                         every supported file below it, in sorted order
                                          (bare ``.json`` files excepted: mostly metadata)
 a glob (``data/*.jsonl.gz``)             every supported file it matches, in sorted order
-``hf:NAME`` or ``hf:NAME:CONFIG``        ``datasets.load_dataset(NAME, CONFIG, split=...,
+``hf:NAME[:CONFIG][@SPLIT]``             ``datasets.load_dataset(NAME, CONFIG, split=...,
                                          streaming=True)`` (needs the hub to be reachable)
 =======================================  ===================================================
 
@@ -171,9 +171,11 @@ def _read_saved_dataset(path: Path, text_field: str, split: str | None) -> Itera
 
 
 def _read_hub(spec: str, text_field: str, split: str | None) -> Iterator[str]:
-    name, _, config = spec[len(HUB_PREFIX):].partition(":")
+    body, _, at_split = spec[len(HUB_PREFIX):].partition("@")
+    split = at_split or split
+    name, _, config = body.partition(":")
     if not name:
-        raise ValueError(f"hub spec {spec!r} names no data set; write hf:NAME or hf:NAME:CONFIG")
+        raise ValueError(f"hub spec {spec!r} names no data set; write hf:NAME[:CONFIG][@SPLIT]")
     datasets = _import("datasets", "a hub data set")
     ds = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
     for record in ds:
@@ -262,7 +264,7 @@ def iter_texts(
     """Yield the text of every document of ``spec``, in a fixed order, one at a time.
 
     Args:
-        spec: a file, folder, glob, saved ``datasets`` folder or ``hf:NAME[:CONFIG]`` (see the
+        spec: a file, folder, glob, saved ``datasets`` folder or ``hf:NAME[:CONFIG][@SPLIT]`` (see the
             module docstring for how each is read).
         text_field: the JSON field / parquet or data set column that holds the text.
         split: for a hub data set the split to stream (default ``"train"``); for a saved

@@ -1,0 +1,258 @@
+"""Build a run's pieces from its configuration: device, tokenizer, model and data streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .config import RunConfig
+from .distributed import DistInfo, main_first
+
+TOKENIZER_DIR = "tokenizer"
+
+
+def resolve_device(spec: str, info: DistInfo) -> torch.device:
+    """``auto`` -> this process's GPU when CUDA is available, else the CPU."""
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cuda" and info.enabled:
+        spec = f"cuda:{info.local_rank}"
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("train.device: CUDA was asked for but no GPU is available (use cpu or auto)")
+    return torch.device(spec)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def _train_source(cfg: RunConfig):
+    from .data.packing import train_valid_sources
+
+    return train_valid_sources(cfg.data.source, cfg.data.valid_source,
+                               valid_fraction=cfg.data.valid_fraction, seed=cfg.train.seed,
+                               text_field=cfg.data.text_field)
+
+
+def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
+    """The run's tokenizer (a Hugging Face tokenizer), saved under ``run_dir/tokenizer``.
+
+    Synthetic tasks use the character tokenizer; text runs use ``data.tokenizer``, else the
+    pretrained model's, else a byte-level BPE trained on the training documents.
+    """
+    from .data.tokenizer import load_tokenizer, train_bpe_tokenizer
+
+    saved = run_dir / TOKENIZER_DIR
+    if cfg.data.task:
+        from .data.synthetic import CharTokenizer
+
+        return CharTokenizer().to_hf()
+    if cfg.data.tokenizer:
+        return load_tokenizer(cfg.data.tokenizer)
+    if cfg.model.name_or_path:
+        return load_tokenizer(cfg.model.name_or_path)
+    with main_first(info):
+        if not (saved / "tokenizer.json").is_file() and info.is_main:
+            import itertools
+
+            train_texts, _ = _train_source(cfg)
+            docs = itertools.islice(train_texts(), cfg.data.bpe_train_docs)
+            train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, saved)
+    return load_tokenizer(saved)
+
+
+# --------------------------------------------------------------------------------- model
+
+
+def hf_config_for(cfg: RunConfig, vocab_size: int, tokenizer=None):
+    """A Hugging Face config for a from-scratch model of ``cfg.model.arch``."""
+    from transformers import AutoConfig
+
+    m = cfg.model
+    heads = m.num_heads
+    model_type = {"gemma3": "gemma3_text"}.get(m.arch, m.arch)
+    kw = dict(vocab_size=vocab_size, hidden_size=m.hidden_size,
+              intermediate_size=m.intermediate_size or 4 * m.hidden_size,
+              num_hidden_layers=m.num_layers, num_attention_heads=heads,
+              num_key_value_heads=m.num_kv_heads or heads,
+              max_position_embeddings=m.max_position_embeddings,
+              tie_word_embeddings=m.tie_embeddings)
+    if m.arch in ("gemma", "gemma2", "gemma3", "qwen3"):
+        kw["head_dim"] = m.hidden_size // heads
+    if m.arch in ("gemma2", "gemma3"):
+        kw["query_pre_attn_scalar"] = m.hidden_size // heads
+    if m.arch == "mistral":
+        kw["sliding_window"] = None
+    if tokenizer is not None:
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            val = getattr(tokenizer, name, None)
+            if val is not None:
+                kw[name] = val
+    return AutoConfig.for_model(model_type, **kw)
+
+
+def build_model(cfg: RunConfig, tokenizer):
+    """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch)."""
+    from .model import PauseModel
+
+    me = cfg.method
+    pause_kw = dict(num_steps=me.num_steps if me.uses_pauses else 1, use_dk=me.uses_dk,
+                    psi_dk=me.psi_dk, method=me.name,
+                    position_scheme="advance" if me.name == "tbys_original" else me.position_scheme)
+    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[cfg.model.dtype]
+    if cfg.model.name_or_path:
+        return PauseModel.from_pretrained(cfg.model.name_or_path, tokenizer=tokenizer,
+                                          torch_dtype=dtype,
+                                          attn_implementation=cfg.model.attn_implementation,
+                                          **pause_kw)
+    hf_config = hf_config_for(cfg, len(tokenizer), tokenizer)
+    return PauseModel.from_config(hf_config, tokenizer, torch_dtype=dtype,
+                                  attn_implementation=cfg.model.attn_implementation, **pause_kw)
+
+
+# ---------------------------------------------------------------------------------- data
+
+
+class GlobalBatches:
+    """This process's micro-batches of a global stream of ``batch_size`` rows per step.
+
+    The global stream (rows in a fixed, seeded order) is the same on every process; process
+    ``r`` of ``w`` takes rows ``[r*b/w, (r+1)*b/w)`` of each global batch of ``b`` rows and splits
+    them into micro-batches.  The resume state is the stream position at a step boundary, so a
+    checkpoint resumes at any world size.
+    """
+
+    def __init__(self, source, batch_size: int, info: DistInfo, micro: int):
+        self.source, self.batch_size, self.info, self.micro = source, batch_size, info, micro
+        self._state = source.state_dict()
+
+    def __iter__(self):
+        per = self.batch_size // self.info.world_size
+        while True:
+            rows = self.source.take(self.batch_size)
+            self._state = self.source.state_dict()
+            mine = {k: v[self.info.rank * per:(self.info.rank + 1) * per] for k, v in rows.items()}
+            for s in range(0, per, self.micro):
+                yield {k: v[s:s + self.micro] for k, v in mine.items()}
+
+    def state_dict(self) -> dict:
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.source.load_state_dict(state)
+        self._state = self.source.state_dict()
+
+
+class TextRows:
+    """Packed text blocks as rows ``{"ids": [n, L]}``, repeating over epochs; resumable."""
+
+    def __init__(self, texts_factory, tokenizer, block_len: int, *, shuffle_buffer: int, seed: int):
+        from .data.packing import PackedBlocks
+
+        self.blocks = PackedBlocks(texts_factory, tokenizer, block_len, shuffle_buffer=shuffle_buffer,
+                                   seed=seed, epochs=None)
+        self._it = None
+
+    def take(self, n: int) -> dict:
+        if self._it is None:
+            self._it = iter(self.blocks)
+        rows = []
+        for _ in range(n):
+            try:
+                rows.append(next(self._it))
+            except StopIteration:
+                raise ValueError("the training data holds no complete block; add documents or "
+                                 "lower data.block_len") from None
+        return {"ids": torch.stack(rows)}
+
+    def state_dict(self) -> dict:
+        return self.blocks.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.blocks.load_state_dict(state)
+        self._it = None
+
+
+class TensorRows:
+    """Rows of fixed tensors (a synthetic data set) in a seeded order per epoch; resumable."""
+
+    def __init__(self, tensors: dict, seed: int):
+        self.tensors = tensors
+        self.n = next(iter(tensors.values())).shape[0]
+        self.seed = seed
+        self.epoch, self.pos = 0, 0
+
+    def _order(self) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+        return torch.randperm(self.n, generator=g)
+
+    def take(self, n: int) -> dict:
+        idx = []
+        order = self._order()
+        while len(idx) < n:
+            if self.pos >= self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+                order = self._order()
+            k = min(n - len(idx), self.n - self.pos)
+            idx.append(order[self.pos:self.pos + k])
+            self.pos += k
+        sel = torch.cat(idx)
+        return {k: v[sel] for k, v in self.tensors.items()}
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "rows": self.n, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("rows") != self.n or state.get("seed") != self.seed:
+            raise ValueError("data state does not match this data set (rows or seed differ)")
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+
+
+def synthetic_sets(cfg: RunConfig, tokenizer=None):
+    """The run's synthetic train and held-out data sets."""
+    from .data.synthetic import CharTokenizer, SyntheticDataset, make_task
+
+    task = make_task(cfg.data.task, **cfg.data.task_kwargs)
+    tok = CharTokenizer()
+    train = SyntheticDataset(task, tok, cfg.data.num_train_examples, seed=cfg.train.seed, split="train")
+    valid = SyntheticDataset(task, tok, cfg.data.num_valid_examples, seed=cfg.train.seed + 1, split="test")
+    return train, valid
+
+
+def _rows_of(ds) -> dict:
+    return {"ids": ds.ids, "attention_mask": ds.attention_mask, "loss_mask": ds.loss_mask}
+
+
+def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
+    """``(train_stream, valid_batches)``: a resumable :class:`GlobalBatches` and a list."""
+    d, t = cfg.data, cfg.train
+    if d.task:
+        train_set, valid_set = synthetic_sets(cfg, tokenizer)
+        train = GlobalBatches(TensorRows(_rows_of(train_set), t.seed), t.batch_size, info, micro)
+        rows = _rows_of(valid_set)
+        n = rows["ids"].shape[0]
+        valid = [{k: v[s:s + micro] for k, v in rows.items()}
+                 for s in range(info.rank * micro, n, micro * info.world_size)]
+        return train, valid[: t.eval_batches] if t.eval_batches else valid
+
+    block_len = d.block_len * (cfg.method.seq_multiplier if cfg.method.name == "baseline_nx" else 1)
+    train_texts, valid_texts = _train_source(cfg)
+    train = GlobalBatches(TextRows(train_texts, tokenizer, block_len, shuffle_buffer=d.shuffle_buffer,
+                                   seed=t.seed), t.batch_size, info, micro)
+    valid = []
+    if valid_texts is not None and t.eval_batches:
+        from .data.packing import PackedBlocks
+
+        blocks = PackedBlocks(valid_texts, tokenizer, block_len, rank=info.rank,
+                              world_size=info.world_size, epochs=1)
+        it = iter(blocks)
+        for _ in range(t.eval_batches):
+            rows = [r for r, _ in zip(it, range(micro))]
+            if len(rows) < micro:
+                break
+            valid.append({"ids": torch.stack(rows)})
+        if not valid:
+            raise ValueError("the held-out data holds fewer than one micro-batch of blocks; raise "
+                             "data.valid_fraction, give data.valid_source or lower data.block_len")
+    return train, valid

@@ -1,0 +1,62 @@
+"""``cyb`` command line: train | eval | generate | demo | bench | report.
+
+Each subcommand lives in :mod:`cyb.commands` (arguments and a ``run`` function); the work
+happens in the library modules, imported only when a command runs, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .commands import NAMES
+
+
+def _modules() -> dict:
+    mods = {}
+    for name in NAMES:
+        try:
+            mods[name] = importlib.import_module(f"cyb.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"cyb.commands.{name}":
+                raise
+    return mods
+
+
+def build_parser(mods: dict | None = None) -> argparse.ArgumentParser:
+    from . import __version__
+
+    mods = mods if mods is not None else _modules()
+    parser = argparse.ArgumentParser(
+        prog="cyb",
+        description="Train, run and analyse language models that pause for breath "
+                    "(Catch Your Breath: <don't know> outputs and <pause> steps).")
+    parser.add_argument("--version", action="version", version=f"cyb {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, mod in mods.items():
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    mods = _modules()
+    parser = build_parser(mods)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return int(mods[args.command].run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (FileNotFoundError, ValueError) as e:
+        print(f"cyb {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Reading a token out of a block of ``M`` steps: greedy sequential decision or sampling.
+
+At step ``i < M`` the model either says ``<don't know>`` (dk: look at step ``i + 1``) or answers
+with a token; at step ``M`` it must answer.  Models without dk (TBYS) answer at step ``M``;
+baselines have ``M = 1``.
+
+* Greedy (the paper's downstream evaluation): at step ``i`` take the argmax over
+  ``{dk} U V`` of the softmax with the dk prior; dk -> next step; at step ``M`` the argmax
+  without dk.
+* Sampling: dk with probability ``d_i``, else a token from the distribution renormalised
+  without dk, with temperature, top-k and top-p; at step ``M`` always a token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _step_logits(logits: torch.Tensor, dk_id: int | None, dk_bias: float) -> torch.Tensor:
+    z = logits.float()
+    if dk_id is not None and dk_bias:
+        z = z.clone()
+        z[..., dk_id] += dk_bias
+    return z
+
+
+def greedy_decision(logits: torch.Tensor, *, dk_id: int | None = None, dk_bias: float = 0.0,
+                    num_valid_steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy sequential readout of blocks of steps.
+
+    Args:
+        logits: ``[..., M, V]`` the logits of the ``M`` steps of each block.
+        dk_id, dk_bias: the dk id (None: answer at step ``M``) and its prior bias.
+        num_valid_steps: ``[...]`` optional number of steps each block has (Recipe 2: ``W``);
+            the answer is forced at the last valid step.
+
+    Returns:
+        ``(token [...], steps_used [...])`` with ``steps_used`` in ``1..M``.
+    """
+    m = logits.shape[-2]
+    z = _step_logits(logits, dk_id, dk_bias)
+    last = torch.full(z.shape[:-2], m, dtype=torch.long, device=z.device)
+    if num_valid_steps is not None:
+        last = num_valid_steps.long().clamp(1, m)
+    if dk_id is None:
+        tokens = z.argmax(-1)  # [..., M]
+        steps = last
+    else:
+        best = z.argmax(-1)
+        wants_dk = best == dk_id
+        z_no_dk = z.clone()
+        z_no_dk[..., dk_id] = float("-inf")
+        tokens = z_no_dk.argmax(-1)
+        step_idx = torch.arange(1, m + 1, device=z.device)
+        # answer at the first step that is not dk, or at the last valid step
+        answers = (~wants_dk) | (step_idx >= last.unsqueeze(-1))
+        steps = torch.where(answers, step_idx, torch.full_like(step_idx, m + 1)).amin(-1)
+    token = tokens.gather(-1, (steps - 1).unsqueeze(-1)).squeeze(-1)
+    return token, steps
+
+
+def filter_logits(z: torch.Tensor, *, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Mask logits outside the top-k / nucleus top-p set with ``-inf`` (``[..., V]``)."""
+    if top_k is not None and top_k > 0 and top_k < z.shape[-1]:
+        kth = z.topk(top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p is not None and 0.0 < top_p < 1.0:
+        sorted_z, order = z.sort(dim=-1, descending=True)
+        probs = sorted_z.softmax(-1)
+        cum = probs.cumsum(-1)
+        drop_sorted = (cum - probs) >= top_p  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        z = z.masked_fill(drop, float("-inf"))
+    return z
+
+
+def sample_decision(logits: torch.Tensor, *, dk_id: int | None = None, dk_bias: float = 0.0,
+                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                    generator: torch.Generator | None = None,
+                    num_valid_steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled sequential readout; same shapes as :func:`greedy_decision`.
+
+    dk is taken with probability ``d_i`` (temperature does not change it); the token is drawn
+    from the tempered, filtered distribution without dk.
+    """
+    if temperature <= 0:
+        return greedy_decision(logits, dk_id=dk_id, dk_bias=dk_bias, num_valid_steps=num_valid_steps)
+    m = logits.shape[-2]
+    z = _step_logits(logits, dk_id, dk_bias)
+    lead = z.shape[:-2]
+    last = torch.full(lead, m, dtype=torch.long, device=z.device)
+    if num_valid_steps is not None:
+        last = num_valid_steps.long().clamp(1, m)
+    step_idx = torch.arange(1, m + 1, device=z.device)
+    if dk_id is None:
+        steps = last
+    else:
+        d = z.softmax(-1)[..., dk_id]  # [..., M]
+        u = torch.rand(d.shape, generator=generator, device="cpu").to(d.device)
+        answers = (u >= d) | (step_idx >= last.unsqueeze(-1))
+        steps = torch.where(answers, step_idx, torch.full_like(step_idx, m + 1)).amin(-1)
+    chosen = z.gather(-2, (steps - 1).view(*lead, 1, 1).expand(*lead, 1, z.shape[-1])).squeeze(-2)
+    if dk_id is not None:
+        chosen = chosen.clone()
+        chosen[..., dk_id] = float("-inf")
+    chosen = filter_logits(chosen / temperature, top_k=top_k, top_p=top_p)
+    probs = chosen.softmax(-1).reshape(-1, chosen.shape[-1])
+    token = torch.multinomial(probs.cpu(), 1, generator=generator).to(z.device).view(lead)
+    return token, steps
