@@ -24,6 +24,7 @@ Equations (paper, Section 3 and appendix D):
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence, Union
 
@@ -74,9 +75,7 @@ def _as_float(values, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=like.dtype, device=like.device)
 
 
-def _as_dist(name: str, values: Dist, m: int, like: torch.Tensor) -> torch.Tensor:
-    """Validate and normalise a distribution over steps: tensor broadcastable to ``[..., M]``."""
-    t = _as_float(values, like)
+def _check_dist(name: str, t: torch.Tensor, m: int) -> torch.Tensor:
     if t.dim() == 0 or t.shape[-1] != m:
         raise ValueError(f"{name} must have length M = {m} on its last axis, got shape {tuple(t.shape)}")
     if not bool(torch.isfinite(t).all()):
@@ -89,10 +88,7 @@ def _as_dist(name: str, values: Dist, m: int, like: torch.Tensor) -> torch.Tenso
     return t / total
 
 
-def _log_gamma(gamma: Dist, m: int, like: torch.Tensor) -> torch.Tensor:
-    if gamma is None:
-        return torch.zeros(m, dtype=like.dtype, device=like.device)
-    g = _as_float(gamma, like)
+def _check_gamma(g: torch.Tensor, m: int) -> torch.Tensor:
     if g.dim() == 0 or g.shape[-1] != m:
         raise ValueError(f"gamma must have length M = {m} on its last axis, got shape {tuple(g.shape)}")
     if not bool(((g >= 0) & (g <= 1)).all()):
@@ -100,6 +96,44 @@ def _log_gamma(gamma: Dist, m: int, like: torch.Tensor) -> torch.Tensor:
     if bool((g.amax(-1) <= 0).any()):
         raise ValueError("gamma must have a positive entry; with all gamma_i = 0 the loss is infinite")
     return torch.log(g)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_prepared(kind: str, name: str, values: tuple, m: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """Validate a host-side vector once and keep its device copy (no host sync per call)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    out = _check_dist(name, t, m) if kind == "dist" else _check_gamma(t, m)
+    return out.to(device=device, dtype=dtype)
+
+
+def _host_key(values) -> tuple | None:
+    """A hashable key for host-side values (lists, tuples, CPU tensors), else None."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu" or values.dim() != 1:
+            return None
+        return tuple(values.double().tolist())
+    try:
+        return tuple(float(v) for v in values)
+    except TypeError:
+        return None
+
+
+def _as_dist(name: str, values: Dist, m: int, like: torch.Tensor) -> torch.Tensor:
+    """Validate and normalise a distribution over steps: tensor broadcastable to ``[..., M]``."""
+    key = _host_key(values)
+    if key is not None:
+        return _host_prepared("dist", name, key, m, like.dtype, like.device)
+    return _check_dist(name, _as_float(values, like), m)
+
+
+def _log_gamma(gamma: Dist, m: int, like: torch.Tensor) -> torch.Tensor:
+    if gamma is None:
+        return torch.zeros(m, dtype=like.dtype, device=like.device)
+    key = _host_key(gamma)
+    if key is not None:
+        return _host_prepared("gamma", "gamma", key, m, like.dtype, like.device)
+    return _check_gamma(_as_float(gamma, like), m)
 
 
 def discount(gamma0: float, num_steps: int) -> torch.Tensor:

@@ -1,0 +1,28 @@
+"""Fused readout kernels: per-step log-probabilities and losses without materialising logits.
+
+* :func:`fused_readout`: ``(log_t, log_d, log_not_d)`` from hidden states and the output
+  embedding, chunk by chunk (evaluation, analysis; any upstream gradient).
+* :func:`fused_linear_loss`: the training path; per-block loss with gradients computed in the
+  forward pass (three matmuls per chunk, no recompute).
+
+Backends: ``"torch"`` (any device), ``"triton"`` (CUDA; CPU under ``TRITON_INTERPRET=1``) and
+``"auto"``.  Triton is imported only when the triton backend runs.
+"""
+
+from .chunked import (
+    BACKENDS,
+    FusedLossStats,
+    fused_linear_loss,
+    fused_readout,
+    resolve_backend,
+    triton_available,
+)
+
+__all__ = [
+    "BACKENDS",
+    "FusedLossStats",
+    "fused_linear_loss",
+    "fused_readout",
+    "resolve_backend",
+    "triton_available",
+]
