@@ -28,5 +28,10 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "setup: installing cyb (editable) and its test dependencies into .venv"
 "$VPY" -m pip install -q -e ".[test]"
+# Triton runs the fused-readout kernels on CPU tensors under TRITON_INTERPRET=1 (tests); CUDA
+# builds of torch bring their own matching triton.
+if ! "$VPY" -c "import triton" >/dev/null 2>&1; then
+  "$VPY" -m pip install -q "triton==3.9.0" || echo "setup: triton not installed; its CPU-interpreter tests will be skipped"
+fi
 rm -f .venv/.cyb-setup-*
 touch "$stamp"

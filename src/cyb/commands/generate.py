@@ -1,0 +1,202 @@
+"""``cyb generate MODEL_DIR --prompt TEXT [...]``: text with pauses, streamed to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+HELP = "generate text with pauses from a saved model (fixed or adaptive pauses, greedy or sampled)"
+
+_SAMPLING_FLAGS = (("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p"),
+                   ("seed", "--seed"))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_dir", metavar="MODEL_DIR",
+                   help="a saved cyb model folder (written by `cyb train` or PauseModel.save_pretrained)")
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                   help="a prompt (repeat for several)")
+    p.add_argument("--file", metavar="PATH", help="a text file with one prompt per line (blank lines skipped)")
+    p.add_argument("--mode", choices=("fixed", "adaptive"), default="fixed",
+                   help="fixed: all M-1 pauses after every token (one forward of M positions per token); "
+                        "adaptive: a pause only when the model says <don't know>")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="new tokens per prompt at most")
+    p.add_argument("--sample", action="store_true", help="sample instead of the greedy sequential readout")
+    p.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sampling temperature >= 0 (0: greedy; 1.0 when not given); needs --sample")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling, P in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the sampler (reproducible runs)")
+    p.add_argument("--stop", action="append", default=[], metavar="STR",
+                   help="stop a prompt's generation at this string (repeatable; not printed)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--batch-size", type=int, default=1, metavar="B",
+                   help="prompts generated together; with 1 the text streams token by token, "
+                        "with more each completion is printed when its batch ends")
+    p.add_argument("--shade", action="store_true",
+                   help="colour each token's background by the steps it used (white = 1, dark blue = M)")
+    p.add_argument("--json", dest="json_path", metavar="PATH",
+                   help="write the full results (ids, steps, d, E[S] per token) as JSON")
+    p.add_argument("--device", default=None,
+                   help="torch device, e.g. cpu, cuda, cuda:1 (None: cuda if available, else cpu)")
+    p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                   help="parameter dtype (None: as transformers loads the checkpoint)")
+
+
+def _fail(message: str) -> int:
+    print(f"cyb generate: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            raise ValueError(f"--file {args.file}: no such file")
+        prompts += [line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip()]
+    if not prompts:
+        raise ValueError("no prompt given: use --prompt TEXT (repeatable) or --file PATH")
+    return prompts
+
+
+def _check_model_dir(path: str) -> Path:
+    from ..model import SETTINGS_FILE
+
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ValueError(f"MODEL_DIR {path} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"MODEL_DIR {path} is not a folder")
+    if not (folder / SETTINGS_FILE).is_file():
+        raise ValueError(
+            f"{path} is not a saved cyb model: expected {SETTINGS_FILE} (the pause settings) beside a "
+            "Hugging Face checkpoint (config.json, model.safetensors) and its tokenizer, as written by "
+            "`cyb train` or PauseModel.save_pretrained")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{path} has {SETTINGS_FILE} but no config.json: the Hugging Face checkpoint is missing")
+    return folder
+
+
+def _device(name: str | None):
+    import torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"--device {name!r} is not a torch device ({e})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def _config(args):
+    import math
+
+    from ..generate import GenerationConfig
+
+    checks = [
+        (args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
+        (args.batch_size >= 1, f"--batch-size must be >= 1, got {args.batch_size}"),
+        (args.temperature is None or (math.isfinite(args.temperature) and args.temperature >= 0),
+         f"--temperature must be a finite number >= 0, got {args.temperature}"),
+        (args.top_k is None or args.top_k >= 0, f"--top-k must be >= 0 (0: off), got {args.top_k}"),
+        (args.top_p is None or 0.0 < args.top_p <= 1.0, f"--top-p must lie in (0, 1], got {args.top_p}"),
+        (all(args.stop), "--stop needs a non-empty string"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    if not args.sample:
+        given = [flag for name, flag in _SAMPLING_FLAGS if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply with --sample")
+    options = dict(mode=args.mode, max_new_tokens=args.max_new_tokens, sample=args.sample,
+                   stop=tuple(args.stop), top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if args.temperature is not None:
+        options["temperature"] = args.temperature
+    if args.ignore_eos:
+        options["eos_token_ids"] = ()
+    return GenerationConfig(**options)
+
+
+def _write_json(path: str, payload: dict, results: list[dict]) -> None:
+    """``payload`` plus ``"results"`` (one line per result), written atomically."""
+    head = json.dumps(payload, indent=1)[:-2]  # without the closing "\n}"
+    rows = ",\n".join("  " + json.dumps(r) for r in results)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(f'{head},\n "results": [\n{rows}\n ]\n}}\n', encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def run(args) -> int:
+    try:
+        prompts = _prompts(args)
+        cfg = _config(args)
+        folder = _check_model_dir(args.model_dir)
+        device = _device(args.device)
+    except ValueError as e:
+        return _fail(str(e))
+
+    from ..generate import stream
+    from ..generation.shade import legend, shade, supports_truecolor
+    from ..model import PauseModel
+
+    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype).to(device).eval()
+    if model.tokenizer is None:
+        return _fail(f"{args.model_dir} has no tokenizer: text prompts cannot be encoded")
+    m = model.num_steps
+    truecolor = supports_truecolor()
+    out = sys.stdout
+
+    def paint(text: str, steps: int) -> str:
+        return shade(text, steps, m, truecolor=truecolor) if args.shade else text
+
+    if args.shade:
+        print(legend(m, truecolor=truecolor), file=out)
+    results = []
+    for start in range(0, len(prompts), args.batch_size):
+        batch = prompts[start : start + args.batch_size]
+        s = stream(model, batch, cfg)
+        if len(batch) == 1:
+            out.write(batch[0])
+            for event in s:
+                out.write(paint(event.text, event.steps))
+                out.flush()
+            out.write("\n")
+        else:
+            for _ in s:
+                pass
+            for prompt, res in zip(batch, s.results):
+                pieces = _pieces(model.tokenizer, res) if args.shade else [(res.text, 1)]
+                out.write(prompt + "".join(paint(text, steps) for text, steps in pieces) + "\n")
+        out.flush()
+        for res in s.results:
+            print(f"[{len(res.token_ids)} tokens, mean steps {res.mean_steps:.2f} of {m}, "
+                  f"stop: {res.stop_reason}]", file=sys.stderr)
+        results.extend(s.results)
+    if args.json_path:
+        _write_json(args.json_path, {"model": str(folder), "method": model.settings.method,
+                                     "num_steps": m, "config": cfg.to_dict()},
+                    [r.to_dict() for r in results])
+        print(f"results written to {args.json_path}", file=sys.stderr)
+    return 0
+
+
+def _pieces(tokenizer, res) -> list[tuple[str, int]]:
+    """The result's text split by token, each piece with its token's steps (for shading)."""
+    pieces, done = [], ""
+    for k, steps in enumerate(res.steps):
+        text = tokenizer.decode(res.token_ids[: k + 1], skip_special_tokens=True)
+        text = text[: len(res.text)] if len(text) > len(res.text) else text
+        pieces.append((text[len(done):], steps))
+        done = text
+    return pieces

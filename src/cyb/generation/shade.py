@@ -1,0 +1,53 @@
+"""Terminal shading by steps used: white (1 step) to dark blue (``M`` steps), ANSI escapes.
+
+Truecolor (``ESC[48;2;R;G;Bm``) where the terminal says it supports it (``COLORTERM`` is
+``truecolor`` or ``24bit``), else the nearest colour of the 256-colour cube (``ESC[48;5;Nm``).
+"""
+
+from __future__ import annotations
+
+import os
+
+WHITE = (255, 255, 255)
+DARK_BLUE = (8, 48, 107)
+RESET = "\x1b[0m"
+
+
+def supports_truecolor(env=None) -> bool:
+    """Whether the terminal advertises 24-bit colour (``COLORTERM``)."""
+    env = os.environ if env is None else env
+    return env.get("COLORTERM", "").lower() in ("truecolor", "24bit")
+
+
+def step_rgb(steps: int, num_steps: int) -> tuple[int, int, int]:
+    """Colour of a token that used ``steps`` of ``num_steps`` (linear from white to dark blue)."""
+    f = 0.0 if num_steps <= 1 else min(max((steps - 1) / (num_steps - 1), 0.0), 1.0)
+    return tuple(round(w + (b - w) * f) for w, b in zip(WHITE, DARK_BLUE))  # type: ignore[return-value]
+
+
+def _cube(rgb: tuple[int, int, int]) -> int:
+    r, g, b = (round(c / 255 * 5) for c in rgb)
+    return 16 + 36 * r + 6 * g + b
+
+
+def escape(rgb: tuple[int, int, int], truecolor: bool) -> str:
+    """Background escape for ``rgb``, with black or white text, whichever reads better."""
+    light = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140
+    fg = "\x1b[30m" if light else "\x1b[97m"
+    if truecolor:
+        return f"\x1b[48;2;{rgb[0]};{rgb[1]};{rgb[2]}m{fg}"
+    return f"\x1b[48;5;{_cube(rgb)}m{fg}"
+
+
+def shade(text: str, steps: int, num_steps: int, *, truecolor: bool) -> str:
+    """``text`` on the background of its step count (line breaks left unshaded)."""
+    if not text:
+        return ""
+    code = escape(step_rgb(steps, num_steps), truecolor)
+    return "\n".join(f"{code}{part}{RESET}" if part else "" for part in text.split("\n"))
+
+
+def legend(num_steps: int, *, truecolor: bool) -> str:
+    """One line: each step count ``1..M`` on its colour."""
+    cells = " ".join(shade(f" {i} ", i, num_steps, truecolor=truecolor) for i in range(1, num_steps + 1))
+    return f"steps used per token (1 = no pause, {num_steps} = all {num_steps - 1} pauses): {cells}"

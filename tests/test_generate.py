@@ -1,0 +1,453 @@
+"""Generation with pauses: cache vs recompute, batching, stopping, sampling, results, CLI.
+
+Tiny random Llama and Gemma 2 (softcapped) models with a character tokenizer.  For the CYB
+models the dk row of the output projection and the dk prior are set so that both dk and
+answer decisions occur; the references below recompute every step from scratch without a
+cache and implement the sequential decision directly (not through :mod:`cyb.decision`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import transformers
+
+from cyb.cli import main
+from cyb.data.synthetic import CharTokenizer
+from cyb.generate import GenerationConfig, GenerationResult, generate, stream
+from cyb.generation.shade import legend, step_rgb
+from cyb.generation.text import TextStream
+from cyb.layout import expand
+from cyb.model import PauseModel
+
+TOK = CharTokenizer().to_hf()
+PROMPTS = ["12+34=", "hello world", "a", "xyz 7"]
+
+# (init range, dk row scale, psi_dk): settings that give a mix of dk and answer decisions
+MIXED = {"llama": (0.3, 0.3, 0.5), "gemma2": (0.3, 1.0, None)}
+RARE = ("llama", 0.3, 1.0, None)  # dk is rare
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: thread start-up costs more than the work (and much more on a busy CPU)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build(family="llama", kind="cyb", *, init=0.3, dk_scale=0.3, psi_dk=0.5, num_steps=3,
+          scheme="shared", seed=0) -> PauseModel:
+    """A 2-layer model with the character tokenizer; ``kind`` is cyb (dk), tbys (no dk) or
+    baseline (M = 1)."""
+    common = dict(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  initializer_range=init, tie_word_embeddings=False,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "llama":
+        cfg, impl = transformers.LlamaConfig(**common), None
+    else:
+        cfg, impl = transformers.Gemma2Config(**common, head_dim=8, sliding_window=16,
+                                              final_logit_softcapping=3.0), "eager"
+    m = 1 if kind == "baseline" else num_steps
+    torch.manual_seed(seed)
+    pm = PauseModel.from_config(cfg, CharTokenizer().to_hf(), num_steps=m, use_dk=kind == "cyb",
+                                psi_dk=psi_dk if kind == "cyb" else None, position_scheme=scheme,
+                                attn_implementation=impl).eval()
+    if pm.settings.dk_id is not None:
+        with torch.no_grad():
+            w = pm.hf_model.get_output_embeddings().weight
+            w[pm.settings.dk_id] = torch.randn(w.shape[1]) * dk_scale
+    return pm
+
+
+_CACHE: dict = {}
+
+
+def model(family="llama", kind="cyb", **kw) -> PauseModel:
+    if kind == "cyb" and not kw:
+        init, dk_scale, psi = MIXED[family]
+        kw = dict(init=init, dk_scale=dk_scale, psi_dk=psi)
+    key = (family, kind, tuple(sorted(kw.items())))
+    if key not in _CACHE:
+        _CACHE[key] = build(family, kind, **kw)
+    return _CACHE[key]
+
+
+def encode(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+# ------------------------------------------------------------------ references (no cache)
+
+
+def _banned(z: torch.Tensor, pm: PauseModel) -> torch.Tensor:
+    z = z.float().clone()
+    z[..., list(pm.vocab.pause_ids)] = -math.inf
+    return z
+
+
+@torch.no_grad()
+def reference_fixed(pm: PauseModel, prompt: list[int], n: int) -> tuple[list[int], list[int]]:
+    """Fixed mode recomputed from scratch: expand the whole sequence, read out its last block."""
+    m, dk, bias = pm.num_steps, pm.settings.dk_id, pm.dk_bias
+    ids, tokens, steps = list(prompt), [], []
+    for _ in range(n):
+        lay = expand(torch.tensor([ids]), pm.vocab)
+        h, _ = pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+        z = _banned(pm.logits(h[0, -m:]), pm)  # [M, V]
+        for i in range(m):
+            zb = z[i].clone()
+            if i < m - 1:  # dk or answer; without dk (TBYS) the readout is at step M
+                if dk is None:
+                    continue
+                zb[dk] += bias
+                if int(zb.argmax()) == dk:
+                    continue
+            if dk is not None:
+                zb[dk] = -math.inf
+            tokens.append(int(zb.argmax()))
+            steps.append(i + 1)
+            break
+        ids.append(tokens[-1])
+    return tokens, steps
+
+
+@torch.no_grad()
+def reference_adaptive(pm: PauseModel, prompt: list[int], n: int) -> tuple[list[int], list[int]]:
+    """Adaptive mode recomputed from scratch: the list of fed steps, run whole at every step."""
+    m, dk, bias = pm.num_steps, pm.settings.dk_id, pm.dk_bias
+    advance = pm.vocab.position_scheme == "advance"
+    seq, pos = [], []
+    for k, t in enumerate(prompt[:-1]):
+        for j in range(m):
+            seq.append(t if j == 0 else pm.vocab.pause_ids[j - 1])
+            pos.append(k * m + j if advance else k)
+    seq.append(prompt[-1])
+    pos.append((len(prompt) - 1) * (m if advance else 1))
+    tokens, steps, step = [], [], 1
+    while len(tokens) < n:
+        h, _ = pm.hidden_states(torch.tensor([seq]), torch.tensor([pos]))
+        zb = _banned(pm.logits(h[0, -1]), pm)
+        wants_dk = False
+        if dk is not None:
+            zb[dk] += bias
+            wants_dk = int(zb.argmax()) == dk
+            zb[dk] = -math.inf
+        if (wants_dk or dk is None) and step < m:  # dk, or TBYS before its readout step
+            seq.append(pm.vocab.pause_ids[step - 1])
+            pos.append(pos[-1] + (1 if advance else 0))
+            step += 1
+            continue
+        tokens.append(int(zb.argmax()))
+        steps.append(step)
+        seq.append(tokens[-1])
+        pos.append(pos[-1] + 1)
+        step = 1
+    return tokens, steps
+
+
+# ------------------------------------------------------------------------ cache vs recompute
+
+
+CASES = [(f, k, "shared") for f in ("llama", "gemma2") for k in ("cyb", "tbys", "baseline")]
+CASES.append(("llama", "cyb", "advance"))
+
+
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("family,kind,scheme", CASES)
+def test_greedy_with_cache_equals_recompute(family, kind, scheme, mode):
+    pm = model(family, kind) if scheme == "shared" else build(family, kind, scheme=scheme)
+    prompt = encode("12+34=")
+    [res] = generate(pm, [prompt], mode=mode, max_new_tokens=8, eos_token_ids=())
+    ref = reference_fixed if mode == "fixed" else reference_adaptive
+    tokens, steps = ref(pm, prompt, 8)
+    assert res.token_ids == tokens
+    assert res.steps == steps
+
+
+def test_dk_models_make_both_decisions():
+    for family in ("llama", "gemma2"):
+        for mode in ("fixed", "adaptive"):
+            res = generate(model(family), PROMPTS, mode=mode, max_new_tokens=12, eos_token_ids=())
+            used = {s for r in res for s in r.steps}
+            assert 1 in used and len(used) > 1, (family, mode, used)
+
+
+@pytest.mark.parametrize("kind", ["tbys", "baseline"])
+def test_adaptive_equals_fixed_without_dk(kind):
+    pm = model("llama", kind)
+    fixed = generate(pm, PROMPTS, mode="fixed", max_new_tokens=6, eos_token_ids=())
+    adaptive = generate(pm, PROMPTS, mode="adaptive", max_new_tokens=6, eos_token_ids=())
+    for f, a in zip(fixed, adaptive):
+        assert f.token_ids == a.token_ids
+        assert f.steps == a.steps == [pm.num_steps] * 6
+        assert f.positions == a.positions
+
+
+# ------------------------------------------------------------------------------- batching
+
+
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_batch_equals_alone(family, mode):
+    pm = model(family)
+    alone0 = generate(pm, PROMPTS[0], mode=mode, max_new_tokens=8, eos_token_ids=())[0]
+    eos = (alone0.token_ids[2],)  # row 0 ends early: the batch shrinks mid-way
+    batch = generate(pm, PROMPTS, mode=mode, max_new_tokens=8, eos_token_ids=eos)
+    assert len({len(r.token_ids) for r in batch}) > 1
+    for prompt, got in zip(PROMPTS, batch):
+        [want] = generate(pm, prompt, mode=mode, max_new_tokens=8, eos_token_ids=eos)
+        assert got.token_ids == want.token_ids
+        assert got.steps == want.steps
+        assert got.stop_reason == want.stop_reason
+        assert got.positions == want.positions
+        torch.testing.assert_close(torch.tensor(got.d), torch.tensor(want.d), equal_nan=True,
+                                   atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------- stopping
+
+
+def test_max_new_tokens_and_eos():
+    pm = model("llama")
+    [res] = generate(pm, "hello world", max_new_tokens=7, eos_token_ids=())
+    assert len(res.token_ids) == 7 and res.stop_reason == "length"
+    eos = res.token_ids[3]
+    first = res.token_ids.index(eos)
+    [stopped] = generate(pm, "hello world", max_new_tokens=7, eos_token_ids=(eos,))
+    assert stopped.token_ids == res.token_ids[: first + 1]  # the EOS is kept
+    assert stopped.stop_reason == "eos"
+
+
+def test_stop_string_cuts_text_and_stream_matches():
+    pm = model("llama")
+    [full] = generate(pm, "hello world", max_new_tokens=12, eos_token_ids=())
+    stop = full.text[5:7]
+    cut = full.text.find(stop)
+    events = []
+    [res] = generate(pm, "hello world", max_new_tokens=12, eos_token_ids=(), stop=[stop],
+                     on_token=events.append)
+    assert res.stop_reason == "stop"
+    assert res.text == full.text[:cut]
+    assert res.token_ids == full.token_ids[: len(res.token_ids)]
+    assert "".join(e.text for e in events) == res.text
+    assert [e.token_id for e in events] == res.token_ids
+    assert [e.steps for e in events] == res.steps
+    assert events[-1].finished and events[-1].stop_reason == "stop"
+    assert not any(e.finished for e in events[:-1])
+
+
+def test_text_stream_holds_back_possible_stop_strings():
+    ts = TextStream(lambda ids: "".join(chr(i) for i in ids), stop=["ab"])
+    assert ts.push(ord("x")) == ("x", False)
+    assert ts.push(ord("a")) == ("", False)  # could start "ab"
+    assert ts.push(ord("c")) == ("ac", False)
+    assert ts.push(ord("a")) == ("", False)
+    assert ts.push(ord("b")) == ("", True)
+    assert ts.text == "xac"
+    ts = TextStream(lambda ids: "".join(chr(i) for i in ids))
+    assert ts.push(0xFFFD) == ("", False)  # an incomplete character waits
+    assert ts.push(ord("z")) == ("\ufffdz", False)
+    assert ts.flush() == ""
+
+
+def test_stream_yields_rows_and_results():
+    pm = model("llama")
+    s = stream(pm, PROMPTS[:2], mode="adaptive", max_new_tokens=4, eos_token_ids=())
+    assert s.results is None
+    events = list(s)
+    assert len(events) == 8 and {e.row for e in events} == {0, 1}
+    for row, res in enumerate(s.results):
+        mine = [e for e in events if e.row == row]
+        assert [e.index for e in mine] == [0, 1, 2, 3]
+        assert "".join(e.text for e in mine) == res.text
+
+
+# ------------------------------------------------------------------------------- sampling
+
+
+def test_sampling_is_reproducible_and_temperature_zero_is_greedy():
+    pm = model("llama")
+    opts = dict(sample=True, temperature=0.8, top_k=10, top_p=0.9, max_new_tokens=10, eos_token_ids=())
+    for mode in ("fixed", "adaptive"):
+        a = generate(pm, PROMPTS, mode=mode, seed=3, **opts)
+        b = generate(pm, PROMPTS, mode=mode, seed=3, **opts)
+        assert [r.token_ids for r in a] == [r.token_ids for r in b]
+        assert [r.steps for r in a] == [r.steps for r in b]
+        c = generate(pm, PROMPTS, mode=mode, generator=torch.Generator().manual_seed(3), **opts)
+        assert [r.token_ids for r in a] == [r.token_ids for r in c]
+        greedy = generate(pm, PROMPTS, mode=mode, max_new_tokens=10, eos_token_ids=())
+        cold = generate(pm, PROMPTS, mode=mode, sample=True, temperature=0.0, seed=1,
+                        max_new_tokens=10, eos_token_ids=())
+        assert [r.token_ids for r in cold] == [r.token_ids for r in greedy]
+        assert [r.steps for r in cold] == [r.steps for r in greedy]
+
+
+# ------------------------------------------------------------------------ result contents
+
+
+def _check_result(res: GenerationResult, m: int, mode: str) -> None:
+    n = len(res.token_ids)
+    assert len(res.steps) == len(res.d) == n
+    assert all(1 <= s <= m for s in res.steps)
+    for steps, d in zip(res.steps, res.d):
+        assert len(d) == m and d[-1] == 0.0
+        run = d[:steps] if mode == "adaptive" else d
+        assert all(0.0 <= x <= 1.0 for x in run)
+        if mode == "adaptive":
+            assert all(math.isnan(x) for x in d[steps : m - 1])
+    if mode == "fixed":
+        assert len(res.expected_steps) == n
+        assert all(1.0 - 1e-5 <= e <= m + 1e-5 for e in res.expected_steps)
+    else:
+        assert res.expected_steps is None
+
+
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("kind", ["cyb", "tbys", "baseline"])
+def test_result_shapes_and_ranges(kind, mode):
+    pm = model("llama", kind)
+    m = pm.num_steps
+    res = generate(pm, PROMPTS[:2], mode=mode, max_new_tokens=6, eos_token_ids=())
+    for r in res:
+        _check_result(r, m, mode)
+        assert r.mode == mode and r.num_steps == m
+        json.dumps(r.to_dict())  # JSON-ready: no NaN
+        if kind != "cyb":
+            assert r.steps == [m] * 6
+            assert all(d == [1.0] * (m - 1) + [0.0] for d in r.d)
+            if mode == "fixed":
+                assert r.expected_steps == [float(m)] * 6
+
+
+def test_adaptive_feeds_fewer_positions_when_dk_is_rare():
+    family, init, dk_scale, psi = RARE
+    pm = model(family, "cyb", init=init, dk_scale=dk_scale, psi_dk=psi)
+    m, n = pm.num_steps, 10
+    fixed = generate(pm, PROMPTS, mode="fixed", max_new_tokens=n, eos_token_ids=())
+    adaptive = generate(pm, PROMPTS, mode="adaptive", max_new_tokens=n, eos_token_ids=())
+    for f, a in zip(fixed, adaptive):
+        length = len(f.prompt_ids)
+        assert f.positions == (length + n - 1) * m  # the last token is never fed
+        assert a.positions == (length - 1) * m + sum(a.steps)
+        assert a.positions < f.positions
+
+
+def test_one_forward_per_token_in_fixed_mode(monkeypatch):
+    pm = model("llama")
+    calls = []
+    inner = pm.hidden_states
+
+    def counting(input_ids, *args, **kw):
+        calls.append(tuple(input_ids.shape))
+        return inner(input_ids, *args, **kw)
+
+    monkeypatch.setattr(pm, "hidden_states", counting)
+    [res] = generate(pm, "12+34=", mode="fixed", max_new_tokens=6, eos_token_ids=())
+    assert calls == [(1, 6 * 3)] + [(1, 3)] * 5  # prompt, then one block of M per new token
+    calls.clear()
+    [res] = generate(pm, "12+34=", mode="adaptive", max_new_tokens=6, eos_token_ids=())
+    assert calls == [(1, 5 * 3 + 1)] + [(1, 1)] * (sum(res.steps) - 1)
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+def test_bad_input_errors():
+    pm = model("llama")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(pm, "a", max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        GenerationConfig(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        GenerationConfig(top_p=1.5)
+    with pytest.raises(ValueError, match="mode"):
+        GenerationConfig(mode="eager")
+    with pytest.raises(TypeError, match="unknown generation option"):
+        generate(pm, "a", max_tokens=3)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate(pm, ["a", ""])
+    with pytest.raises(ValueError, match="prompt 0: .*reserved as a pause/dk id"):
+        generate(pm, [[5, pm.vocab.pause_ids[0]]])
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        stream(pm, "a", max_new_tokens=300)  # checked before the stream is iterated
+
+
+def test_model_without_tokenizer_takes_ids():
+    pm = model("llama")
+    bare = PauseModel(pm.hf_model, pm.settings)
+    prompt = encode("12+34=")
+    [res] = generate(bare, torch.tensor(prompt), max_new_tokens=5, eos_token_ids=())
+    [want] = generate(pm, prompt, max_new_tokens=5, eos_token_ids=())
+    assert res.token_ids == want.token_ids and res.text is None
+    with pytest.raises(ValueError, match="no tokenizer"):
+        generate(bare, "12+34=")
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        generate(bare, [prompt], stop=["x"])
+
+
+# ------------------------------------------------------------------------------- shading
+
+
+def test_shading_colours():
+    assert step_rgb(1, 4) == (255, 255, 255)
+    assert step_rgb(4, 4) == (8, 48, 107)
+    assert step_rgb(1, 1) == (255, 255, 255)
+    line = legend(3, truecolor=True)
+    assert line.count("\x1b[48;2;") == 3
+    assert legend(3, truecolor=False).count("\x1b[48;5;") == 3
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    model("llama").save_pretrained(path)
+    return path
+
+
+def test_cli_generate(saved, tmp_path, capsys):
+    out_json = tmp_path / "out.json"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("xyz\n\nab 1\n")
+    code = main(["generate", str(saved), "--prompt", "12+", "--file", str(prompts),
+                 "--max-new-tokens", "5", "--ignore-eos", "--json", str(out_json), "--device", "cpu"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "12+" in out and "xyz" in out and "ab 1" in out
+    data = json.loads(out_json.read_text())
+    assert data["num_steps"] == 3 and data["config"]["mode"] == "fixed"
+    assert len(data["results"]) == 3
+    assert all(len(r["token_ids"]) == 5 and len(r["d"]) == 5 for r in data["results"])
+
+
+def test_cli_generate_shaded_adaptive_batch(saved, capsys):
+    code = main(["generate", str(saved), "--prompt", "12+", "--prompt", "hello", "--mode", "adaptive",
+                 "--shade", "--batch-size", "2", "--sample", "--seed", "0", "--max-new-tokens", "5"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "steps used per token" in out
+    assert "\x1b[48;" in out and "12+" in out and "hello" in out
+
+
+def test_cli_errors(saved, tmp_path, capsys):
+    assert main(["generate", str(tmp_path / "missing"), "--prompt", "a"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["generate", str(tmp_path), "--prompt", "a"]) == 2
+    assert "not a saved cyb model: expected cyb_pause.json" in capsys.readouterr().err
+    assert main(["generate", str(saved), "--prompt", "a", "--temperature", "0.5"]) == 2
+    assert "only apply with --sample" in capsys.readouterr().err
+    assert main(["generate", str(saved), "--prompt", "a", "--sample", "--top-p", "2"]) == 2
+    assert "--top-p must lie in (0, 1]" in capsys.readouterr().err
+    assert main(["generate", str(saved), "--prompt", "a", "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
+    assert main(["generate", str(saved)]) == 2
+    assert "no prompt given" in capsys.readouterr().err
