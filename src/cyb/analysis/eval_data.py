@@ -1,0 +1,133 @@
+"""Held-out data for evaluation: which rows, in which order, as batches of real tokens.
+
+A data specification is independent of the model, so the same rows can be given to several
+models (the evaluated one and a reference) through each one's tokenizer.
+
+* the run's own held-out data: its synthetic test set (``data.task``), else its held-out texts
+  (``data.valid_source``, or the ``valid_fraction`` split of ``data.source``), packed into
+  blocks of ``data.block_len`` tokens (times ``method.seq_multiplier`` for ``baseline_nx``) as
+  in training;
+* ``task:NAME``: the test split of a synthetic task (the run's task sizes when it is the same
+  task);
+* anything else: a text source (file, folder, glob, ``hf:NAME``; see :mod:`cyb.data.sources`)
+  packed into blocks.
+
+Rows come in a fixed order; batches are consecutive rows, the last one possibly smaller.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..config import RunConfig
+
+TASK_PREFIX = "task:"
+DEFAULT_BLOCK_LEN = 256
+
+
+@dataclass
+class EvalData:
+    """Where the evaluation rows come from.
+
+    Attributes:
+        kind: ``"synthetic"`` or ``"text"``.
+        description: for humans and ``metrics.json``.
+        config: the run configuration the rows follow (synthetic sets, held-out split).
+        source: a text source spec (``kind == "text"`` with ``--data``), else None for the
+            run's held-out texts.
+        block_len: real tokens per row for text.
+    """
+
+    kind: str
+    description: str
+    config: RunConfig
+    source: str | None = None
+    block_len: int = DEFAULT_BLOCK_LEN
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind, "source": self.description}
+        if self.kind == "text":
+            out["block_len"] = self.block_len
+        return out
+
+    def batches(self, tokenizer, batch_size: int) -> Iterator[dict]:
+        """Batches ``{"ids": [B, L]}`` (plus ``attention_mask``/``loss_mask`` for synthetic
+        rows), CPU tensors, in a fixed order."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if self.kind == "synthetic":
+            yield from self._synthetic_batches(batch_size)
+        else:
+            yield from self._text_batches(tokenizer, batch_size)
+
+    def _synthetic_batches(self, batch_size: int) -> Iterator[dict]:
+        from ..build import synthetic_sets
+
+        _, valid = synthetic_sets(self.config)
+        rows = {"ids": valid.ids, "attention_mask": valid.attention_mask, "loss_mask": valid.loss_mask}
+        n = rows["ids"].shape[0]
+        for s in range(0, n, batch_size):
+            yield {k: v[s:s + batch_size] for k, v in rows.items()}
+
+    def _text_batches(self, tokenizer, batch_size: int) -> Iterator[dict]:
+        from ..data.packing import PackedBlocks, as_texts_factory, batches, train_valid_sources
+
+        if tokenizer is None:
+            raise ValueError("text evaluation needs the model's tokenizer, and the model folder has none")
+        d = self.config.data
+        if self.source is not None:
+            texts = as_texts_factory(self.source, text_field=d.text_field)
+        else:
+            _, texts = train_valid_sources(d.source, d.valid_source, valid_fraction=d.valid_fraction,
+                                           seed=self.config.train.seed, text_field=d.text_field)
+            if texts is None:
+                raise ValueError("the run has no held-out texts (data.valid_source is unset and "
+                                 "data.valid_fraction is 0): pass --data SOURCE")
+        blocks = PackedBlocks(texts, tokenizer, self.block_len, epochs=1, text_field=d.text_field)
+        for ids in batches(iter(blocks), batch_size, drop_last=False):
+            yield {"ids": ids}
+
+
+def resolve_data(config: RunConfig | None, data: str | None = None, *, block_len: int | None = None) -> EvalData:
+    """The :class:`EvalData` for a run (``config``) or a bare model (``config=None``).
+
+    Args:
+        data: None for the run's own held-out data; ``task:NAME`` for a synthetic test set;
+            else a text source spec.
+        block_len: real tokens per text row (default: the run's, as in training, else 256).
+    """
+    if block_len is not None and block_len < 2:
+        raise ValueError(f"block_len must be >= 2, got {block_len}")
+    cfg = copy.deepcopy(config) if config is not None else RunConfig()
+    if data is None:
+        if config is None:
+            raise ValueError("a saved model without its run folder needs --data (a text source or task:NAME)")
+        if cfg.data.task:
+            return EvalData("synthetic", f"held-out set of task {cfg.data.task!r} "
+                            f"({cfg.data.num_valid_examples} examples)", cfg)
+        return EvalData("text", f"held-out texts of the run ({cfg.data.valid_source or cfg.data.source})",
+                        cfg, None, block_len or _run_block_len(cfg))
+    if data.startswith(TASK_PREFIX):
+        name = data[len(TASK_PREFIX):].strip()
+        if not name:
+            raise ValueError(f"--data {data!r}: name a synthetic task after 'task:' (e.g. task:addition)")
+        if cfg.data.task != name:
+            cfg.data.task_kwargs = {}
+        cfg.data.task = name
+        from ..data.synthetic import make_task
+
+        make_task(name, **cfg.data.task_kwargs)  # fail early on an unknown task
+        return EvalData("synthetic", f"test set of task {name!r} ({cfg.data.num_valid_examples} examples)", cfg)
+    if config is not None and config.data.task:
+        raise ValueError(f"the run was trained on synthetic task {config.data.task!r}; evaluate it with "
+                         f"task:NAME or its own held-out set, not text ({data!r})")
+    return EvalData("text", str(data), cfg, str(data),
+                    block_len or (_run_block_len(cfg) if config is not None else DEFAULT_BLOCK_LEN))
+
+
+def _run_block_len(cfg: RunConfig) -> int:
+    mult = cfg.method.seq_multiplier if cfg.method.name == "baseline_nx" else 1
+    return cfg.data.block_len * mult
+

@@ -1,0 +1,145 @@
+"""Figures as PNG files (the only module of the package that imports matplotlib; Agg backend).
+
+Every function takes JSON-ready summaries (as written to ``metrics.json``), so a figure can be
+redrawn from saved results without the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+BLUE = "#3b75af"  # per-token expected pauses (paper Fig. 6, blue)
+PURPLE = "#7b4fa0"  # mean stop distribution (paper Fig. 6, purple)
+DPI = 120
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def _latency_axes(ax_hist, ax_bars, latency: dict, title: str | None) -> None:
+    edges = latency["pauses_hist"]["edges"]
+    counts = latency["pauses_hist"]["counts"]
+    total = max(sum(counts), 1)
+    widths = [b - a for a, b in zip(edges, edges[1:])]
+    ax_hist.bar(edges[:-1], [c / total for c in counts], width=widths, align="edge",
+                color=BLUE, edgecolor="white", linewidth=0.3)
+    ax_hist.set_xlabel("expected pauses per token (E[S] - 1)")
+    ax_hist.set_ylabel("fraction of tokens")
+    ax_hist.set_xlim(edges[0], edges[-1] if edges[-1] > edges[0] else edges[0] + 1)
+    stop = latency["stop_dist"]
+    ax_bars.bar(range(len(stop)), stop, color=PURPLE, width=0.7)
+    ax_bars.set_xticks(range(len(stop)))
+    ax_bars.set_xlabel("pauses before readout (S - 1)")
+    ax_bars.set_ylabel("Pr(S), mean over tokens")
+    ax_bars.set_ylim(0, 1)
+    if title:
+        ax_hist.set_title(title, fontsize=10, loc="left")
+
+
+def latency_figure(latency: dict, path: str | Path, *, title: str | None = None) -> Path:
+    """Paper Fig. 6 for one model: histogram of per-token expected pauses (blue) and the stop
+    distribution averaged over tokens (purple).  ``latency`` as from
+    :func:`cyb.analysis.latency_summary`."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))
+    _latency_axes(a, b, latency, title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def latency_grid(entries: Sequence[tuple[str, dict]], path: str | Path) -> Path:
+    """Fig. 6 for several models: one column per ``(name, latency)``, histogram above bars."""
+    if not entries:
+        raise ValueError("latency_grid needs at least one (name, latency) entry")
+    n = len(entries)
+    fig, axes = plt.subplots(2, n, figsize=(3.4 * n, 5.2), squeeze=False)
+    for j, (name, lat) in enumerate(entries):
+        _latency_axes(axes[0][j], axes[1][j], lat, name)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def calibration_figure(steps: Sequence[dict], path: str | Path, *, title: str | None = None) -> Path:
+    """Appendix E: one density map per step ``i < M`` of ``d_i`` (ordinate) against
+    ``t_{i+1} - t_i`` (abscissa), log-scaled counts, with Spearman's rho in the title.
+    ``steps`` as from :func:`cyb.analysis.calibration`."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    n = max(len(steps), 1)
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.3), squeeze=False)
+    for ax, st in zip(axes[0], steps):
+        dens = st["density"]
+        counts = np.asarray(dens["counts"], dtype=float).T  # rows: d_i bins
+        masked = np.ma.masked_where(counts <= 0, counts)
+        vmax = max(float(counts.max()), 1.0)
+        mesh = ax.pcolormesh(dens["x_edges"], dens["y_edges"], masked, cmap="viridis",
+                             norm=LogNorm(vmin=1, vmax=max(vmax, 1.0 + 1e-9)), shading="flat")
+        rho = st.get("spearman")
+        rho_txt = "n/a" if rho is None or rho != rho else f"{rho:.3f}"
+        ax.set_title(f"step {st['step']}: Spearman {rho_txt}", fontsize=9)
+        ax.set_xlabel(f"t_{st['step'] + 1} - t_{st['step']}")
+        ax.set_ylabel(f"d_{st['step']}")
+        fig.colorbar(mesh, ax=ax, label="tokens")
+    if not steps:
+        axes[0][0].text(0.5, 0.5, "M = 1: no step to compare", ha="center", va="center")
+        axes[0][0].set_axis_off()
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def training_curves(series: Sequence[tuple[str, dict]], path: str | Path) -> Path:
+    """Loss against optimiser step for several runs: ``series`` of ``(name, {"train": [(step,
+    loss)], "valid": [(step, loss)]})``; two panels (train, held-out)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, curves in series:
+        for ax, split in zip(axes, ("train", "valid")):
+            pts = curves.get(split) or []
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, label=name, marker="o" if len(pts) < 12 else None, markersize=3)
+    for ax, what in zip(axes, ("training loss", "held-out loss")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{what} (nats per real token)")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def perplexity_bars(rows: Sequence[tuple[str, float]], path: str | Path, *, reference: str | None = None) -> Path:
+    """Perplexity per run as horizontal bars (paper Fig. 2 style); the reference is hatched."""
+    names = [r[0] for r in rows]
+    vals = [r[1] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(rows) + 1.2))
+    bars = ax.barh(range(len(rows)), vals, color=BLUE)
+    for bar, name in zip(bars, names):
+        if name == reference:
+            bar.set_facecolor("#999999")
+            bar.set_edgecolor("white")
+            bar.set_hatch("//")
+    ax.set_yticks(range(len(rows)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("perplexity (lower is better)")
+    finite = [v for v in vals if v == v and v != float("inf")]
+    if finite:
+        lo, hi = min(finite), max(finite)
+        pad = (hi - lo) * 0.3 or hi * 0.05 or 1.0
+        ax.set_xlim(max(0.0, lo - pad), hi + pad)
+    fig.tight_layout()
+    return _save(fig, path)

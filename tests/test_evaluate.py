@@ -1,0 +1,307 @@
+"""``cyb eval``: perplexity, latency, calibration, pause statistics and shaded text."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cyb import losses
+from cyb.analysis import (calibration, latency_summary, pause_statistics, perplexity_summary, quadrant_table,
+                          relative_improvement, spearman, token_pause_stats)
+from cyb.analysis.eval_data import resolve_data
+from cyb.cli import main
+from cyb.config import RunConfig
+from cyb.evaluate import evaluate, resolve_target
+from cyb.report import html
+
+METHODS = ("baseline", "tbys", "cyb")
+M = 3
+
+
+def tiny_config(method: str, out_dir: Path) -> RunConfig:
+    """A run that trains in about a second on a CPU: addition, hidden 32, 2 layers."""
+    return RunConfig.from_dict({
+        "model": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_position_embeddings": 128},
+        "method": {"name": method, "num_steps": M},
+        "data": {"task": "addition", "task_kwargs": {"digits": 2}, "num_train_examples": 128,
+                 "num_valid_examples": 16},
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+        "train": {"out_dir": str(out_dir), "steps": 8, "batch_size": 8, "eval_every": 0, "eval_batches": 2,
+                  "save_every": 0, "log_every": 4, "progress": False, "device": "cpu"},
+    }).validate()
+
+
+def make_tiny_runs(root: Path) -> dict[str, Path]:
+    """Train baseline, TBYS and CYB tiny runs under ``root`` (once per test session)."""
+    from cyb.train import train
+
+    runs = {}
+    for method in METHODS:
+        out = root / method
+        if not (out / "final_metrics.json").is_file():
+            train(tiny_config(method, out))
+        runs[method] = out
+    return runs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    return make_tiny_runs(tmp_path_factory.getbasetemp() / "cyb-tiny-runs")
+
+
+# ------------------------------------------------------------------ end to end
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_eval_writes_outputs(runs, method, tmp_path):
+    out = tmp_path / "eval"
+    metrics = evaluate(runs[method], out_dir=out, progress=False, max_tokens=None)
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["target"]["method"] == method
+    ppl = saved["perplexity"]
+    assert math.isfinite(ppl["ppl"]) and ppl["ppl"] > 1 and ppl["tokens"] > 0
+    assert all(math.isfinite(x) for x in ppl["by_step"])
+    assert (out / "summary.txt").read_text().startswith(metrics["target"]["name"])
+    if method == "cyb":
+        lat = saved["latency"]
+        assert 1.0 <= lat["mean_steps"] <= M
+        assert sum(lat["stop_dist"]) == pytest.approx(1.0, abs=1e-6)
+        assert sum(lat["pauses_hist"]["counts"]) == ppl["tokens"]
+        assert [c["step"] for c in saved["calibration"]] == list(range(1, M))
+        assert saved["pause_stats"]["tokens"] > 0
+        for name in ("latency.png", "calibration.png", "shaded.html", "pause_stats.md"):
+            assert (out / name).stat().st_size > 0, name
+        page = (out / "shaded.html").read_text()
+        assert 'id="legend"' in page
+        values = [float(v) for v in re.findall(r'data-pauses="([0-9.]+)"', page)]
+        assert values and all(0.0 <= v <= M - 1 + 1e-6 for v in values)
+    else:
+        assert "latency" not in saved and not (out / "shaded.html").exists()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_eval_perplexity_equals_training_held_out(runs, method):
+    """Same rows as training's final evaluation (eval_batches x batch_size) -> same perplexity."""
+    final = json.loads((runs[method] / "final_metrics.json").read_text())
+    cfg = RunConfig.load(runs[method] / "config.yaml")
+    rows = cfg.train.eval_batches * cfg.train.batch_size
+    metrics = evaluate(runs[method], batch_size=rows, max_tokens=1, progress=False, write=False)
+    assert metrics["data"]["sequences"] == rows
+    assert metrics["perplexity"]["tokens"] == final.get("targets", final.get("tokens"))
+    assert metrics["perplexity"]["ppl"] == pytest.approx(final["ppl"], rel=1e-5)
+    if method == "cyb":
+        assert metrics["latency"]["mean_steps"] == pytest.approx(final["mean_steps"], rel=1e-5)
+
+
+def test_eval_reference_and_relative_improvement(runs, tmp_path):
+    tbys = evaluate(runs["tbys"], out_dir=tmp_path / "tbys", max_tokens=30, progress=False)
+    by_dir = evaluate(runs["cyb"], reference=runs["tbys"], max_tokens=30, progress=False, write=False)
+    assert by_dir["reference"]["ppl"] == pytest.approx(tbys["perplexity"]["ppl"], rel=1e-9)
+    assert "warning" not in by_dir["reference"]
+    ref = tbys["perplexity"]["ppl"]
+    want = (ref - by_dir["perplexity"]["ppl"]) / ref * 100
+    assert by_dir["relative_improvement_pct"] == pytest.approx(want)
+    by_file = evaluate(runs["cyb"], reference=tmp_path / "tbys" / "metrics.json", max_tokens=30, progress=False,
+                       write=False)
+    assert by_file["relative_improvement_pct"] == pytest.approx(want)
+
+
+def test_eval_accepts_final_folder_and_task_data(runs):
+    metrics = evaluate(runs["cyb"] / "final", data="task:addition", max_tokens=10, batch_size=4,
+                       progress=False, write=False)
+    assert metrics["target"]["run_dir"] == str(runs["cyb"])
+    assert metrics["perplexity"]["tokens"] >= 10
+    assert metrics["data"]["kind"] == "synthetic"
+
+
+def test_cli_eval(runs, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["eval", str(runs["cyb"]), "--out", str(out), "--tokens", "20", "--batch-size", "4",
+                 "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "perplexity" in text and "calibration step 1" in text
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["command"].startswith("cyb eval")
+    assert saved["data"]["batch_size"] == 4
+
+
+def test_cli_eval_errors(runs, tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["eval", str(tmp_path / "empty")]) == 2
+    assert "neither a run folder" in capsys.readouterr().err
+    assert main(["eval", str(runs["cyb"]), "--data", "some/text.jsonl", "--no-progress"]) == 2
+    assert "synthetic task" in capsys.readouterr().err
+    assert main(["eval", str(runs["cyb"]), "--batch-size", "0", "--no-progress"]) == 2
+    assert "--batch-size" in capsys.readouterr().err
+
+
+def test_resolve_target_errors(tmp_path):
+    with pytest.raises(ValueError, match="is a file"):
+        (tmp_path / "x.txt").write_text("x")
+        resolve_target(tmp_path / "x.txt")
+    run = tmp_path / "unfinished"
+    run.mkdir()
+    RunConfig().dump(run / "config.yaml")
+    (run / "run.json").write_text("{}")
+    with pytest.raises(ValueError, match="no final model"):
+        resolve_target(run)
+    with pytest.raises(ValueError, match="needs --data"):
+        resolve_data(None, None)
+
+
+# ------------------------------------------------------------------ analyses on hand-made numbers
+
+
+def _terms(n=50, m=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lt = torch.log(torch.rand(n, m, generator=g).clamp(1e-3, 1))
+    d = torch.rand(n, m, generator=g).clamp(1e-3, 1 - 1e-3)
+    return lt, d.log(), (-d).log1p()
+
+
+def test_perplexity_summary_matches_losses():
+    lt, ld, lnd = _terms()
+    out = perplexity_summary(lt, ld, lnd, has_dk=True)
+    assert out["loss"] == pytest.approx(float(losses.cyb_loss(lt.double(), ld.double(), lnd.double()).mean()))
+    assert out["ppl"] == pytest.approx(math.exp(out["loss"]))
+    assert out["by_step"] == pytest.approx([math.exp(float(-lt[:, i].double().mean())) for i in range(4)])
+    assert "train_setting" not in out
+    omega, gamma = [1, 1, 1, 1], [1, 0.9, 0.81, 0.729]
+    ts = perplexity_summary(lt, ld, lnd, has_dk=True, omega=omega, gamma=gamma)["train_setting"]
+    want = losses.cyb_loss(lt.double(), ld.double(), lnd.double(), omega=omega, gamma=gamma).mean()
+    assert ts["loss"] == pytest.approx(float(want))
+    plain = perplexity_summary(lt, ld, lnd, has_dk=False)
+    assert plain["loss"] == pytest.approx(float(-lt[:, -1].double().mean()))
+
+
+def test_relative_improvement_reproduces_paper_table():
+    # appendix F, fine-tuned Gemma3-4B: reference TBYS 3 pauses at 10.359
+    for ppl, printed in ((10.670, -3.00), (10.512, -1.48), (10.351, 0.08), (10.131, 2.20)):
+        assert round(relative_improvement(ppl, 10.359), 2) == printed
+    with pytest.raises(ValueError, match="reference perplexity"):
+        relative_improvement(10.0, 0.0)
+
+
+def test_latency_summary_known_distribution():
+    # d = (0.5, 0.5, .): Pr(S) = (0.5, 0.25, 0.25), E[S] = 1.75
+    d = torch.tensor([[0.5, 0.5, 0.3]] * 4)
+    lat = latency_summary(d.log(), (-d).log1p())
+    assert lat["stop_dist"] == pytest.approx([0.5, 0.25, 0.25])
+    assert lat["mean_steps"] == pytest.approx(1.75)
+    assert lat["mean_pauses"] == pytest.approx(0.75)
+    assert sum(lat["pauses_hist"]["counts"]) == 4
+    assert lat["pauses_hist"]["edges"][0] == 0 and lat["pauses_hist"]["edges"][-1] == 2
+
+
+def test_spearman_positive_correlation():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=500)
+    rho, p = spearman(x, x + 0.5 * rng.normal(size=500))
+    assert rho > 0.8 and p < 1e-10
+    assert all(math.isnan(v) for v in spearman(np.ones(10), x[:10]))
+
+
+def test_calibration_detects_helpful_pauses():
+    """d_1 large exactly where t rises from step 1 to step 2."""
+    rng = np.random.default_rng(1)
+    n = 400
+    gain = rng.uniform(0, 0.5, n)
+    t1 = rng.uniform(0.1, 0.4, n)
+    t = np.stack([t1, t1 + gain, t1 + gain], 1)
+    d = np.stack([np.clip(gain * 1.8 + rng.normal(0, 0.05, n), 0.01, 0.99), np.full(n, 0.5), np.full(n, 0.2)], 1)
+    d[:, 1] += rng.uniform(-0.01, 0.01, n)
+    steps = calibration(torch.tensor(np.log(t)), torch.tensor(np.log(d)), bins=10)
+    assert [s["step"] for s in steps] == [1, 2]
+    assert steps[0]["spearman"] > 0.8 and steps[0]["p_value"] < 1e-10
+    assert math.isnan(steps[1]["spearman"])  # t_3 - t_2 is constant
+    assert sum(map(sum, steps[0]["density"]["counts"])) == n
+
+
+def test_pause_quadrants_hand_made():
+    keys, values = [], []
+    data = {"lowlow": [0.1] * 6, "highlow": [2.0] * 6, "lowhigh": [0.0, 1.0] * 3, "highhigh": [1.0, 3.0] * 3,
+            "mid": [0.5, 0.6, 0.5, 0.6, 0.5, 0.6], "rare": [3.0]}
+    for k, vs in data.items():
+        keys += [k] * len(vs)
+        values += vs
+    stats = token_pause_stats(keys, values, min_count=5)
+    assert {s.token for s in stats} == set(data) - {"rare"}
+    by = {s.token: s for s in stats}
+    assert by["highhigh"].median == pytest.approx(2.0) and by["highhigh"].variance == pytest.approx(1.0)
+    table = quadrant_table(stats, top_k=3)
+    cells = {c: [s["token"] for s in v] for c, v in table["cells"].items()}
+    assert "lowlow" in cells["low_median_low_variance"]
+    assert cells["high_median_low_variance"] == ["highlow"]
+    assert cells["low_median_high_variance"] == ["lowhigh"]
+    assert cells["high_median_high_variance"] == ["highhigh"]
+    assert table["split"]["median"] == pytest.approx(0.55)
+    full = pause_statistics(keys, values, min_count=5, top_k=2, attribution="target")
+    assert full["attribution"] == "target" and [s["token"] for s in full["highest_median"]] == ["highhigh", "highlow"]
+    with pytest.raises(ValueError, match="attribution"):
+        pause_statistics(keys, values, attribution="next")
+
+
+def test_shaded_html_spans_legend_and_monotone_colours():
+    values = [None, 0.0, 0.4, 1.1, 2.0, 2.9, 3.0]
+    passage = [(f"t{i}<&", v) for i, v in enumerate(values)]
+    page = html.shaded_text_page([passage], 3.0)
+    assert "Legend" in page and 'id="legend"' in page
+    spans = re.findall(r'<span class="tok[^"]*"[^>]*>', page)
+    assert len(spans) == len(values)
+    assert page.count("t1&lt;&amp;") == 1  # text is escaped
+    colours = [html.shade_color(v, 3.0) for v in values[1:]]
+    rgb = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in colours]
+    for a, b in zip(rgb, rgb[1:]):
+        assert all(x >= y for x, y in zip(a, b))
+    assert colours[0] == "#ffffff" and colours[-1] == "#08306b"
+    for span, v in zip(spans[1:], values[1:]):
+        assert html.shade_color(v, 3.0) in span
+
+
+def test_fused_readout_gives_the_same_numbers(runs):
+    naive = evaluate(runs["cyb"], impl="naive", progress=False, write=False, max_tokens=None)
+    fused = evaluate(runs["cyb"], impl="fused", progress=False, write=False, max_tokens=None)
+    assert fused["perplexity"]["ppl"] == pytest.approx(naive["perplexity"]["ppl"], rel=1e-5)
+    assert fused["latency"]["stop_dist"] == pytest.approx(naive["latency"]["stop_dist"], abs=1e-5)
+
+
+def test_bare_model_on_text(runs, tmp_path):
+    """A model folder outside its run, on a text file packed into blocks."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(runs["cyb"] / "final", model_dir)
+    text = tmp_path / "held_out.txt"
+    text.write_text("12+34=46 and 5+5=10; 7+8=15. " * 20)
+    metrics = evaluate(model_dir, data=str(text), block_len=16, batch_size=3, max_tokens=100,
+                       out_dir=tmp_path / "out", progress=False)
+    assert metrics["target"]["run_dir"] is None and metrics["target"]["name"] == "CYB 2 pauses"
+    assert metrics["data"]["kind"] == "text" and metrics["data"]["block_len"] == 16
+    assert metrics["perplexity"]["tokens"] >= 100 and math.isfinite(metrics["perplexity"]["ppl"])
+    page = (tmp_path / "out" / "shaded.html").read_text()
+    assert page.count('class="tok') == 3 * 16  # three passages of one block each
+
+
+def test_collect_records_original_tbys_layout(runs):
+    """tbys_original rows (random pauses, advancing positions): one readout per target."""
+    from cyb.analysis.collect import collect_records
+    from cyb.analysis.eval_data import resolve_data
+    from cyb.config import MethodConfig
+    from cyb.evaluate import load_model, resolve_target
+
+    target = resolve_target(runs["tbys"])
+    model = load_model(target, device="cpu")
+    data = resolve_data(target.config)
+    method = MethodConfig(name="tbys_original", num_steps=M, random_pause_fraction=0.5)
+    rec = collect_records(model, method, data.batches(model.tokenizer, 8), progress=False)
+    direct = collect_records(model, target.config.method, data.batches(model.tokenizer, 8), progress=False)
+    assert rec.num_steps == 1 and rec.num_tokens == direct.num_tokens
+    assert torch.equal(rec.target_ids, direct.target_ids)
+    assert bool(torch.isfinite(rec.log_t).all()) and not rec.passages
