@@ -1,0 +1,469 @@
+"""``PauseModel``: a Hugging Face causal LM with pauses and a ``<don't know>`` output.
+
+The wrapper owns no weights of its own: it holds the Hugging Face model (``hf_model``), the
+:class:`~cyb.model.settings.PauseSettings` and the tokenizer, and runs the decoder with explicit
+positions and an explicit attention mask (see :mod:`cyb.model.hf` for why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
+from ..readout import readout
+from . import hf
+from .loading import find_settings_file, load_tokenizer, save_tokenizer
+from .settings import DEFAULT, PauseSettings, check_agrees, resolve_arguments
+from .tokens import apply_plan, check_tokenizer, reserve_tokens
+
+
+@dataclass
+class PauseForward:
+    """What :meth:`PauseModel.forward` returns for a batch of ``B`` rows of ``L`` real tokens.
+
+    Attributes:
+        layout: the Recipe 1 layout (:class:`cyb.layout.Expanded`, tensors ``[B, L*M]``).
+        hidden: ``[B, L, M, H]`` last hidden states, grouped by real token (model dtype).
+        log_t, log_d, log_not_d: ``[B, L, M]`` float32 per-step readout (``log_t`` is 0 where a
+            block has no target; ``log_d = -inf``, ``log_not_d = 0`` without dk).  The network's
+            ``d_M`` is reported as is; the losses treat it as 0.
+        logits: ``[B, L, M, V]`` when asked for (``return_logits=True``), else None.
+    """
+
+    layout: Expanded
+    hidden: torch.Tensor
+    log_t: torch.Tensor
+    log_d: torch.Tensor
+    log_not_d: torch.Tensor
+    logits: torch.Tensor | None = None
+
+    @property
+    def target_mask(self) -> torch.Tensor:
+        """``[B, L]`` True where a real token's block has a target (the next real token)."""
+        return self.layout.block_labels != IGNORE_INDEX
+
+
+class PauseModel(torch.nn.Module):
+    """A Hugging Face causal LM run with pauses (wrapped, never subclassed or patched).
+
+    Build one with :meth:`from_pretrained`, :meth:`from_config` or :meth:`from_hf`; the
+    constructor wraps a model whose pause/dk ids are already in place.
+
+    Args:
+        hf_model: a ``transformers`` causal LM that takes ``position_ids`` (rotary models:
+            Llama, Mistral, Qwen2/3, Gemma 1/2/3...), with ``sdpa`` or ``eager`` attention.
+        settings: its pause settings; ``settings.vocab_size`` must equal the rows of the
+            output projection.
+        tokenizer: optional; when given, its ids for the saved token strings must match.
+    """
+
+    #: Prefix of the Hugging Face model's keys inside this module's ``state_dict``.
+    hf_prefix = "hf_model."
+
+    def __init__(self, hf_model: torch.nn.Module, settings: PauseSettings, tokenizer=None) -> None:
+        super().__init__()
+        if not isinstance(settings, PauseSettings):
+            raise TypeError(f"settings must be a PauseSettings, got {type(settings).__name__}")
+        hf.check_attention(hf.attention_of(hf_model))
+        decoder = hf.decoder_of(hf_model)
+        hf.check_position_ids(decoder)
+        self._cache_arg = hf.cache_arg_name(decoder)
+        head = hf_model.get_output_embeddings()
+        if head is None or not hasattr(head, "weight"):
+            raise TypeError(f"{type(hf_model).__name__} has no output projection (lm_head)")
+        rows = int(head.weight.shape[0])
+        if settings.vocab_size != rows:
+            raise ValueError(
+                f"the pause settings are for a vocabulary of {settings.vocab_size} ids but the model's "
+                f"output projection has {rows} rows (a checkpoint of another model?)"
+            )
+        if tokenizer is not None:
+            check_tokenizer(tokenizer, settings)
+        self.hf_model = hf_model
+        self._settings = settings
+        self._vocab = settings.vocab()
+        self._tokenizer = tokenizer
+        self._dk_bias = settings.dk_bias()
+
+    # ================================================================== construction
+    @classmethod
+    def from_hf(
+        cls,
+        hf_model: torch.nn.Module,
+        tokenizer=None,
+        *,
+        num_steps: int,
+        use_dk=DEFAULT,
+        psi_dk=DEFAULT,
+        position_scheme=DEFAULT,
+        method: str | None = None,
+        reuse_unused: bool = True,
+    ) -> "PauseModel":
+        """Reserve pause/dk ids on an already loaded model and wrap it.
+
+        Ids come from tokens the tokenizer already has, else named unused tokens
+        (``<unused0>``, ``<|reserved_special_token_0|>``, ...) when ``reuse_unused``, else new
+        tokens ``<pause_1>`` .. ``<pause_{M-1}>`` (``<pause>`` for ``"advance"``) and
+        ``<dont_know>`` added to the tokenizer, with the embeddings grown and the new rows set
+        to the mean of the existing ones.  Without a tokenizer, ids are appended after the
+        last embedding row.  Mutates ``hf_model`` and ``tokenizer``.
+
+        Args:
+            num_steps: ``M`` >= 1.
+            use_dk: reserve a ``<don't know>`` id (default: ``M > 1``).
+            psi_dk: dk prior probability in (0, 1), None for no prior (default 0.9).
+            position_scheme: ``"shared"`` (default) or ``"advance"``.
+            method: label stored in the settings (default ``"cyb"`` with dk, ``"tbys"`` with
+                pauses only, ``"baseline"`` for ``M = 1``).
+        """
+        m, use_dk, psi_dk, scheme, method = resolve_arguments(
+            num_steps, use_dk, psi_dk, position_scheme, method)
+        hf.check_attention(hf.attention_of(hf_model))
+        hf.check_position_ids(hf.decoder_of(hf_model))
+        rows = int(hf_model.get_input_embeddings().weight.shape[0])
+        plan = reserve_tokens(tokenizer, num_steps=m, use_dk=use_dk, position_scheme=scheme,
+                              num_rows=rows, reuse_unused=reuse_unused)
+        apply_plan(hf_model, plan)
+        settings = PauseSettings(
+            num_steps=m,
+            pause_ids=plan.pause_ids,
+            vocab_size=int(hf_model.get_output_embeddings().weight.shape[0]),
+            dk_id=plan.dk_id,
+            psi_dk=psi_dk,
+            position_scheme=scheme,
+            method=method,
+            pause_tokens=plan.pause_tokens,
+            dk_token=plan.dk_token,
+        )
+        return cls(hf_model, settings, tokenizer)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path,
+        *,
+        num_steps: int | None = None,
+        use_dk=DEFAULT,
+        psi_dk=DEFAULT,
+        position_scheme=DEFAULT,
+        method: str | None = None,
+        tokenizer=None,
+        torch_dtype=None,
+        attn_implementation: str | None = None,
+        reuse_unused: bool = True,
+        **hf_kwargs,
+    ) -> "PauseModel":
+        """Load a causal LM (hub name or folder) as a pause model.
+
+        A folder (or repository) with ``cyb_pause.json`` is a saved pause model: its settings
+        are used, and any argument given here must agree with them.  Any other model gets its
+        pause/dk ids set up as in :meth:`from_hf` (``num_steps`` is then required).
+
+        Args:
+            tokenizer: default: the one saved with the model (Hugging Face or CharTokenizer),
+                or None when the folder has none.
+            torch_dtype: parameter dtype (a ``torch.dtype``, its name, or ``"auto"``).
+            attn_implementation: ``"sdpa"`` or ``"eager"``; None picks sdpa where the
+                architecture supports it, else eager.  Flash attention is refused.
+            **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``revision``,
+                ``local_files_only``, ...).
+        """
+        from transformers import AutoModelForCausalLM
+
+        hf.check_attention(attn_implementation)
+        settings_file = find_settings_file(name_or_path, hf_kwargs)
+        saved = PauseSettings.load(settings_file) if settings_file is not None else None
+        if saved is not None:
+            check_agrees(saved, settings_file, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
+                          position_scheme=position_scheme, method=method)
+        elif num_steps is None:
+            raise ValueError(
+                f"num_steps (M) is required: {name_or_path!s} has no cyb_pause.json (it is not a "
+                "saved pause model)"
+            )
+        if tokenizer is None:
+            tokenizer = load_tokenizer(name_or_path, hf_kwargs)
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(name_or_path), attn_implementation=attn_implementation,
+            **hf.dtype_kwargs(torch_dtype), **hf_kwargs,
+        )
+        if saved is not None:
+            return cls(hf_model, saved, tokenizer)
+        return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
+                           position_scheme=position_scheme, method=method, reuse_unused=reuse_unused)
+
+    @classmethod
+    def from_config(
+        cls,
+        hf_config,
+        tokenizer=None,
+        *,
+        num_steps: int,
+        use_dk=DEFAULT,
+        psi_dk=DEFAULT,
+        position_scheme=DEFAULT,
+        method: str | None = None,
+        torch_dtype=None,
+        attn_implementation: str | None = None,
+        reuse_unused: bool = True,
+    ) -> "PauseModel":
+        """A randomly initialised model of ``hf_config`` (from-scratch runs), ids as in :meth:`from_hf`.
+
+        The embeddings grow to cover the whole tokenizer when it is larger than
+        ``hf_config.vocab_size``.
+        """
+        from transformers import AutoModelForCausalLM
+
+        hf.check_attention(attn_implementation)
+        hf_model = AutoModelForCausalLM.from_config(
+            hf_config, attn_implementation=attn_implementation, **hf.dtype_kwargs(torch_dtype)
+        )
+        return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
+                           position_scheme=position_scheme, method=method, reuse_unused=reuse_unused)
+
+    # ================================================================== persistence
+    def save_pretrained(self, directory, *, state_dict: dict | None = None, **hf_kwargs) -> Path:
+        """Write the Hugging Face model (safetensors), the tokenizer and ``cyb_pause.json``.
+
+        The folder loads with :meth:`from_pretrained` and with plain
+        ``AutoModelForCausalLM.from_pretrained``.  ``state_dict`` (Hugging Face keys, e.g.
+        gathered under FSDP) replaces the module's own; ``hf_kwargs`` go to the model's
+        ``save_pretrained``.  The settings file is written last.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if state_dict is not None:
+            hf_kwargs["state_dict"] = state_dict
+        self.hf_model.save_pretrained(str(directory), **hf_kwargs)
+        if self._tokenizer is not None:
+            save_tokenizer(self._tokenizer, directory)
+        self._settings.save(directory)
+        return directory
+
+    def load_hf_state_dict(self, state_dict: dict, strict: bool = True):
+        """Load weights keyed as the Hugging Face model's own ``state_dict``."""
+        return self.hf_model.load_state_dict(state_dict, strict=strict)
+
+    # ================================================================== properties
+    @property
+    def settings(self) -> PauseSettings:
+        return self._settings
+
+    @property
+    def vocab(self) -> PauseVocab:
+        return self._vocab
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def config(self):
+        """The Hugging Face model's config."""
+        return self.hf_model.config
+
+    @property
+    def num_steps(self) -> int:
+        return self._settings.num_steps
+
+    @property
+    def dk_bias(self) -> float:
+        """The dk prior offset added to the dk logit in the readout (0.0 without dk/prior)."""
+        return self._dk_bias
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.hf_model.parameters()).dtype
+
+    @property
+    def decoder(self) -> torch.nn.Module:
+        """The Hugging Face decoder under the LM head."""
+        return hf.decoder_of(self.hf_model)
+
+    def decoder_layers(self) -> list[torch.nn.Module]:
+        """The transformer blocks, in order (units for FSDP wrapping or compilation)."""
+        num_layers = getattr(hf.text_config(self.config), "num_hidden_layers", None)
+        return hf.decoder_layers(self.decoder, num_layers)
+
+    def num_parameters(self, only_trainable: bool = False) -> int:
+        """Parameters of the wrapped model (tied matrices counted once)."""
+        params = {id(p): p for p in self.hf_model.parameters() if p.requires_grad or not only_trainable}
+        return sum(p.numel() for p in params.values())
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each block's activations in backward (non-reentrant by default)."""
+        kwargs = gradient_checkpointing_kwargs
+        if kwargs is None:
+            kwargs = {"use_reentrant": False}
+        enable = getattr(self.hf_model, "activation_checkpointing_enable", None)  # newer name
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        disable = getattr(self.hf_model, "activation_checkpointing_disable", None)
+        (disable or self.hf_model.gradient_checkpointing_disable)()
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether activation (gradient) checkpointing is on."""
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            if hasattr(type(self.hf_model), name):
+                return bool(getattr(self.hf_model, name))
+        return False
+
+    def extra_repr(self) -> str:
+        s = self._settings
+        return (f"method={s.method!r}, num_steps={s.num_steps}, pause_ids={list(s.pause_ids)}, "
+                f"dk_id={s.dk_id}, psi_dk={s.psi_dk}, position_scheme={s.position_scheme!r}")
+
+    # ================================================================== forward pieces
+    def new_cache(self):
+        """An empty ``DynamicCache`` set up for this model (sliding-window layers included)."""
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.config)
+        except TypeError:  # older transformers without the config argument
+            return DynamicCache()
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        past_key_values=None,
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, object | None]:
+        """Last hidden states of the decoder, with explicit positions and attention mask.
+
+        Args:
+            input_ids: ``[B, T]`` long ids (real tokens and pauses, as laid out).
+            position_ids: ``[B, T]`` (or ``[1, T]``) rotary positions; may repeat.
+            attention_mask: ``[B, P + T]`` 1 for valid steps, 0 for padding, covering the ``P``
+                cached steps and the new ones; None means nothing is padded.
+            past_key_values: a cache (e.g. :meth:`new_cache`) holding ``P`` earlier steps; it is
+                extended in place with the new ones.
+            use_cache: return a cache (a new one when ``past_key_values`` is None).
+
+        Returns:
+            ``(hidden [B, T, H] in the model dtype, cache or None)``.  Steps that are padding
+            give finite values that mean nothing.  Without a cache, rows with leading padding
+            run rolled (padding last, then unmasked, as valid steps never attend to later ones)
+            and come back in the input order, so that no step has an empty softmax (NaN
+            gradients with some attention kernels).
+        """
+        hf.check_attention(hf.attention_of(self.hf_model))
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape [B, T], got {tuple(input_ids.shape)}")
+        b, t = input_ids.shape
+        if position_ids is None:
+            raise ValueError("position_ids are required: pauses repeat positions, which must be explicit")
+        if position_ids.dim() != 2 or position_ids.shape[1] != t or position_ids.shape[0] not in (1, b):
+            raise ValueError(
+                f"position_ids must have shape [B, T] = [{b}, {t}] (or [1, {t}]), got "
+                f"{tuple(position_ids.shape)}"
+            )
+        past = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
+        if attention_mask is None:
+            attention_mask = torch.ones((b, past + t), dtype=torch.long, device=input_ids.device)
+        elif tuple(attention_mask.shape) != (b, past + t):
+            raise ValueError(
+                f"attention_mask must have shape [B, cached + new] = [{b}, {past} + {t}], got "
+                f"{tuple(attention_mask.shape)}"
+            )
+        hf.check_positions(position_ids, self.config)
+        lead = None
+        if past_key_values is None and not use_cache:
+            input_ids, position_ids, attention_mask, lead = hf.padding_last(
+                input_ids, position_ids.expand(b, t), attention_mask)
+        out = self.decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **{self._cache_arg: past_key_values},
+        )
+        hidden = out.last_hidden_state
+        if lead is not None:
+            hidden = hf.roll_rows(hidden, -lead)
+        cache = None
+        if use_cache or past_key_values is not None:
+            cache = past_key_values if past_key_values is not None else hf.cache_of(out)
+        return hidden, cache
+
+    def output_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight [V, H], bias [V] or None)`` such that
+        ``logits(h) == softcap(h @ weight.T + bias)`` with ``softcap`` from
+        :attr:`final_logit_softcap`.
+
+        These are the head's own parameters, except for models that scale their logits
+        (Cohere, Granite), where the scaled copies are returned (gradients still flow).
+        """
+        head = self.hf_model.get_output_embeddings()
+        weight, bias = head.weight, getattr(head, "bias", None)
+        scale = hf.logit_scale(self.hf_model)
+        if scale is not None:
+            weight = weight * scale
+            bias = bias * scale if bias is not None else None
+        return weight, bias
+
+    @property
+    def final_logit_softcap(self) -> float | None:
+        """Gemma 2/3 ``final_logit_softcapping`` (logits become ``c * tanh(z / c)``), or None."""
+        return hf.final_logit_softcap(self.config)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., V]`` logits of hidden states ``[..., H]``, exactly as the HF forward computes
+        them (head, logit scaling, softcap), in the model dtype.  No dk prior is added."""
+        head = self.hf_model.get_output_embeddings()
+        return hf.apply_logit_transforms(head(hidden), self.hf_model, self.final_logit_softcap)
+
+    def readout(self, hidden: torch.Tensor, targets: torch.Tensor):
+        """``(log_t, log_d, log_not_d)`` (float32, shape of ``targets``) of hidden states
+        ``[..., H]`` with the model's dk id and prior; ``targets`` use ``IGNORE_INDEX``."""
+        return readout(self.logits(hidden), targets, dk_id=self._settings.dk_id, dk_bias=self._dk_bias)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+        *,
+        return_logits: bool = False,
+        check_ids: bool = True,
+    ) -> PauseForward:
+        """Recipe 1 forward of real tokens ``ids [B, L]``: lay out, run, read out every step.
+
+        Args:
+            ids: ``[B, L]`` real token ids (no pauses).
+            attention_mask: ``[B, L]`` 1 for tokens, 0 for padding (left or right).
+            loss_mask: ``[B, L]`` which tokens are prediction targets (default: all valid ones).
+            return_logits: also return the ``[B, L, M, V]`` logits (memory: ``B*L*M*V``).
+            check_ids: raise if ids are outside the vocabulary or equal a pause/dk id.
+        """
+        m = self.num_steps
+        layout = expand(ids, self._vocab, attention_mask=attention_mask, loss_mask=loss_mask,
+                        check_ids=check_ids)
+        hidden, _ = self.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask)
+        logits = self.logits(hidden)
+        log_t, log_d, log_not_d = readout(logits, layout.labels, dk_id=self._settings.dk_id,
+                                          dk_bias=self._dk_bias)
+        return PauseForward(
+            layout=layout,
+            hidden=collapse(hidden, m),
+            log_t=collapse(log_t, m),
+            log_d=collapse(log_d, m),
+            log_not_d=collapse(log_not_d, m),
+            logits=collapse(logits, m) if return_logits else None,
+        )
+
