@@ -37,10 +37,11 @@ SCALES = {
     # one H100/H200: from-scratch llama on techdocs
     "gpu": dict(hidden=384, layers=6, heads=6, block_len=256, batch=32, pre_steps=1200,
                 ft_steps=400, base_steps=1200, vocab=8192, eval_batches=40, syn_steps=3000,
-                warmup=100),
+                warmup=100, eval_tokens=100000),
     # a CPU smoke test of the whole pipeline
     "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6,
-                      ft_steps=4, base_steps=6, vocab=300, eval_batches=2, syn_steps=6, warmup=2),
+                      ft_steps=4, base_steps=6, vocab=300, eval_batches=2, syn_steps=6, warmup=2,
+                      eval_tokens=500),
 }
 
 
@@ -84,7 +85,7 @@ def ensure_tokenizer(s: dict, out: Path) -> None:
     train_bpe_tokenizer(docs, s["vocab"], tok)
 
 
-def run(cfg: dict, out: Path, label: str, summary: list, *, analyse: bool = False) -> dict:
+def run(cfg: dict, out: Path, label: str, summary: list, s: dict, *, analyse: bool = False) -> dict:
     name = Path(cfg["train"]["out_dir"]).name
     cfg_path = out / "configs" / f"{name}.yaml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +106,8 @@ def run(cfg: dict, out: Path, label: str, summary: list, *, analyse: bool = Fals
         row["tokens_per_s"] = sorted(tps)[len(tps) // 2] if tps else None
         if analyse:
             ev = subprocess.run([sys.executable, "-m", "cyb", "eval", cfg["train"]["out_dir"],
-                                 "--out", str(Path(cfg["train"]["out_dir"]) / "eval")],
+                                 "--out", str(Path(cfg["train"]["out_dir"]) / "eval"),
+                                 "--tokens", str(s["eval_tokens"]), "--no-progress"],
                                 capture_output=True, text=True)
             row["eval_returncode"] = ev.returncode
             (out / "logs" / f"{name}.eval.log").write_text(ev.stdout[-20000:] + ev.stderr[-20000:])
@@ -121,15 +123,18 @@ def suite_pretrain(s, out, seed, summary):
                      ("CYB 3 pauses", method("cyb"))]:
         cfg = base_config(s, out, f"{m['name']}-p{m['num_steps'] - 1}-s{seed}", seed)
         cfg["method"] = m
-        run(cfg, out, label, summary, analyse=m["name"] == "cyb")
+        run(cfg, out, label, summary, s, analyse=m["name"] == "cyb")
 
 
 def _pretrain_base(s, out, seed, summary) -> str:
+    shared = out.parent / "finetune" / f"base-s{seed}" / "final"
+    if (shared / "model.safetensors").is_file():
+        return str(shared)  # the fine-tuning suite's base, when it ran in the same job
     cfg = base_config(s, out, f"base-s{seed}", seed)
     cfg["train"]["steps"] = s["base_steps"]
     base_dir = Path(cfg["train"]["out_dir"]) / "final"
     if not (base_dir / "model.safetensors").is_file():
-        run(cfg, out, "Pretrained base (no pauses)", summary)
+        run(cfg, out, "Pretrained base (no pauses)", summary, s)
     return str(base_dir)
 
 
@@ -151,7 +156,7 @@ def suite_finetune(s, out, seed, summary):
     for label, m in plan:
         cfg = _finetune(s, out, base, f"ft-{m['name']}-p{m['num_steps'] - 1}-s{seed}", seed)
         cfg["method"] = m
-        run(cfg, out, label, summary, analyse=m["name"] == "cyb" and m["num_steps"] == 4)
+        run(cfg, out, label, summary, s, analyse=m["name"] == "cyb" and m["num_steps"] == 4)
 
 
 def suite_hparams(s, out, seed, summary):
@@ -168,7 +173,7 @@ def suite_hparams(s, out, seed, summary):
     for i, (label, m) in enumerate(plan):
         cfg = _finetune(s, out, base, f"hp{i:02d}-{m['name']}-s{seed}", seed)
         cfg["method"] = m
-        run(cfg, out, label, summary, analyse=i < 4)
+        run(cfg, out, label, summary, s, analyse=i < 4)
 
 
 def suite_synthetic(s, out, seed, summary):
@@ -180,7 +185,7 @@ def suite_synthetic(s, out, seed, summary):
                        "num_train_examples": 50000, "num_valid_examples": 1000}
         cfg["train"]["steps"] = s["syn_steps"]
         cfg["train"]["batch_size"] = 64
-        run(cfg, out, label, summary, analyse=False)
+        run(cfg, out, label, summary, s, analyse=False)
 
 
 SUITES = {"pretrain": suite_pretrain, "finetune": suite_finetune, "hparams": suite_hparams,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -53,11 +56,20 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
         return load_tokenizer(cfg.model.name_or_path)
     with main_first(info):
         if not (saved / "tokenizer.json").is_file() and info.is_main:
-            import itertools
-
             train_texts, _ = _train_source(cfg)
-            docs = itertools.islice(train_texts(), cfg.data.bpe_train_docs)
-            train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, saved)
+            try:
+                docs = list(itertools.islice(train_texts(), cfg.data.bpe_train_docs))
+            except ValueError as e:
+                raise ValueError(f"data.source: {e}") from None
+            if not any(doc.strip() for doc in docs):
+                raise ValueError(f"data.source ({cfg.data.source}) holds no text to train a tokenizer "
+                                 f"on (data.text_field = {cfg.data.text_field!r}); check the path and field")
+            # written beside and renamed into place: a killed run never leaves half a tokenizer
+            tmp = run_dir / f"{TOKENIZER_DIR}.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, tmp)
+            shutil.rmtree(saved, ignore_errors=True)
+            os.replace(tmp, saved)
     return load_tokenizer(saved)
 
 
@@ -99,16 +111,25 @@ def build_model(cfg: RunConfig, tokenizer):
     pause_kw = dict(num_steps=me.num_steps if me.uses_pauses else 1, use_dk=me.uses_dk,
                     psi_dk=me.psi_dk, method=me.name,
                     position_scheme="advance" if me.name == "tbys_original" else me.position_scheme)
-    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
+    # auto: float32 parameters (bf16 autocast on GPU), also for checkpoints stored in bf16
+    dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
              "float16": torch.float16}[cfg.model.dtype]
-    if cfg.model.name_or_path:
-        return PauseModel.from_pretrained(cfg.model.name_or_path, tokenizer=tokenizer,
-                                          torch_dtype=dtype,
-                                          attn_implementation=cfg.model.attn_implementation,
-                                          **pause_kw)
-    hf_config = hf_config_for(cfg, len(tokenizer), tokenizer)
-    return PauseModel.from_config(hf_config, tokenizer, torch_dtype=dtype,
-                                  attn_implementation=cfg.model.attn_implementation, **pause_kw)
+    try:
+        if cfg.model.name_or_path:
+            return PauseModel.from_pretrained(cfg.model.name_or_path, tokenizer=tokenizer,
+                                              torch_dtype=dtype,
+                                              attn_implementation=cfg.model.attn_implementation,
+                                              reconfigure=True, **pause_kw)
+        hf_config = hf_config_for(cfg, len(tokenizer), tokenizer)
+        return PauseModel.from_config(hf_config, tokenizer, torch_dtype=dtype,
+                                      attn_implementation=cfg.model.attn_implementation, **pause_kw)
+    except ValueError as e:
+        if "attention implementation" not in str(e):
+            raise
+        other = "eager" if cfg.model.attn_implementation == "sdpa" else "sdpa"
+        raise ValueError(f"model.attn_implementation: this model does not support "
+                         f"{cfg.model.attn_implementation!r} ({str(e).splitlines()[0][:160]}); "
+                         f"use {other}") from None
 
 
 # ---------------------------------------------------------------------------------- data
@@ -119,8 +140,9 @@ class GlobalBatches:
 
     The global stream (rows in a fixed, seeded order) is the same on every process; process
     ``r`` of ``w`` takes rows ``[r*b/w, (r+1)*b/w)`` of each global batch of ``b`` rows and splits
-    them into micro-batches.  The resume state is the stream position at a step boundary, so a
-    checkpoint resumes at any world size.
+    them into micro-batches.  Each micro-batch carries ``row``: the rows' indices within the
+    global batch (to seed per-row randomness the same way at any world size).  The resume state
+    is the stream position at a step boundary, so a checkpoint resumes at any world size.
     """
 
     def __init__(self, source, batch_size: int, info: DistInfo, micro: int):
@@ -129,12 +151,15 @@ class GlobalBatches:
 
     def __iter__(self):
         per = self.batch_size // self.info.world_size
+        first = self.info.rank * per
         while True:
             rows = self.source.take(self.batch_size)
             self._state = self.source.state_dict()
-            mine = {k: v[self.info.rank * per:(self.info.rank + 1) * per] for k, v in rows.items()}
+            mine = {k: v[first:first + per] for k, v in rows.items()}
             for s in range(0, per, self.micro):
-                yield {k: v[s:s + self.micro] for k, v in mine.items()}
+                batch = {k: v[s:s + self.micro] for k, v in mine.items()}
+                batch["row"] = torch.arange(first + s, first + s + batch["ids"].shape[0])
+                yield batch
 
     def state_dict(self) -> dict:
         return dict(self._state)
@@ -147,23 +172,25 @@ class GlobalBatches:
 class TextRows:
     """Packed text blocks as rows ``{"ids": [n, L]}``, repeating over epochs; resumable."""
 
-    def __init__(self, texts_factory, tokenizer, block_len: int, *, shuffle_buffer: int, seed: int):
+    def __init__(self, texts_factory, tokenizer, block_len: int, *, shuffle_buffer: int, seed: int,
+                 where: str = "data.source"):
         from .data.packing import PackedBlocks
 
         self.blocks = PackedBlocks(texts_factory, tokenizer, block_len, shuffle_buffer=shuffle_buffer,
                                    seed=seed, epochs=None)
+        self.where = where
         self._it = None
 
     def take(self, n: int) -> dict:
         if self._it is None:
             self._it = iter(self.blocks)
         rows = []
-        for _ in range(n):
-            try:
+        try:
+            for _ in range(n):
                 rows.append(next(self._it))
-            except StopIteration:
-                raise ValueError("the training data holds no complete block; add documents or "
-                                 "lower data.block_len") from None
+        except (StopIteration, ValueError) as e:
+            raise ValueError(f"{self.where} yields no block of data.block_len={self.blocks.block_len} "
+                             f"tokens ({e}); add documents or lower data.block_len") from None
         return {"ids": torch.stack(rows)}
 
     def state_dict(self) -> dict:
@@ -188,16 +215,17 @@ class TensorRows:
         return torch.randperm(self.n, generator=g)
 
     def take(self, n: int) -> dict:
-        idx = []
+        parts, got = [], 0
         order = self._order()
-        while len(idx) < n:
+        while got < n:
             if self.pos >= self.n:
                 self.epoch, self.pos = self.epoch + 1, 0
                 order = self._order()
-            k = min(n - len(idx), self.n - self.pos)
-            idx.append(order[self.pos:self.pos + k])
+            k = min(n - got, self.n - self.pos)
+            parts.append(order[self.pos:self.pos + k])
             self.pos += k
-        sel = torch.cat(idx)
+            got += k
+        sel = torch.cat(parts)
         return {k: v[sel] for k, v in self.tensors.items()}
 
     def state_dict(self) -> dict:
@@ -205,7 +233,8 @@ class TensorRows:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("rows") != self.n or state.get("seed") != self.seed:
-            raise ValueError("data state does not match this data set (rows or seed differ)")
+            raise ValueError("the checkpoint's data position does not match this data set (its rows "
+                             "or seed differ: data.num_train_examples, data.task or train.seed changed)")
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
@@ -224,35 +253,76 @@ def _rows_of(ds) -> dict:
     return {"ids": ds.ids, "attention_mask": ds.attention_mask, "loss_mask": ds.loss_mask}
 
 
+def _micro_batches(rows: dict, rank_rows: torch.Tensor, micro: int) -> list[dict]:
+    out = []
+    for s in range(0, rank_rows.numel(), micro):
+        sel = rank_rows[s:s + micro]
+        batch = {k: v[sel] for k, v in rows.items()}
+        batch["row"] = sel.clone()
+        out.append(batch)
+    return out
+
+
+def _held_out_rows(cfg: RunConfig, available: int | None, info: DistInfo) -> int:
+    """Rows of the held-out set per evaluation: ``eval_batches x batch_size`` (0 = all),
+    at most ``available``, a multiple of the world size."""
+    t = cfg.train
+    n = t.eval_batches * t.batch_size if t.eval_batches else (available if available is not None else -1)
+    if available is not None:
+        n = min(n, available)
+    return n - n % info.world_size if n >= 0 else n
+
+
 def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
-    """``(train_stream, valid_batches)``: a resumable :class:`GlobalBatches` and a list."""
+    """``(train_stream, valid_batches)``: a resumable :class:`GlobalBatches` and a list.
+
+    The held-out set is the same rows at any world size: its first ``eval_batches x
+    batch_size`` rows (all with ``eval_batches = 0``), shared out between processes (row
+    ``i`` to process ``i mod w``) in micro-batches, as many on every process.
+    """
     d, t = cfg.data, cfg.train
     if d.task:
         train_set, valid_set = synthetic_sets(cfg, tokenizer)
         train = GlobalBatches(TensorRows(_rows_of(train_set), t.seed), t.batch_size, info, micro)
         rows = _rows_of(valid_set)
-        n = rows["ids"].shape[0]
-        valid = [{k: v[s:s + micro] for k, v in rows.items()}
-                 for s in range(info.rank * micro, n, micro * info.world_size)]
-        return train, valid[: t.eval_batches] if t.eval_batches else valid
+        n = _held_out_rows(cfg, rows["ids"].shape[0], info)
+        if n <= 0:
+            raise ValueError(f"data.num_valid_examples ({d.num_valid_examples}) is smaller than the "
+                             f"number of processes ({info.world_size})")
+        valid = _micro_batches(rows, torch.arange(info.rank, n, info.world_size), micro)
+        return train, valid
+
+    from .data.packing import PackedBlocks
 
     block_len = d.block_len * (cfg.method.seq_multiplier if cfg.method.name == "baseline_nx" else 1)
     train_texts, valid_texts = _train_source(cfg)
+    what = f"data.source ({d.source}) yields no block of {block_len} tokens (data.block_len" + \
+        (" x method.seq_multiplier)" if block_len != d.block_len else ")")
+    try:
+        first = next(iter(PackedBlocks(train_texts, tokenizer, block_len, epochs=1)), None)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    if first is None:
+        raise ValueError(f"{what}: check the path and data.text_field, add documents or lower data.block_len")
     train = GlobalBatches(TextRows(train_texts, tokenizer, block_len, shuffle_buffer=d.shuffle_buffer,
                                    seed=t.seed), t.batch_size, info, micro)
     valid = []
-    if valid_texts is not None and t.eval_batches:
-        from .data.packing import PackedBlocks
-
+    if valid_texts is not None:
+        n = _held_out_rows(cfg, None, info)
         blocks = PackedBlocks(valid_texts, tokenizer, block_len, rank=info.rank,
                               world_size=info.world_size, epochs=1)
-        it = iter(blocks)
-        for _ in range(t.eval_batches):
-            rows = [r for r, _ in zip(it, range(micro))]
-            if len(rows) < micro:
-                break
-            valid.append({"ids": torch.stack(rows)})
-        if not valid:
-            raise ValueError("the held-out data holds fewer than one micro-batch of blocks; raise "
-                             "data.valid_fraction, give data.valid_source or lower data.block_len")
+        want = n // info.world_size if n >= 0 else None
+        try:
+            mine = [b.to(torch.int32) for b in itertools.islice(blocks, want)]
+        except ValueError:
+            mine = []
+        if not mine:
+            where = f"data.valid_source ({d.valid_source})" if d.valid_source else \
+                f"the held-out documents (data.valid_fraction = {d.valid_fraction} of data.source)"
+            raise ValueError(f"{where} yield no block of {block_len} tokens per process; give more "
+                             "held-out text (data.valid_source or a larger data.valid_fraction) or "
+                             "lower data.block_len")
+        ids = torch.stack(mine)
+        index = torch.arange(ids.shape[0]) * info.world_size + info.rank
+        valid = [{"ids": ids[s:s + micro], "row": index[s:s + micro]} for s in range(0, ids.shape[0], micro)]
     return train, valid

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,30 @@ import torch
 from safetensors.torch import load_file, save_file
 
 _NAME = re.compile(r"^ckpt-(\d+)$")
-FAULT_ENV = "CYB_FAULT_INJECT"  # "checkpoint_write": SIGKILL this process mid-write (tests)
+#: Fault injection for tests, a comma-separated list of:
+#: ``checkpoint_write`` (SIGKILL this process while writing any checkpoint),
+#: ``checkpoint_write@N`` (only the checkpoint of step N),
+#: ``step_delay=S`` (sleep S seconds after each optimiser step, to give a test time to act).
+FAULT_ENV = "CYB_FAULT_INJECT"
+
+
+def fault(name: str) -> str | None:
+    """The setting of fault ``name`` in ``$CYB_FAULT_INJECT``: ``""`` when named without a
+    value, the text after ``@`` or ``=`` when given one, None when absent."""
+    for item in os.environ.get(FAULT_ENV, "").split(","):
+        item = item.strip()
+        if item == name:
+            return ""
+        for sep in ("@", "="):
+            if item.startswith(name + sep):
+                return item[len(name) + 1:]
+    return None
+
+
+def _kill_if_injected(step: int) -> None:
+    spec = fault("checkpoint_write")
+    if spec is not None and (spec == "" or int(spec) == step):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
@@ -103,7 +127,11 @@ def save_checkpoint(
     meta: dict,
     keep_last: int = 2,
 ) -> Path:
-    """Write ``ckpt-<step>`` atomically and delete all but the newest ``keep_last``."""
+    """Write ``ckpt-<step>`` atomically and delete all but the newest ``keep_last``.
+
+    ``trainer_state`` holds tensors and plain Python values only (it is read back with
+    ``weights_only=True``); ``data_state`` and ``meta`` must be JSON-serialisable.
+    """
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     for stale in run.glob("ckpt-*.tmp-*"):
@@ -113,8 +141,7 @@ def save_checkpoint(
     tmp.mkdir()
     save_file(_contiguous_cpu(model_state), str(tmp / "model.safetensors"))
     _fsync_file(tmp / "model.safetensors")
-    if os.environ.get(FAULT_ENV) == "checkpoint_write":
-        os.kill(os.getpid(), 9)
+    _kill_if_injected(step)
     torch.save(trainer_state, tmp / "trainer.pt")
     _fsync_file(tmp / "trainer.pt")
     _write_json(tmp / "data.json", data_state)
@@ -131,7 +158,14 @@ def save_checkpoint(
 
 
 def load_checkpoint(ckpt: Checkpoint, map_location="cpu") -> tuple[dict, dict, dict, dict]:
-    """``(model_state, trainer_state, data_state, meta)`` of a checkpoint."""
+    """``(model_state, trainer_state, data_state, meta)`` of a checkpoint.
+
+    Weights load with safetensors and the trainer state with ``torch.load(weights_only=True)``;
+    a missing or unreadable file raises ValueError naming it.
+    """
+    for name in ("model.safetensors", "trainer.pt", "data.json", "meta.json"):
+        if not (ckpt.path / name).is_file():
+            raise ValueError(f"checkpoint {ckpt.path} lacks {name}: it is not a complete cyb checkpoint")
     model_state = load_file(str(ckpt.path / "model.safetensors"), device=str(map_location))
     trainer_state = torch.load(ckpt.path / "trainer.pt", map_location=map_location, weights_only=True)
     data_state = json.loads((ckpt.path / "data.json").read_text())

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -82,7 +84,11 @@ class MethodConfig:
     seq_multiplier: int = 1
     """baseline_nx: real context is seq_multiplier x data.block_len (compute-matched baseline)."""
     random_pause_fraction: float = 0.1
-    """tbys_original: pauses inserted per real token at random places (as a fraction of L)."""
+    """tbys_original with tbys_scheme=random: pauses inserted at random places of each row, as
+    a fraction of its real tokens (0.1 = one pause per ten tokens)."""
+    tbys_scheme: str = "random"
+    """tbys_original: random (pauses at random places, the pretraining scheme) or append
+    (M-1 pauses after the prompt of a synthetic task, the fine-tuning scheme)."""
 
     @property
     def uses_pauses(self) -> bool:
@@ -96,6 +102,15 @@ class MethodConfig:
     def steps(self) -> int:
         """Steps per real token in the Recipe 1 layout (1 for methods without it)."""
         return self.num_steps if self.name in ("tbys", "cyb", "cyb_va", "cyb_dp") else 1
+
+    @property
+    def gamma_vector(self) -> list[float] | None:
+        """gamma, or gamma0^(i-1) for i = 1..M when gamma0 is set, or None (no discount)."""
+        if self.gamma is not None:
+            return list(self.gamma)
+        if self.gamma0 is not None:
+            return [float(self.gamma0) ** i for i in range(self.num_steps)]
+        return None
 
 
 @dataclass
@@ -176,21 +191,23 @@ class TrainConfig:
     eval_every: int = 200
     """Evaluate on held-out data every this many steps (0 = only at the end)."""
     eval_batches: int = 20
-    """Held-out batches per evaluation."""
+    """Held-out batches of batch_size rows per evaluation (the same rows every time, whatever
+    the number of processes); 0 = the whole held-out set."""
     save_every: int = 200
     """Checkpoint every this many steps (0 = only at the end)."""
     keep_last: int = 2
-    """Checkpoints kept (older ones are deleted)."""
+    """Checkpoints kept (older ones are deleted), >= 1."""
     log_every: int = 10
-    """Write a metrics line every this many steps."""
+    """Write a metrics line (means over the steps since the last one) every this many steps."""
     resume: bool = True
-    """Resume from the newest complete checkpoint in out_dir if there is one."""
+    """Resume from the newest complete checkpoint in out_dir if there is one. false refuses to
+    start in an out_dir that holds checkpoints (nothing written is overwritten)."""
     distributed: str = "auto"
     """auto (DDP when started by torchrun), ddp, fsdp or none."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package)."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show progress: a bar on a terminal, else one line per log step."""
 
 
 @dataclass
@@ -204,155 +221,231 @@ class RunConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> "RunConfig":
         """Raise :class:`ConfigError` naming the first bad field; return self."""
-        m, me, d, o, t = self.model, self.method, self.data, self.optim, self.train
-
-        def need(cond: bool, name: str, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"{name}: {msg}")
-
-        need(m.arch in ARCHES, "model.arch", f"must be one of {ARCHES}, got {m.arch!r}")
-        for name in ("hidden_size", "num_layers", "num_heads", "max_position_embeddings"):
-            need(getattr(m, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(m, name)}")
-        need(m.hidden_size % m.num_heads == 0, "model.hidden_size",
-             f"must be a multiple of model.num_heads ({m.num_heads}), got {m.hidden_size}")
-        if m.num_kv_heads is not None:
-            need(m.num_kv_heads >= 1 and m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
-                 f"must divide model.num_heads ({m.num_heads}), got {m.num_kv_heads}")
-        need(m.dtype in ("auto", "float32", "bfloat16", "float16"), "model.dtype",
-             f"must be auto, float32, bfloat16 or float16, got {m.dtype!r}")
-        need(m.attn_implementation in ("sdpa", "eager"), "model.attn_implementation",
-             f"must be sdpa or eager (flash attention derives documents from position ids and "
-             f"breaks repeated pause positions), got {m.attn_implementation!r}")
-
-        need(me.name in METHODS, "method.name", f"must be one of {METHODS}, got {me.name!r}")
-        need(me.num_steps >= 1, "method.num_steps", f"M must be >= 1, got {me.num_steps}")
-        if me.name in ("tbys", "cyb", "cyb_va", "cyb_dp", "tbys_original"):
-            need(me.num_steps >= 2, "method.num_steps",
-                 f"{me.name} needs M >= 2 (at least one pause), got {me.num_steps}")
-        need(me.position_scheme in ("shared", "advance"), "method.position_scheme",
-             f"must be shared or advance, got {me.position_scheme!r}")
-        for name in ("omega", "rho", "gamma"):
-            vec = getattr(me, name)
-            if vec is None:
-                continue
-            need(len(vec) == me.num_steps, f"method.{name}",
-                 f"must have M = {me.num_steps} entries, got {len(vec)}")
-            need(all(math.isfinite(float(x)) and float(x) >= 0 for x in vec), f"method.{name}",
-                 f"entries must be finite and >= 0, got {vec}")
-            if name == "gamma":
-                need(all(float(x) <= 1 for x in vec), "method.gamma", f"entries must lie in [0, 1], got {vec}")
-            need(sum(float(x) for x in vec) > 0, f"method.{name}", f"must have a positive entry, got {vec}")
-        if me.gamma0 is not None:
-            need(0.0 <= me.gamma0 <= 1.0, "method.gamma0", f"must lie in [0, 1], got {me.gamma0}")
-            need(me.gamma is None, "method.gamma0", "set either gamma or gamma0, not both")
-        if me.name in ("cyb_va", "cyb_dp"):
-            need(me.rho is not None, "method.rho", f"{me.name} needs rho (desired stop distribution)")
-        if me.name == "cyb_va":
-            need(all(float(x) > 0 for x in me.rho), "method.rho",
-                 "cyb_va needs rho > 0 everywhere (KL(s||rho) is infinite at zeros)")
-        need(me.alpha >= 0, "method.alpha", f"must be >= 0, got {me.alpha}")
-        if me.psi_dk is not None:
-            need(0.0 < me.psi_dk < 1.0, "method.psi_dk", f"must lie in (0, 1), got {me.psi_dk}")
-        need(me.recipe in (1, 2), "method.recipe", f"must be 1 or 2, got {me.recipe}")
-        if me.recipe == 2:
-            need(me.name in ("tbys", "cyb"), "method.recipe",
-                 f"Recipe 2 (variable pauses) applies to tbys and cyb, not {me.name}")
-        need(me.seq_multiplier >= 1, "method.seq_multiplier", f"must be >= 1, got {me.seq_multiplier}")
-        need(0.0 < me.random_pause_fraction <= 4.0, "method.random_pause_fraction",
-             f"must lie in (0, 4], got {me.random_pause_fraction}")
-
-        need(d.block_len >= 2, "data.block_len", f"must be >= 2, got {d.block_len}")
-        need(0.0 <= d.valid_fraction < 1.0, "data.valid_fraction", f"must lie in [0, 1), got {d.valid_fraction}")
-        need(d.bpe_vocab_size >= 64, "data.bpe_vocab_size", f"must be >= 64, got {d.bpe_vocab_size}")
-        need(d.num_train_examples >= 1 and d.num_valid_examples >= 1, "data.num_train_examples",
-             "synthetic example counts must be >= 1")
-
-        if o.lr is not None:
-            need(o.lr > 0, "optim.lr", f"must be > 0, got {o.lr}")
-        need(o.lr_alpha > 0, "optim.lr_alpha", f"must be > 0, got {o.lr_alpha}")
-        need(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio", f"must lie in [0, 1], got {o.min_lr_ratio}")
-        need(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
-        need(0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, "optim.beta1", "betas must lie in [0, 1)")
-        need(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
-        need(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0, got {o.grad_clip}")
-
-        need(t.steps >= 1, "train.steps", f"must be >= 1, got {t.steps}")
-        need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
-        if t.micro_batch_size is not None:
-            need(1 <= t.micro_batch_size <= t.batch_size, "train.micro_batch_size",
-                 f"must lie in [1, batch_size={t.batch_size}], got {t.micro_batch_size}")
-        need(t.precision in ("auto", "bf16", "fp32"), "train.precision",
-             f"must be auto, bf16 or fp32, got {t.precision!r}")
-        need(t.loss_impl in ("auto", "fused", "naive"), "train.loss_impl",
-             f"must be auto, fused or naive, got {t.loss_impl!r}")
-        need(t.distributed in ("auto", "ddp", "fsdp", "none"), "train.distributed",
-             f"must be auto, ddp, fsdp or none, got {t.distributed!r}")
-        for name in ("eval_every", "save_every", "log_every", "eval_batches"):
-            need(getattr(t, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(t, name)}")
-        need(t.keep_last >= 1, "train.keep_last", f"must be >= 1, got {t.keep_last}")
+        _validate_model(self.model)
+        _validate_method(self.method, self.data)
+        _validate_data(self.data)
+        _validate_optim(self.optim)
+        _validate_train(self.train)
         return self
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
+        """Plain nested dict (YAML/JSON-ready)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "RunConfig":
+        """Build from a nested dict (unvalidated); unknown fields and wrong types raise."""
         return _build(cls, data or {}, "")
 
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
-        """Read a YAML file, apply ``key=value`` overrides, validate."""
+        """Read a YAML file, apply ``key=value`` overrides, validate.
+
+        Errors are :class:`ConfigError` prefixed with the file name.
+        """
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
-        with p.open() as f:
-            data = yaml.safe_load(f) or {}
+        try:
+            with p.open() as f:
+                data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections")
-        cfg = cls.from_dict(data)
+            raise ConfigError(f"{p}: the top level must be a mapping of sections "
+                              f"(model, method, data, optim, train)")
+        try:
+            cfg = cls.from_dict(data)
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e}") from None
         apply_overrides(cfg, overrides or [])
         return cfg.validate()
 
     def dump(self, path: str | Path) -> None:
+        """Write as YAML (loads back with :meth:`load`)."""
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _need(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}: {msg}")
+
+
+def _one_of(value, allowed: tuple, name: str) -> None:
+    _need(value in allowed, name, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+def _validate_model(m: ModelConfig) -> None:
+    _one_of(m.arch, ARCHES, "model.arch")
+    for name in ("hidden_size", "num_layers", "num_heads", "max_position_embeddings"):
+        _need(getattr(m, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(m, name)}")
+    _need(m.hidden_size % m.num_heads == 0, "model.hidden_size",
+          f"must be a multiple of model.num_heads ({m.num_heads}), got {m.hidden_size}")
+    if m.num_kv_heads is not None:
+        _need(m.num_kv_heads >= 1 and m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+              f"must divide model.num_heads ({m.num_heads}), got {m.num_kv_heads}")
+    if m.intermediate_size is not None:
+        _need(m.intermediate_size >= 1, "model.intermediate_size",
+              f"must be >= 1 or null, got {m.intermediate_size}")
+    _one_of(m.dtype, ("auto", "float32", "bfloat16", "float16"), "model.dtype")
+    _need(m.attn_implementation in ("sdpa", "eager"), "model.attn_implementation",
+          f"must be sdpa or eager (flash attention derives documents from position ids and "
+          f"breaks repeated pause positions), got {m.attn_implementation!r}")
+
+
+def _validate_method(me: MethodConfig, d: DataConfig) -> None:
+    _one_of(me.name, METHODS, "method.name")
+    _need(me.num_steps >= 1, "method.num_steps", f"M must be >= 1, got {me.num_steps}")
+    if me.name in PAUSE_METHODS:
+        _need(me.num_steps >= 2, "method.num_steps",
+              f"{me.name} needs M >= 2 (at least one pause), got {me.num_steps}")
+    _one_of(me.position_scheme, ("shared", "advance"), "method.position_scheme")
+    for name in ("omega", "rho", "gamma"):
+        vec = getattr(me, name)
+        if vec is None:
+            continue
+        _need(len(vec) == me.num_steps, f"method.{name}",
+              f"must have M = {me.num_steps} entries (method.num_steps), got {len(vec)}")
+        _need(all(math.isfinite(x) and x >= 0 for x in vec), f"method.{name}",
+              f"entries must be finite and >= 0, got {vec}")
+        if name == "gamma":
+            _need(all(x <= 1 for x in vec), "method.gamma", f"entries must lie in [0, 1], got {vec}")
+        _need(sum(vec) > 0, f"method.{name}", f"must have a positive entry, got {vec}")
+    if me.gamma0 is not None:
+        _need(0.0 <= me.gamma0 <= 1.0, "method.gamma0", f"must lie in [0, 1], got {me.gamma0}")
+        _need(me.gamma is None, "method.gamma0", "set either method.gamma or method.gamma0, not both")
+    if me.name in ("cyb_va", "cyb_dp"):
+        _need(me.rho is not None, "method.rho",
+              f"{me.name} needs rho, the desired stop distribution over the M steps (e.g. [1, 1, 1, 1])")
+    if me.name == "cyb_va":
+        _need(all(x > 0 for x in me.rho), "method.rho",
+              "cyb_va needs rho > 0 everywhere (KL(s || rho) is infinite at zeros; cyb_dp allows them)")
+    _need(math.isfinite(me.alpha) and me.alpha >= 0, "method.alpha", f"must be finite and >= 0, got {me.alpha}")
+    if me.psi_dk is not None:
+        _need(0.0 < me.psi_dk < 1.0, "method.psi_dk", f"must lie in (0, 1) or be null, got {me.psi_dk}")
+    _need(me.recipe in (1, 2), "method.recipe", f"must be 1 or 2, got {me.recipe}")
+    if me.recipe == 2:
+        _need(me.name in ("tbys", "cyb"), "method.recipe",
+              f"Recipe 2 (variable pauses) applies to tbys and cyb, not {me.name}")
+    _need(me.seq_multiplier >= 1, "method.seq_multiplier", f"must be >= 1, got {me.seq_multiplier}")
+    if me.name == "baseline_nx":
+        _need(d.task is None, "method.name",
+              "baseline_nx lengthens packed text blocks (data.block_len x method.seq_multiplier); "
+              "synthetic tasks have fixed rows: use baseline")
+    _need(0.0 < me.random_pause_fraction <= 4.0, "method.random_pause_fraction",
+          f"must lie in (0, 4], got {me.random_pause_fraction}")
+    _one_of(me.tbys_scheme, ("random", "append"), "method.tbys_scheme")
+    if me.name == "tbys_original" and me.tbys_scheme == "append":
+        _need(d.task is not None, "method.tbys_scheme",
+              "append puts the pauses after a prompt; it needs a synthetic task (data.task), "
+              "text has no prompt: use random")
+
+
+def _validate_data(d: DataConfig) -> None:
+    if d.task is None:
+        _need(bool(d.source.strip()), "data.source", "must name the training text (or set data.task)")
+    else:
+        from .data.synthetic.registry import make_task
+
+        try:
+            make_task(d.task, **d.task_kwargs)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"data.task / data.task_kwargs: {e}") from None
+    _need(d.block_len >= 2, "data.block_len", f"must be >= 2, got {d.block_len}")
+    _need(0.0 <= d.valid_fraction < 1.0, "data.valid_fraction", f"must lie in [0, 1), got {d.valid_fraction}")
+    _need(d.bpe_vocab_size >= 64, "data.bpe_vocab_size", f"must be >= 64, got {d.bpe_vocab_size}")
+    _need(d.bpe_train_docs >= 1, "data.bpe_train_docs", f"must be >= 1, got {d.bpe_train_docs}")
+    _need(d.shuffle_buffer >= 0, "data.shuffle_buffer", f"must be >= 0, got {d.shuffle_buffer}")
+    _need(d.num_train_examples >= 1, "data.num_train_examples", f"must be >= 1, got {d.num_train_examples}")
+    _need(d.num_valid_examples >= 1, "data.num_valid_examples", f"must be >= 1, got {d.num_valid_examples}")
+
+
+def _validate_optim(o: OptimConfig) -> None:
+    if o.lr is not None:
+        _need(math.isfinite(o.lr) and o.lr > 0, "optim.lr", f"must be > 0 (or null for lr_alpha/sqrt(d_model)), got {o.lr}")
+    _need(math.isfinite(o.lr_alpha) and o.lr_alpha > 0, "optim.lr_alpha", f"must be > 0, got {o.lr_alpha}")
+    _need(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio", f"must lie in [0, 1], got {o.min_lr_ratio}")
+    _need(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    _need(0.0 <= o.beta1 < 1.0, "optim.beta1", f"must lie in [0, 1), got {o.beta1}")
+    _need(0.0 <= o.beta2 < 1.0, "optim.beta2", f"must lie in [0, 1), got {o.beta2}")
+    _need(math.isfinite(o.eps) and o.eps > 0, "optim.eps", f"must be > 0, got {o.eps}")
+    _need(math.isfinite(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay",
+          f"must be >= 0, got {o.weight_decay}")
+    _need(math.isfinite(o.grad_clip) and o.grad_clip >= 0, "optim.grad_clip",
+          f"must be >= 0 (0 = no clipping), got {o.grad_clip}")
+
+
+def _validate_train(t: TrainConfig) -> None:
+    _need(bool(str(t.out_dir).strip()), "train.out_dir", "must name a folder")
+    _need(t.steps >= 1, "train.steps", f"must be >= 1, got {t.steps}")
+    _need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
+    if t.micro_batch_size is not None:
+        _need(1 <= t.micro_batch_size <= t.batch_size, "train.micro_batch_size",
+              f"must lie in [1, train.batch_size = {t.batch_size}], got {t.micro_batch_size}")
+        _need(t.batch_size % t.micro_batch_size == 0, "train.micro_batch_size",
+              f"must divide train.batch_size = {t.batch_size}, got {t.micro_batch_size}")
+    _need(re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device) is not None, "train.device",
+          f"must be auto, cpu, cuda or cuda:N, got {t.device!r}")
+    _one_of(t.precision, ("auto", "bf16", "fp32"), "train.precision")
+    _one_of(t.loss_impl, ("auto", "fused", "naive"), "train.loss_impl")
+    _one_of(t.distributed, ("auto", "ddp", "fsdp", "none"), "train.distributed")
+    for name in ("eval_every", "save_every", "log_every", "eval_batches"):
+        _need(getattr(t, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(t, name)}")
+    _need(t.keep_last >= 1, "train.keep_last", f"must be >= 1, got {t.keep_last}")
+
+
+# ---------------------------------------------------------------------- typed building
+
+SECTIONS = {"model": ModelConfig, "method": MethodConfig, "data": DataConfig,
+            "optim": OptimConfig, "train": TrainConfig}
 
 
 def _field_types(cls) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+def _unknown(name: str, known, where: str) -> ConfigError:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown field {name!r} in {where}{hint} (known: {', '.join(sorted(known))})")
+
+
 def _coerce(value: Any, typ: Any, name: str) -> Any:
     origin = get_origin(typ)
     args = get_args(typ)
     if origin is not None and type(None) in args:  # Optional[X]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~")):
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], name)
+    if value is None:
+        raise ConfigError(f"{name}: may not be null (expected {getattr(typ, '__name__', typ)})")
     if typ is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-        raise ConfigError(f"{name}: expected true/false, got {value!r}")
+        if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.strip().lower()]
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
     if typ is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
         try:
             f = float(value)
-        except (TypeError, ValueError):
+        except ValueError:
             raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
         if not f.is_integer():
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
         return int(f)
     if typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
         try:
             return float(value)
-        except (TypeError, ValueError):
+        except ValueError:
             raise ConfigError(f"{name}: expected a number, got {value!r}") from None
     if typ is str:
-        if not isinstance(value, (str, int, float)):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ConfigError(f"{name}: expected a string, got {value!r}")
         return str(value)
     if origin is list:
@@ -370,6 +463,10 @@ def _coerce(value: Any, typ: Any, name: str) -> Any:
     return value
 
 
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True,
+               "false": False, "no": False, "off": False, "0": False}
+
+
 def _parse_literal(text: str, name: str) -> Any:
     try:
         return yaml.safe_load(text)
@@ -377,18 +474,18 @@ def _parse_literal(text: str, name: str) -> Any:
         try:
             return ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            raise ConfigError(f"{name}: cannot parse {text!r}") from None
+            raise ConfigError(f"{name}: cannot parse {text!r} (write it as YAML, e.g. [1, 0, 1])") from None
 
 
 def _build(cls, data: dict, prefix: str):
+    where = prefix.rstrip(".") or "the top level"
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{where}: expected a mapping of fields, got {data!r}")
     types = _field_types(cls)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        where = prefix.rstrip(".") or "top level"
-        raise ConfigError(f"unknown field(s) {unknown} in {where}; known: {sorted(known)}")
+    known = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in known:
+            raise _unknown(str(key), known, where)
     kwargs = {}
     for f in fields(cls):
         if f.name not in data:
@@ -396,30 +493,40 @@ def _build(cls, data: dict, prefix: str):
         typ = types[f.name]
         name = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(typ):
-            kwargs[f.name] = _build(typ, data[f.name] or {}, name + ".")
+            kwargs[f.name] = _build(typ, data[f.name] if data[f.name] is not None else {}, name + ".")
         else:
             kwargs[f.name] = _coerce(data[f.name], typ, name)
     return cls(**kwargs)
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply ``section.field=value`` strings (values parsed as YAML) in place."""
+    """Apply ``section.field=value`` strings in place (values parsed as YAML).
+
+    ``section.field.key=value`` sets one key of a mapping field (``data.task_kwargs.digits=4``).
+    Errors name the override.
+    """
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like section.field=value")
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"--set {item!r}: must look like section.field=value (e.g. train.steps=100)")
         key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        if len(parts) != 2:
-            raise ConfigError(f"override key {key!r} must be section.field (e.g. train.steps)")
-        section, name = parts
-        if not hasattr(cfg, section) or not dataclasses.is_dataclass(getattr(cfg, section)):
-            raise ConfigError(f"unknown section {section!r} in {key!r}; sections: model, method, data, optim, train")
+        key = key.strip()
+        parts = key.split(".")
+        if len(parts) not in (2, 3) or not all(parts):
+            raise ConfigError(f"--set {item!r}: the key must be section.field (e.g. train.steps), got {key!r}")
+        section, name = parts[0], parts[1]
+        if section not in SECTIONS:
+            raise _unknown(section, SECTIONS, f"--set {item!r} (sections)")
         sec = getattr(cfg, section)
         types = _field_types(type(sec))
         if name not in types:
-            raise ConfigError(f"unknown field {key!r}; {section} has {sorted(types)}")
-        value = _parse_literal(raw, key) if raw.strip() != "" else ""
-        setattr(sec, name, _coerce(value, types[name], key))
+            raise _unknown(name, types, f"--set {item!r} (section {section})")
+        value = _parse_literal(raw, key) if raw.strip() else ""
+        if len(parts) == 3:
+            if not (types[name] is dict or get_origin(types[name]) is dict):
+                raise ConfigError(f"--set {item!r}: {section}.{name} is not a mapping; use {section}.{name}=value")
+            setattr(sec, name, {**getattr(sec, name), parts[2]: value})
+        else:
+            setattr(sec, name, _coerce(value, types[name], key))
     return cfg
 
 
@@ -428,8 +535,7 @@ def field_docs() -> dict[str, str]:
     import inspect
 
     docs: dict[str, str] = {}
-    for section, cls in (("model", ModelConfig), ("method", MethodConfig), ("data", DataConfig),
-                         ("optim", OptimConfig), ("train", TrainConfig)):
+    for section, cls in SECTIONS.items():
         src = inspect.getsource(cls)
         tree = ast.parse(src)
         body = tree.body[0].body

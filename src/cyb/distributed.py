@@ -6,6 +6,7 @@ process group (NCCL on CUDA, gloo on CPU).  Without those variables everything i
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -31,13 +32,17 @@ class DistInfo:
 
 
 def init_distributed(mode: str, device_kind: str) -> DistInfo:
-    """Join the process group when started by torchrun.
+    """Join the process group when started by torchrun (``WORLD_SIZE`` > 1).
 
-    ``mode``: ``auto`` (DDP when WORLD_SIZE > 1), ``ddp``, ``fsdp`` or ``none``.
+    ``mode``: ``auto`` (DDP when WORLD_SIZE > 1), ``ddp``, ``fsdp`` or ``none`` (refused under
+    a multi-process launch: every process would train and write the same run alone).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or mode == "none":
+    if world <= 1:
         return DistInfo()
+    if mode == "none":
+        raise ValueError(f"train.distributed: 'none' under a launch of WORLD_SIZE={world} processes; "
+                         "use auto, ddp or fsdp, or start a single process")
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
@@ -49,18 +54,23 @@ def init_distributed(mode: str, device_kind: str) -> DistInfo:
 
 
 def wrap(module: torch.nn.Module, info: DistInfo, *, layers=None, mixed_precision: bool = False):
-    """Wrap ``module`` for data parallelism.
+    """Wrap ``module`` for data parallelism (returns it unchanged in a single process).
 
-    DDP replicates; FSDP2 (``fully_shard``) shards each of ``layers`` and the root, with a bf16
-    mixed-precision policy and fp32 gradient reduction when ``mixed_precision``.
+    DDP replicates (buffers are not re-broadcast at each forward: they are the same on every
+    process); FSDP2 (``fully_shard``) shards each of ``layers`` and the root, with a bf16
+    mixed-precision policy and fp32 gradient reduction when ``mixed_precision``.  Gradients
+    are averaged over processes in both.
     """
     if not info.enabled:
         return module
     if info.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        device_ids = [info.local_rank] if torch.cuda.is_available() and next(module.parameters()).is_cuda else None
-        return DDP(module, device_ids=device_ids)
+        on_gpu = next(module.parameters()).is_cuda
+        # newer torch renamed the switch; buffers are equal on every process after init anyway
+        params = inspect.signature(DDP.__init__).parameters
+        sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+        return DDP(module, device_ids=[info.local_rank] if on_gpu else None, **sync)
     if info.mode == "fsdp":
         try:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -73,52 +83,67 @@ def wrap(module: torch.nn.Module, info: DistInfo, *, layers=None, mixed_precisio
             fully_shard(layer, **kw)
         fully_shard(module, **kw)
         return module
-    raise ValueError(f"unknown distributed mode {info.mode!r}")
+    raise ValueError(f"train.distributed: unknown mode {info.mode!r}")
 
 
 def no_sync(module, info: DistInfo, sync: bool):
     """Context skipping the gradient all-reduce on non-final micro-batches."""
-    if not info.enabled or sync:
-        if info.mode == "fsdp" and info.enabled:
-            module.set_requires_gradient_sync(True)
+    if not info.enabled:
         return nullcontext()
-    if info.mode == "ddp":
-        return module.no_sync()
-    module.set_requires_gradient_sync(False)
-    return nullcontext()
+    if info.mode == "fsdp":
+        module.set_requires_gradient_sync(sync)
+        return nullcontext()
+    return nullcontext() if sync else module.no_sync()
 
 
-def all_reduce_sum(value: float | int, info: DistInfo, device) -> float:
+def all_reduce_sum(value: float | int, info: DistInfo, device):
+    """The sum of ``value`` over processes: the value itself in one process, else a float64
+    tensor on ``device`` (left on the device: no host synchronisation)."""
     if not info.enabled:
         return value
     t = torch.tensor(float(value), dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return float(t)
+    return t
 
 
-def all_reduce_dict(sums: dict, info: DistInfo, device) -> dict:
-    """Sum metric dicts (numbers and lists of numbers) over processes."""
-    if not info.enabled:
-        return sums
+def reduce_sums(sums: dict, info: DistInfo, device) -> dict:
+    """Metric sums (tensors, numbers, vectors) summed over processes, as Python numbers.
+
+    Every process must call it with the same keys.  One device synchronisation.
+    """
     keys = sorted(sums)
-    flat, shape = [], []
+    parts, shape = [], []
     for k in keys:
         v = sums[k]
-        vals = v if isinstance(v, list) else [v]
-        shape.append((k, len(vals), isinstance(v, list)))
-        flat.extend(float(x) for x in vals)
-    t = torch.tensor(flat, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+        t = v.detach().to(device=device, dtype=torch.float64).reshape(-1) if isinstance(v, torch.Tensor) \
+            else torch.tensor([float(v)], dtype=torch.float64, device=device)
+        parts.append(t)
+        shape.append((k, t.numel(), isinstance(v, torch.Tensor) and v.dim() > 0))
+    if not parts:
+        return {}
+    flat = torch.cat(parts)
+    if info.enabled:
+        dist.all_reduce(flat)
+    values = flat.cpu().tolist()
     out, i = {}, 0
-    for k, n, is_list in shape:
-        vals = t[i : i + n].tolist()
-        out[k] = vals if is_list else vals[0]
+    for k, n, is_vec in shape:
+        out[k] = values[i:i + n] if is_vec else values[i]
         i += n
     return out
 
 
+def gather_objects(obj, info: DistInfo) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every process (``[obj]`` in one process)."""
+    if not info.enabled:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def full_model_state(module: torch.nn.Module, info: DistInfo) -> dict:
-    """Full (unsharded) state dict on CPU; identical on every rank count."""
+    """Full (unsharded) state dict on CPU; identical at every world size.  Under FSDP a
+    collective (call it on every process); the result is complete on rank 0."""
     if info.mode == "fsdp" and info.enabled:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -126,23 +151,48 @@ def full_model_state(module: torch.nn.Module, info: DistInfo) -> dict:
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}
 
 
+def _param_names(module: torch.nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in module.named_parameters()}
+
+
 def full_optim_state(module, optimizer, info: DistInfo) -> dict:
+    """The optimiser's full state keyed by parameter name (the same layout at any world size
+    and with DDP or FSDP2).  Under FSDP a collective: call it on every process; the result is
+    complete on rank 0."""
     if info.mode == "fsdp" and info.enabled:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(module, optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return optimizer.state_dict()
+    names = _param_names(module)
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    sd = optimizer.state_dict()
+    state = {order[i]: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+             for i, st in sd["state"].items()}
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in sd["param_groups"]]
+    return {"state": state, "param_groups": groups}
 
 
 def load_full_optim_state(module, optimizer, state: dict, info: DistInfo) -> None:
+    """Load :func:`full_optim_state` output (written at any world size) into ``optimizer``."""
+    groups = state.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        raise ValueError("the checkpoint's optimiser state does not match this model's parameter groups")
     if info.mode == "fsdp" and info.enabled:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(module, optimizer, state,
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
         return
-    optimizer.load_state_dict(state)
+    names = _param_names(module)
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    missing = [n for g in groups for n in g["params"] if n not in index]
+    if missing:
+        raise ValueError(f"the checkpoint's optimiser state names parameters this model lacks: {missing[:3]}")
+    sd = {"state": {index[name]: st for name, st in state["state"].items()},
+          "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in groups]}
+    optimizer.load_state_dict(sd)
 
 
 def barrier(info: DistInfo) -> None:

@@ -1,9 +1,10 @@
-"""Metrics to JSON lines (and optionally TensorBoard)."""
+"""Metrics to JSON lines (optionally TensorBoard) and progress display."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,11 +16,23 @@ def git_commit() -> str | None:
                              capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def _parse(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 class MetricsLogger:
-    """Appends ``{"split": ..., "time": ..., **metrics}`` lines to ``run_dir/metrics.jsonl``."""
+    """Appends ``{"split": ..., "time": ..., **metrics}`` lines to ``run_dir/metrics.jsonl``.
+
+    Each line is written with one ``write`` call and flushed, so a killed process leaves at
+    most one partial last line, which :meth:`truncate_after` removes on resume.
+    """
 
     def __init__(self, run_dir: str | Path, *, enabled: bool = True, tensorboard: bool = False):
         self.enabled = enabled
@@ -30,10 +43,11 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise RuntimeError("train.tensorboard=true needs the tensorboard package "
-                                   "(pip install 'cyb[tensorboard]')") from e
+                                   "(pip install tensorboard)") from e
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def log(self, split: str, metrics: dict) -> None:
+        """Append one row (``split`` is ``"train"`` or ``"valid"``; metrics hold ``step``)."""
         if not self.enabled:
             return
         row = {"split": split, "time": time.time(), **metrics}
@@ -42,15 +56,19 @@ class MetricsLogger:
         if self._tb is not None:
             step = metrics.get("step", 0)
             for k, v in metrics.items():
-                if isinstance(v, (int, float)) and v is not None and k != "step":
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
                     self._tb.add_scalar(f"{split}/{k}", v, step)
 
     def truncate_after(self, step: int) -> None:
-        """Drop rows logged after ``step`` (a resumed run writes them again)."""
+        """Drop rows logged after ``step`` and any partial line (a resumed run writes them
+        again).  The file is replaced atomically."""
         if not self.enabled or not self.path.is_file():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = []
+        for line in self.path.read_text().splitlines():
+            row = _parse(line) if line.strip() else None
+            if row is not None and row.get("step", 0) <= step:
+                keep.append(line)
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         tmp.replace(self.path)
@@ -61,9 +79,87 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: str | Path, split: str | None = None) -> list[dict]:
-    """Rows of ``metrics.jsonl`` (optionally of one split)."""
+    """Rows of ``metrics.jsonl`` (optionally of one split); unreadable lines are skipped."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if split is None or r.get("split") == split]
+    rows = [_parse(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r is not None and (split is None or r.get("split") == split)]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def format_metrics(metrics: dict) -> str:
+    """``loss 3.210 | ppl 24.8 | E[S] 2.31 | 12,345 tok/s`` from a metrics row."""
+    parts = []
+    if "loss" in metrics:
+        parts.append(f"loss {metrics['loss']:.4f}")
+    if "objective" in metrics and abs(metrics["objective"] - metrics.get("loss", 0.0)) > 1e-9:
+        parts.append(f"objective {metrics['objective']:.4f}")
+    if "ppl" in metrics:
+        parts.append(f"ppl {metrics['ppl']:.2f}")
+    if "mean_steps" in metrics:
+        parts.append(f"E[S] {metrics['mean_steps']:.2f}")
+    if metrics.get("tokens_per_s"):
+        parts.append(f"{metrics['tokens_per_s']:,.0f} tok/s")
+    return " | ".join(parts)
+
+
+class Progress:
+    """Training progress: a tqdm bar on a terminal, else one plain line per logged step.
+
+    Both show the step, loss, ``E[S]`` (methods with dk), real tokens per second and the
+    estimated time left.
+    """
+
+    def __init__(self, total: int, initial: int, desc: str, *, enabled: bool = True, stream=None):
+        self.total, self.step, self.desc = total, initial, desc
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self._start, self._start_step = time.perf_counter(), initial
+        self._bar = None
+        if enabled and getattr(self.stream, "isatty", lambda: False)():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step",
+                             dynamic_ncols=True, file=self.stream)
+
+    def _eta(self) -> str:
+        done = self.step - self._start_step
+        if done <= 0:
+            return "?"
+        rate = (time.perf_counter() - self._start) / done
+        return _duration(rate * (self.total - self.step))
+
+    def update(self, step: int, metrics: dict | None = None) -> None:
+        """Advance to ``step``; ``metrics`` (a logged row) refreshes the figures shown."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(step - self.step)
+            self.step = step
+            if metrics:
+                self._bar.set_postfix_str(format_metrics(metrics), refresh=True)
+            return
+        self.step = step
+        if metrics:
+            print(f"{self.desc} step {step}/{self.total} | {format_metrics(metrics)} | eta {self._eta()}",
+                  file=self.stream, flush=True)
+
+    def write(self, text: str) -> None:
+        """Print a line without breaking the bar."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -3,20 +3,27 @@
 The loss of a micro-batch is returned as a *sum* over real tokens together with the number of
 tokens it covers, so that the training loop can normalise by the real tokens of the whole
 optimiser step (gradient accumulation and data parallelism then give the same update as one
-large batch).
+large batch).  Metric sums stay tensors on the model's device (no host synchronisation per
+micro-batch); :func:`reduce_sums` turns them into numbers when a line is logged.
+
+Random layouts (Recipe 2 pause counts, original-TBYS random pauses) draw from one generator per
+row, seeded by the caller (the trainer derives the seed from the run seed, the step and the
+row's index in the global batch), so a row gets the same pauses whatever the number of
+processes or micro-batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from . import losses
 from .config import MethodConfig
-from .layout import IGNORE_INDEX, PauseVocab, collapse, expand, expand_variable, insert_random_pauses, sample_pause_counts
+from .layout import IGNORE_INDEX, PauseVocab, collapse, expand, expand_variable, sample_pause_counts
 from .readout import readout
 
 
@@ -28,15 +35,20 @@ class StepTerms:
     log_d: torch.Tensor
     log_not_d: torch.Tensor
     valid: torch.Tensor  # [B, L] blocks with a target
-    omega: torch.Tensor | None = None  # per-token omega for Recipe 2
+    omega: torch.Tensor | None = None  # [B, L, M] per-token world stops (Recipe 2)
 
 
 @dataclass
 class LossOutput:
-    """``loss_sum`` (differentiable, summed over real tokens), ``num_tokens`` and metric sums."""
+    """``loss_sum`` (differentiable, summed over target tokens), ``num_targets`` and metric sums.
+
+    ``sums`` maps names to detached tensors (or ints) that add up over micro-batches and
+    processes: ``objective`` (the training loss), ``nll`` (the perplexity loss), ``targets``,
+    and with dk ``stop_step`` (sum of E[S]) and ``stop_dist`` (``[M]`` sum of Pr(S=i)).
+    """
 
     loss_sum: torch.Tensor
-    num_tokens: int
+    num_targets: int
     sums: dict = field(default_factory=dict)
 
 
@@ -47,9 +59,7 @@ def loss_fn_for(method: MethodConfig, omega=None) -> Callable:
     passes a per-token one-hot).
     """
     w = omega if omega is not None else method.omega
-    gamma = method.gamma
-    if gamma is None and method.gamma0 is not None:
-        gamma = losses.discount(method.gamma0, method.num_steps)
+    gamma = method.gamma_vector
     name = method.name
     if name in ("baseline", "baseline_nx", "tbys_original"):
         return lambda lt, ld, lnd: losses.cross_entropy_loss(lt[..., -1])
@@ -62,26 +72,41 @@ def loss_fn_for(method: MethodConfig, omega=None) -> Callable:
     if name == "cyb_dp":
         return lambda lt, ld, lnd: losses.cyb_dp_loss(
             lt, ld, lnd, rho=method.rho, alpha=method.alpha, omega=w, gamma=gamma)
-    raise ValueError(f"unknown method {name!r}")
+    raise ValueError(f"method.name: unknown method {name!r}")
 
 
-def eval_loss_fn(method: MethodConfig) -> Callable:
+def eval_loss_fn(method: MethodConfig, omega=None) -> Callable:
     """Per-token loss whose mean gives the reported perplexity.
 
-    CYB variants: ``gamma = 1`` and the model's own stopping (omega one-hot on M); TBYS: cross-
-    entropy at its readout (the last step); baselines: plain cross-entropy.
+    CYB variants: ``gamma = 1`` and the model's own stopping (omega one-hot on M, or the world's
+    stops of Recipe 2); TBYS: the readout at the world's stop (the last step by default);
+    baselines: plain cross-entropy.
     """
     if method.uses_dk:
-        return lambda lt, ld, lnd: losses.cyb_loss(lt, ld, lnd)
+        return lambda lt, ld, lnd: losses.cyb_loss(lt, ld, lnd, omega=omega)
+    if method.name == "tbys":
+        w = omega if omega is not None else method.omega
+        return lambda lt, ld, lnd: losses.tbys_loss(lt, omega=w)
     return lambda lt, ld, lnd: losses.cross_entropy_loss(lt[..., -1])
 
 
 def use_fused(impl: str, device: torch.device) -> bool:
+    """Whether ``train.loss_impl`` picks the fused readout (``auto``: on CUDA)."""
     if impl == "fused":
         return True
     if impl == "naive":
         return False
     return device.type == "cuda"
+
+
+def _move(x, device, non_blocking: bool):
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=non_blocking)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: _move(getattr(x, f.name), device, non_blocking)
+                                         for f in dataclasses.fields(x)
+                                         if isinstance(getattr(x, f.name), torch.Tensor)})
+    return x
 
 
 @dataclass
@@ -90,17 +115,74 @@ class Prepared:
 
     ``layout`` is ``"blocks"`` (Recipe 1: ``[B, L*M]`` -> ``[B, L, M]``), ``"variable"``
     (Recipe 2, regrouped with ``variable.gather``) or ``"flat"`` (original TBYS: one target per
-    position, no blocks).
+    position, no blocks).  ``num_targets`` counts the real tokens that are predicted (the loss
+    normaliser), ``num_real`` the real input tokens (throughput); both are host integers.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
-    num_tokens: int
+    num_targets: int
+    num_real: int
     layout: str
     block_valid: torch.Tensor | None = None  # [B, L]
     variable: object | None = None
+
+    def to(self, device, non_blocking: bool = False) -> "Prepared":
+        """A copy with every tensor on ``device``."""
+        return _move(self, device, non_blocking)
+
+    @property
+    def max_position(self) -> int:
+        """The largest position id used (for checks against the model's limit)."""
+        return int(self.position_ids.max()) if self.position_ids.numel() else 0
+
+
+def _generators(seeds: Sequence[int] | None, rows: int) -> list:
+    if seeds is None:
+        return [None] * rows
+    if len(seeds) != rows:
+        raise ValueError(f"seeds must hold one seed per row ({rows}), got {len(seeds)}")
+    return [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+
+def paused_rows(ids, attention_mask, loss_mask, pause_id: int, pause_slots: Callable) -> Prepared:
+    """Original TBYS layout: pauses inserted into each row, positions advancing over them.
+
+    ``pause_slots(r, n, target)`` gives the indices (in the merged row of ``n`` real tokens
+    and the pauses) where row ``r`` gets a pause; ``target`` is its ``[n]`` loss mask.  The
+    output at the step right before a real token predicts it when that token is a target;
+    outputs before a pause predict nothing.  Rows keep all their real tokens and are right-padded.
+    """
+    rows, labels = [], []
+    for r in range(ids.shape[0]):
+        keep = attention_mask[r].bool() if attention_mask is not None else torch.ones_like(ids[r], dtype=torch.bool)
+        real = ids[r][keep]
+        target = loss_mask[r][keep].bool() if loss_mask is not None else torch.ones_like(real, dtype=torch.bool)
+        n = real.numel()
+        slots = torch.as_tensor(pause_slots(r, n, target), dtype=torch.long)
+        total = n + slots.numel()
+        is_pause = torch.zeros(total, dtype=torch.bool)
+        is_pause[slots] = True
+        seq = torch.full((total,), pause_id, dtype=ids.dtype)
+        seq[~is_pause] = real
+        ok = torch.zeros(total, dtype=torch.bool)
+        ok[~is_pause] = target
+        lab = torch.full((total,), IGNORE_INDEX, dtype=torch.long)
+        lab[:-1] = torch.where(ok[1:], seq[1:], torch.full_like(seq[1:], IGNORE_INDEX))
+        rows.append(seq)
+        labels.append(lab)
+    width = max((len(s) for s in rows), default=0)
+    b = len(rows)
+    input_ids = torch.zeros((b, width), dtype=ids.dtype)
+    lab_t = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    for r, (s, lab) in enumerate(zip(rows, labels)):
+        input_ids[r, :len(s)], lab_t[r, :len(s)], mask[r, :len(s)] = s, lab, 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    num_real = int(sum(int((s != pause_id).sum()) for s in rows))
+    return Prepared(input_ids, pos, mask, lab_t, int((lab_t != IGNORE_INDEX).sum()), num_real, "flat")
 
 
 class Objective:
@@ -122,39 +204,74 @@ class Objective:
         self.eval_loss = eval_loss_fn(method)
 
     # ------------------------------------------------------------------------------ layout
-    def prepare(self, batch: dict, *, generator: torch.Generator | None = None) -> Prepared:
-        """Lay out ``batch`` (``ids`` ``[B, L]``, optional ``attention_mask``, ``loss_mask``)."""
-        ids = batch["ids"]
+    def prepare(self, batch: dict, *, seeds: Sequence[int] | None = None) -> Prepared:
+        """Lay out ``batch`` (``ids`` ``[B, L]``, optional ``attention_mask``, ``loss_mask``).
+
+        Best called on CPU tensors (the layout checks ids on the host) and moved with
+        :meth:`Prepared.to`.  ``seeds`` (one per row) fix the random layouts; None draws from
+        torch's global generator.
+        """
+        ids = batch["ids"].long()
         mask = batch.get("attention_mask")
         loss_mask = batch.get("loss_mask")
+        num_real = int(mask.sum()) if mask is not None else ids.numel()
+        gens = _generators(seeds, ids.shape[0])
         if self.method.name == "tbys_original":
-            num = max(1, int(round(self.method.random_pause_fraction * ids.shape[1])))
-            seq = insert_random_pauses(ids, num, self.vocab.pause_ids[0], generator=generator)
-            n = int((seq.labels != IGNORE_INDEX).sum())
-            return Prepared(seq.input_ids, seq.position_ids, seq.attention_mask, seq.labels, n, "flat")
+            return self._prepare_tbys_original(ids, mask, loss_mask, gens)
         if self.method.recipe == 2:
-            counts = sample_pause_counts(ids.shape, self._omega_or_last(), generator=generator)
-            ex = expand_variable(ids, counts.to(ids.device), self.vocab, attention_mask=mask,
-                                 loss_mask=loss_mask)
+            omega = self._omega_or_last()
+            counts = torch.cat([sample_pause_counts((1, ids.shape[1]), omega, generator=g) for g in gens])
+            ex = expand_variable(ids, counts, self.vocab, attention_mask=mask, loss_mask=loss_mask)
             valid = ex.block_labels != IGNORE_INDEX
             return Prepared(ex.input_ids, ex.position_ids, ex.attention_mask, ex.labels,
-                            int(valid.sum()), "variable", valid, ex)
+                            int(valid.sum()), num_real, "variable", valid, ex)
         ex = expand(ids, self.vocab, attention_mask=mask, loss_mask=loss_mask)
         valid = ex.block_labels != IGNORE_INDEX
         return Prepared(ex.input_ids, ex.position_ids, ex.attention_mask, ex.labels,
-                        int(valid.sum()), "blocks", valid)
+                        int(valid.sum()), num_real, "blocks", valid)
+
+    def _prepare_tbys_original(self, ids, mask, loss_mask, gens) -> Prepared:
+        pause_id = self.vocab.pause_ids[0]
+        self.vocab.check_real_ids(ids, mask=mask)
+        if self.method.tbys_scheme == "append":
+            k = self.vocab.num_steps - 1
+
+            def slots(r, n, target):  # W' pauses right after the prompt (before the first target)
+                first = int(target.nonzero()[0]) if bool(target.any()) else n
+                return list(range(first, first + k))
+        else:
+            frac = self.method.random_pause_fraction
+
+            def slots(r, n, target):  # uniformly random places, never before the first token
+                k = int(round(frac * n))
+                return (torch.randperm(n + k - 1, generator=gens[r])[:k] + 1) if n and k else []
+        return paused_rows(ids, mask, loss_mask, pause_id, slots)
 
     def _omega_or_last(self):
         m = self.vocab.num_steps
         return self.method.omega if self.method.omega is not None else [0.0] * (m - 1) + [1.0]
 
+    # ------------------------------------------------------------------------------ losses
+    def _row_terms(self, model, prep: Prepared, *, dk: bool = True):
+        """``(log_t, log_d, log_not_d)`` ``[B, T]`` per position; without full logits when the
+        fused readout is on (it recomputes each chunk's logits in backward)."""
+        hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
+        dk_id = self.vocab.dk_id if dk else None
+        if not use_fused(self.impl, hidden.device):
+            return readout(model.logits(hidden), prep.labels, dk_id=dk_id, dk_bias=self.dk_bias)
+        from .kernels import fused_readout
+
+        weight, bias = model.output_projection()
+        rows = fused_readout(hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype), weight,
+                             prep.labels.reshape(-1), dk_id=dk_id, dk_bias=self.dk_bias, bias=bias,
+                             softcap=model.final_logit_softcap)
+        return tuple(x.view(prep.labels.shape) for x in rows)
+
     def step_terms(self, model, prep: Prepared) -> StepTerms:
-        """Naive readout (full logits): per-step ``(log_t, log_d, log_not_d)`` as ``[B, L, M]``."""
+        """Per-step ``(log_t, log_d, log_not_d)`` as ``[B, L, M]`` (blocks and Recipe 2 layouts)."""
         if prep.layout == "flat":
             raise ValueError("the original TBYS layout has no blocks of steps")
-        hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
-        lt, ld, lnd = readout(model.logits(hidden), prep.labels, dk_id=self.vocab.dk_id,
-                              dk_bias=self.dk_bias)
+        lt, ld, lnd = self._row_terms(model, prep)
         if prep.layout == "variable":
             ex = prep.variable
             grid = [ex.gather(x.unsqueeze(-1)).squeeze(-1) for x in (lt, ld, lnd)]
@@ -162,81 +279,106 @@ class Objective:
         grid = [collapse(x, self.vocab.num_steps) for x in (lt, ld, lnd)]
         return StepTerms(*grid, valid=prep.block_valid)
 
-    # ------------------------------------------------------------------------------ losses
     def loss(self, model, prep: Prepared, *, with_metrics: bool = True) -> LossOutput:
         """Training loss sum of a prepared micro-batch (see :class:`LossOutput`)."""
         if prep.layout == "flat":
             return self._flat_loss(model, prep)
         if prep.layout == "blocks" and use_fused(self.impl, prep.input_ids.device):
-            return self._fused_loss(model, prep)
+            return self._fused_loss(model, prep, with_metrics)
         terms = self.step_terms(model, prep)
         fn = loss_fn_for(self.method, terms.omega) if terms.omega is not None else self.train_loss
         per_token = fn(terms.log_t, terms.log_d, terms.log_not_d)
         loss_sum = torch.where(terms.valid, per_token, torch.zeros_like(per_token)).sum()
-        out = LossOutput(loss_sum, prep.num_tokens)
+        out = LossOutput(loss_sum, prep.num_targets)
         if with_metrics:
-            out.sums = self.metric_sums(terms)
+            out.sums = self.metric_sums(terms, loss_sum, prep.num_targets)
         return out
 
-    def __call__(self, model, batch: dict, *, generator: torch.Generator | None = None) -> LossOutput:
-        """``prepare`` then ``loss``."""
-        return self.loss(model, self.prepare(batch, generator=generator))
+    def __call__(self, model, batch: dict, *, seeds: Sequence[int] | None = None) -> LossOutput:
+        """``prepare`` then ``loss`` (on the model's device)."""
+        prep = self.prepare({k: v.cpu() for k, v in batch.items()}, seeds=seeds)
+        return self.loss(model, prep.to(next(model.parameters()).device))
 
-    def _fused_loss(self, model, prep: Prepared) -> LossOutput:
+    def _fused_loss(self, model, prep: Prepared, with_metrics: bool) -> LossOutput:
         from .kernels import fused_linear_loss
 
         hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
         weight, bias = model.output_projection()
         loss_sum, stats = fused_linear_loss(
-            hidden.reshape(-1, hidden.shape[-1]), weight, prep.labels.reshape(-1),
+            hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype), weight, prep.labels.reshape(-1),
             self.train_loss, self.vocab.num_steps, dk_id=self.vocab.dk_id,
             dk_bias=self.dk_bias, bias=bias, softcap=model.final_logit_softcap)
-        b, length = prep.block_valid.shape
-        m = self.vocab.num_steps
-        terms = StepTerms(*(x.detach().view(b, length, m) for x in stats), valid=prep.block_valid)
-        return LossOutput(loss_sum, prep.num_tokens, self.metric_sums(terms))
+        out = LossOutput(loss_sum, prep.num_targets)
+        if with_metrics:
+            b, length = prep.block_valid.shape
+            m = self.vocab.num_steps
+            grid = (x.detach().view(b, length, m) for x in (stats.log_t, stats.log_d, stats.log_not_d))
+            out.sums = self.metric_sums(StepTerms(*grid, valid=prep.block_valid), loss_sum, prep.num_targets)
+        return out
 
     def _flat_loss(self, model, prep: Prepared) -> LossOutput:
-        hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
-        lt, _, _ = readout(model.logits(hidden), prep.labels)
+        lt, _, _ = self._row_terms(model, prep, dk=False)
         valid = prep.labels != IGNORE_INDEX
         nll = torch.where(valid, -lt, torch.zeros_like(lt)).sum()
-        return LossOutput(nll, prep.num_tokens, {"nll": float(nll.detach()), "tokens": prep.num_tokens})
+        sums = {"objective": nll.detach(), "nll": nll.detach(), "targets": prep.num_targets}
+        return LossOutput(nll, prep.num_targets, sums)
 
     @torch.no_grad()
-    def metric_sums(self, terms: StepTerms) -> dict:
-        """Sums over valid tokens: eval NLL (for perplexity) and, with dk, E[S] and Pr(S=i)."""
+    def metric_sums(self, terms: StepTerms, loss_sum: torch.Tensor, num_targets: int) -> dict:
+        """Sums over target tokens (detached tensors; no host synchronisation): the training
+        objective, the perplexity NLL and, with dk, ``E[S]`` and ``Pr(S=i)``."""
         valid = terms.valid
         lt, ld, lnd = (x.detach().float() for x in (terms.log_t, terms.log_d, terms.log_not_d))
-        n = int(valid.sum())
-        nll = self.eval_loss(lt, ld, lnd)
-        sums = {"nll": float(nll[valid].sum()), "tokens": n}
-        if self.method.uses_dk and n:
-            s = losses.stop_distribution(ld, lnd)[valid]
+        nll_fn = eval_loss_fn(self.method, terms.omega) if terms.omega is not None else self.eval_loss
+        nll = nll_fn(lt, ld, lnd)
+        zero = torch.zeros((), dtype=nll.dtype, device=nll.device)
+        sums = {"objective": loss_sum.detach().float(),
+                "nll": torch.where(valid, nll, zero).sum(),
+                "targets": num_targets}
+        if self.method.uses_dk:
+            s = losses.stop_distribution(ld, lnd, terms.omega)
+            s = torch.where(valid.unsqueeze(-1), s, torch.zeros_like(s))
             steps = torch.arange(1, s.shape[-1] + 1, dtype=s.dtype, device=s.device)
-            sums["stop_step"] = float((s * steps).sum())
-            sums["stop_dist"] = s.sum(0).tolist()
+            sums["stop_step"] = (s * steps).sum()
+            sums["stop_dist"] = s.sum(dim=tuple(range(s.dim() - 1)))
         return sums
 
 
 def merge_sums(total: dict, part: dict) -> dict:
-    """Accumulate metric sums (numbers add, lists add element-wise)."""
+    """Accumulate metric sums in place (tensors and numbers add; vectors add element-wise)."""
     for k, v in part.items():
-        if isinstance(v, list):
-            prev = total.get(k)
-            total[k] = v if prev is None else [a + b for a, b in zip(prev, v)]
-        else:
-            total[k] = total.get(k, 0) + v
+        prev = total.get(k)
+        total[k] = v if prev is None else prev + v
     return total
 
 
+def sums_to_python(sums: dict) -> dict:
+    """Metric sums as floats (vectors as lists); synchronises with the device once."""
+    out = {}
+    for k, v in sums.items():
+        if isinstance(v, torch.Tensor):
+            v = v.detach().double().cpu()
+            out[k] = v.tolist() if v.dim() else float(v)
+        else:
+            out[k] = v
+    return out
+
+
 def summarise(sums: dict) -> dict:
-    """Per-token metrics from sums: ``loss`` (mean NLL), ``ppl`` and, with dk, ``mean_steps``."""
-    n = max(sums.get("tokens", 0), 1)
+    """Per-token metrics from (python) sums.
+
+    ``objective``: mean training loss per target token; ``loss``: mean NLL used for
+    perplexity; ``ppl = exp(loss)``; with dk ``mean_steps`` (E[S]) and ``stop_dist``;
+    ``targets``: tokens counted.
+    """
+    sums = sums_to_python(sums)
+    n = max(sums.get("targets", 0), 1)
     out = {"loss": sums.get("nll", 0.0) / n}
+    if "objective" in sums:
+        out["objective"] = sums["objective"] / n
     out["ppl"] = math.exp(min(out["loss"], 50.0))
     if "stop_step" in sums:
         out["mean_steps"] = sums["stop_step"] / n
         out["stop_dist"] = [x / n for x in sums["stop_dist"]]
-    out["tokens"] = sums.get("tokens", 0)
+    out["targets"] = int(sums.get("targets", 0))
     return out

@@ -1,52 +1,70 @@
-"""The training loop: one readable file.
+"""The training loop.
 
 ``train(cfg)`` builds the tokenizer, model and data from a :class:`~cyb.config.RunConfig`, then
-runs AdamW with a linear-warmup cosine schedule, gradient accumulation normalised by real
-tokens, gradient clipping, periodic held-out evaluation, atomic checkpoints with exact resume,
-a progress bar and JSONL metrics.  Under ``torchrun`` the same code runs DDP or FSDP2.
+runs AdamW with a linear-warmup cosine schedule, gradient accumulation normalised by the real
+target tokens of the whole optimiser step, gradient clipping, periodic held-out evaluation,
+atomic checkpoints with exact resume (at any world size), progress display and JSONL metrics.
+Under ``torchrun`` the same code runs DDP or FSDP2.
+
+:class:`Trainer` exposes the pieces (``accumulate``, ``optimizer_step``, ``evaluate``,
+``save``) for tests and custom loops.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
 from . import __version__
 from .build import build_data, build_model, build_tokenizer, resolve_device
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import fault, list_checkpoints, load_checkpoint, save_checkpoint
 from .config import RunConfig
-from .distributed import (DistInfo, all_reduce_dict, all_reduce_sum, barrier, full_model_state,
-                          full_optim_state, init_distributed, load_full_optim_state, no_sync,
-                          shutdown, wrap)
-from .metrics_log import MetricsLogger, git_commit
-from .objective import LossOutput, Objective, Prepared, merge_sums, summarise
+from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
+                          gather_objects, init_distributed, load_full_optim_state, no_sync,
+                          reduce_sums, shutdown, wrap)
+from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
+from .objective import Objective, Prepared, merge_sums, summarise
+
+#: Seed family of held-out rows (training rows use the step number).
+EVAL_SEED_STEP = -1
 
 
 class LossModule(torch.nn.Module):
-    """The model and its objective as one module, so DDP/FSDP hooks see every forward."""
+    """The model and its objective as one module, so DDP/FSDP hooks see every forward.
+
+    ``forward(prep)`` returns ``(loss_sum, sums)`` (plain containers, which the wrappers look
+    through for tensors).
+    """
 
     def __init__(self, model, objective: Objective):
         super().__init__()
         self.model = model
         self.objective = objective
 
-    def forward(self, prep: Prepared) -> LossOutput:
-        return self.objective.loss(self.model, prep)
+    def forward(self, prep: Prepared):
+        out = self.objective.loss(self.model, prep)
+        return out.loss_sum, out.sums
 
 
 def peak_lr(cfg: RunConfig, d_model: int) -> float:
-    """The configured LR, or the paper's ``alpha / sqrt(d_model)``."""
+    """The configured LR, or the paper's ``lr_alpha / sqrt(d_model)``."""
     return cfg.optim.lr if cfg.optim.lr is not None else cfg.optim.lr_alpha / math.sqrt(d_model)
 
 
 def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warmup to 1, then cosine decay to ``min_ratio`` at ``total`` (step counts from 0)."""
+    """LR multiplier of optimiser step ``step`` (counted from 0).
+
+    Linear warmup ``(step + 1) / warmup`` over the first ``warmup`` steps, then cosine decay
+    from 1 at ``step = warmup`` to ``min_ratio`` at ``step = total``.
+    """
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     span = max(total - warmup, 1)
@@ -67,20 +85,9 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float, device: t
                              eps=cfg.optim.eps, **kw)
 
 
-def _rng_state(gen: torch.Generator) -> dict:
-    state = {"torch": torch.get_rng_state(), "gen": gen.get_state(),
-             "python": list(random.getstate()[1])}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict, gen: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    gen.set_state(state["gen"])
-    random.setstate((3, tuple(int(x) for x in state["python"]), None))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def row_seed(seed: int, step: int, row: int) -> int:
+    """Seed of the random layout of global row ``row`` at optimiser step ``step``."""
+    return ((seed * 1_000_003 + step + 7) * 1_000_033 + row) % (2**62)
 
 
 def _autocast(device: torch.device, precision: str):
@@ -89,182 +96,362 @@ def _autocast(device: torch.device, precision: str):
     return nullcontext()
 
 
-@torch.no_grad()
-def evaluate(module, objective: Objective, batches, device, precision: str, info: DistInfo,
-             generator: torch.Generator | None = None) -> dict:
-    """Held-out metrics (loss, perplexity, mean steps) over ``batches`` of every process.
+@contextmanager
+def _quiet_hf_progress():
+    """No per-shard progress bar from ``transformers`` while saving (our own output says it)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
-    ``module`` is the (possibly wrapped) :class:`LossModule`, called as a module so that
-    FSDP gathers its parameters.
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(int(x) for x in state["python"]), None))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# Fields that must agree between a checkpoint and the configuration resuming it (None = all).
+_RESUME_FIELDS = {
+    "model": None,
+    "method": None,
+    "data": ("tokenizer", "bpe_vocab_size", "bpe_train_docs", "block_len", "task", "task_kwargs",
+             "num_train_examples", "shuffle_buffer"),
+    "train": ("seed", "batch_size"),
+}
+_RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtype")}
+
+
+def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
+    """Raise ValueError naming the first field in which a checkpoint's run differs from ``cfg``."""
+    now = cfg.to_dict()
+    for section, names in _RESUME_FIELDS.items():
+        keys = names if names is not None else [k for k in now[section] if k not in _RESUME_FREE.get(section, ())]
+        for key in keys:
+            before, after = saved.get(section, {}).get(key), now[section][key]
+            if before != after:
+                raise ValueError(
+                    f"train.out_dir ({where}) holds checkpoints of another run: {section}.{key} was "
+                    f"{before!r}, now {after!r}; use another train.out_dir (or delete its checkpoints)")
+
+
+def _strip(batch: dict) -> tuple[dict, list[int]]:
+    rows = batch.get("row")
+    return {k: v for k, v in batch.items() if k != "row"}, ([] if rows is None else rows.tolist())
+
+
+class Trainer:
+    """A configured run: model, data, optimiser and state, ready to :meth:`run`.
+
+    Construction joins the process group under torchrun, builds everything and resumes from the
+    newest checkpoint in ``train.out_dir`` when ``train.resume`` (refusing one of another run).
     """
-    module.eval()
-    sums: dict = {}
-    for batch in batches:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        with _autocast(device, precision):
-            prep = objective.prepare(batch, generator=generator)
-            out = module(prep)
-        merge_sums(sums, out.sums)
-    module.train()
-    return summarise(all_reduce_dict(sums, info, device))
+
+    def __init__(self, cfg: RunConfig):
+        cfg.validate()
+        self.cfg = cfg
+        t = cfg.train
+        self.info = info = init_distributed(
+            t.distributed, "cuda" if t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available()) else "cpu")
+        self.device = resolve_device(t.device, info)
+        self.run_dir = Path(t.out_dir)
+        per_rank = t.batch_size // info.world_size
+        if per_rank * info.world_size != t.batch_size:
+            raise ValueError(f"train.batch_size ({t.batch_size}) must be a multiple of the number of "
+                             f"processes ({info.world_size})")
+        self.micro = t.micro_batch_size or per_rank
+        if per_rank % self.micro:
+            raise ValueError(f"train.micro_batch_size ({self.micro}) must divide the batch of each of "
+                             f"the {info.world_size} processes ({per_rank})")
+        self.accum = per_rank // self.micro
+        ckpt = self._checkpoint_to_resume()
+        torch.manual_seed(t.seed)
+        random.seed(t.seed)
+        if info.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        barrier(info)
+
+        self.tokenizer = build_tokenizer(cfg, self.run_dir, info)
+        self.model = model = build_model(cfg, self.tokenizer).to(self.device)
+        restored = load_checkpoint(ckpt) if ckpt is not None else None
+        if restored is not None:  # full weights go in before any sharding
+            model.load_hf_state_dict(restored[0])
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        if t.compile:
+            for layer in model.decoder_layers():
+                layer.compile()
+        self.objective = Objective(cfg.method, model.vocab, model.dk_bias, t.loss_impl)
+        self.loss_module = LossModule(model, self.objective)
+        self.wrapped = wrap(self.loss_module, info, layers=model.decoder_layers(),
+                            mixed_precision=self.device.type == "cuda" and t.precision != "fp32")
+        self.lr = peak_lr(cfg, model.config.hidden_size)
+        self.optimizer = build_optimizer(self.loss_module, cfg, self.lr, self.device)
+        schedule = lambda s: lr_factor(s, warmup=cfg.optim.warmup_steps, total=t.steps,
+                                       min_ratio=cfg.optim.min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+
+        self.train_data, self.valid_batches = build_data(cfg, self.tokenizer, info, self.micro)
+        self._check_positions()
+
+        self.step = 0
+        self.window: dict = {}  # metric sums since the last logged line
+        self.last_valid: dict = {}
+        if restored is not None:
+            _, trainer_state, data_state, meta = restored
+            load_full_optim_state(self.loss_module, self.optimizer, trainer_state["optimizer"], info)
+            self.scheduler.load_state_dict(trainer_state["scheduler"])
+            rngs = trainer_state["rng"]
+            _set_rng_state(rngs[info.rank] if info.rank < len(rngs) else rngs[0])
+            self.train_data.load_state_dict(data_state)
+            self.step = int(meta["step"])
+            if self.step > t.steps:
+                raise ValueError(f"train.steps ({t.steps}) is below the step of the checkpoint in "
+                                 f"{self.run_dir} ({self.step}); raise train.steps or use another train.out_dir")
+            self.last_valid = meta.get("metrics") or {}
+            if info.is_main:
+                self.window = dict(meta.get("window") or {})
+        self._iter = None
+
+    # ------------------------------------------------------------------------- set-up
+    def _checkpoint_to_resume(self):
+        ckpts = list_checkpoints(self.run_dir)
+        if not ckpts:
+            return None
+        if not self.cfg.train.resume:
+            raise ValueError(f"train.out_dir ({self.run_dir}) already holds checkpoints and train.resume "
+                             "is false; use another train.out_dir, delete them, or resume")
+        ckpt = ckpts[-1]
+        check_resumable(ckpt.meta.get("config", {}), self.cfg, self.run_dir)
+        return ckpt
+
+    def _check_positions(self) -> None:
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if not isinstance(limit, int) or not self.valid_batches:
+            return
+        batch, rows = _strip(self.valid_batches[0])
+        need = self.objective.prepare(batch, seeds=rows or None).max_position
+        if need >= limit:
+            field = "model.max_position_embeddings" if not self.cfg.model.name_or_path else "the model's max_position_embeddings"
+            raise ValueError(f"sequences need positions up to {need} but {field} = {limit}; "
+                             "lower data.block_len (or method.random_pause_fraction) or raise the limit")
+
+    def _seeds(self, rows: list[int], step: int) -> list[int] | None:
+        return [row_seed(self.cfg.train.seed, step, r) for r in rows] if rows else None
+
+    # ------------------------------------------------------------------------- one step
+    def accumulate(self, batches: list[dict]) -> dict:
+        """Forward and backward over this process's micro-batches of one optimiser step.
+
+        Gradients are left in ``.grad``, scaled so that they equal the gradient of the mean
+        loss over the real target tokens of the whole step (all micro-batches, all processes).
+        Returns the detached metric sums (plus ``real``: real input tokens).
+        """
+        preps = []
+        for b in batches:
+            batch, rows = _strip(b)
+            preps.append(self.objective.prepare({k: v.cpu() for k, v in batch.items()},
+                                                seeds=self._seeds(rows, self.step)))
+        local = sum(p.num_targets for p in preps)
+        total = all_reduce_sum(local, self.info, self.device)
+        if isinstance(total, torch.Tensor):
+            scale = (self.info.world_size / total.clamp(min=1)).float()
+        else:
+            scale = self.info.world_size / max(total, 1)
+        sums: dict = {"real": sum(p.num_real for p in preps)}
+        for i, prep in enumerate(preps):
+            prep = prep.to(self.device, non_blocking=True)
+            with no_sync(self.wrapped, self.info, sync=i == len(preps) - 1), _autocast(self.device, self.cfg.train.precision):
+                loss_sum, part = self.wrapped(prep)
+                (loss_sum * scale).backward()
+            merge_sums(sums, part)
+        return sums
+
+    def optimizer_step(self):
+        """Clip, step the optimiser and the LR schedule; returns the gradient norm (a tensor,
+        before clipping) or None without clipping."""
+        norm = None
+        if self.cfg.optim.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return norm
+
+    def train_step(self):
+        """Draw the next global batch, accumulate, step; returns ``(sums, grad_norm)``."""
+        if self._iter is None:
+            self._iter = iter(self.train_data)
+        batches = [next(self._iter) for _ in range(self.accum)]
+        sums = self.accumulate(batches)
+        return sums, self.optimizer_step()
+
+    # ------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out metrics over the same rows at any world size (see :func:`summarise`)."""
+        # DDP needs no wrapper without gradients; FSDP must gather its shards.
+        module = self.wrapped if self.info.mode == "fsdp" and self.info.enabled else self.loss_module
+        module.eval()
+        sums: dict = {}
+        for b in self.valid_batches:
+            batch, rows = _strip(b)
+            prep = self.objective.prepare(batch, seeds=self._seeds(rows, EVAL_SEED_STEP))
+            with _autocast(self.device, self.cfg.train.precision):
+                _, part = module(prep.to(self.device, non_blocking=True))
+            merge_sums(sums, part)
+        module.train()
+        if not self.valid_batches:
+            return {}
+        return summarise(reduce_sums(sums, self.info, self.device))
+
+    # ------------------------------------------------------------------------- persistence
+    def _hf_state(self) -> dict:
+        """The Hugging Face model's full state dict (a collective under FSDP)."""
+        full = full_model_state(self.loss_module, self.info)
+        prefix = "model." + self.model.hf_prefix
+        return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
+
+    def save(self) -> None:
+        """Write a checkpoint of the current step (every process must call it)."""
+        model_state = self._hf_state()
+        optim_state = full_optim_state(self.loss_module, self.optimizer, self.info)
+        rng = gather_objects(_rng_state(), self.info)
+        window = reduce_sums(self.window, self.info, self.device) if self.window else {}
+        if self.info.is_main:
+            save_checkpoint(
+                self.run_dir, self.step, model_state=model_state,
+                trainer_state={"optimizer": optim_state, "scheduler": self.scheduler.state_dict(), "rng": rng},
+                data_state=self.train_data.state_dict(),
+                meta={"metrics": self.last_valid, "window": window, "config": self.cfg.to_dict(),
+                      "version": __version__, "world_size": self.info.world_size},
+                keep_last=self.cfg.train.keep_last)
+        if self.window:  # the saved window now lives on rank 0 only, as on resume
+            self.window = window if self.info.is_main else {}
+        barrier(self.info)
+
+    def save_final(self) -> Path:
+        """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``),
+        replaced atomically."""
+        state = None
+        if self.info.mode == "fsdp" and self.info.enabled:
+            hf_model = self.model.hf_model
+            unique = {n for n, _ in hf_model.named_parameters()}
+            tied = {n for n, _ in hf_model.named_parameters(remove_duplicate=False)} - unique
+            state = {k: v for k, v in self._hf_state().items() if k not in tied}  # as HF saves them
+        final = self.run_dir / "final"
+        if self.info.is_main:
+            tmp = self.run_dir / f"final.tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            with _quiet_hf_progress():
+                self.model.save_pretrained(tmp, state_dict=state)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        barrier(self.info)
+        return final
+
+    # ------------------------------------------------------------------------- the loop
+    def _log_train(self, logger, progress, grad_norm, elapsed: float) -> dict:
+        sums = reduce_sums(self.window, self.info, self.device)
+        metrics = summarise(sums)
+        if grad_norm is not None and hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        metrics.update(step=self.step, lr=self.scheduler.get_last_lr()[0],
+                       grad_norm=None if grad_norm is None else float(grad_norm),
+                       tokens_per_s=sums.get("real", 0.0) / max(elapsed, 1e-9))
+        logger.log("train", metrics)
+        progress.update(self.step, metrics)
+        self.window = {}
+        return metrics
+
+    def _log_valid(self, logger, progress) -> None:
+        self.last_valid = {**self.evaluate(), "step": self.step}
+        logger.log("valid", self.last_valid)
+        progress.write(f"step {self.step}: held-out {format_metrics(self.last_valid)}")
+
+    def _announce(self, progress: Progress, resumed: bool) -> None:
+        t = self.cfg.train
+        params = self.model.num_parameters()
+        progress.write(
+            f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {params / 1e6:.2f}M parameters, "
+            f"{self.device} x {self.info.world_size} process(es), batch {t.batch_size} = "
+            f"{self.info.world_size} x {self.accum} x {self.micro}, peak lr {self.lr:.3g}, "
+            f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))
+        if self.cfg.optim.warmup_steps >= t.steps:
+            progress.write(f"note: optim.warmup_steps ({self.cfg.optim.warmup_steps}) >= train.steps "
+                           f"({t.steps}): the LR never reaches its peak")
+
+    def run(self) -> dict:
+        """Train to ``train.steps``; returns the final held-out metrics."""
+        t, info = self.cfg.train, self.info
+        logger = MetricsLogger(self.run_dir, enabled=info.is_main, tensorboard=t.tensorboard)
+        logger.truncate_after(self.step)
+        if info.is_main:
+            run_info = {"config": self.cfg.to_dict(), "version": __version__, "git_commit": git_commit(),
+                        "world_size": info.world_size, "device": str(self.device),
+                        "num_parameters": self.model.num_parameters(), "peak_lr": self.lr,
+                        "settings": self.model.settings.to_dict()}
+            (self.run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
+            self.cfg.dump(self.run_dir / "config.yaml")
+        progress = Progress(t.steps, self.step, f"train {self.cfg.method.name}",
+                            enabled=info.is_main and t.progress)
+        self._announce(progress, self.step > 0)
+        delay = float(fault("step_delay") or 0.0)
+        try:
+            if self.step == 0 and t.eval_every and self.valid_batches:  # where training starts from
+                self._log_valid(logger, progress)
+            window_start = time.perf_counter()
+            self.model.train()
+            while self.step < t.steps:
+                sums, grad_norm = self.train_step()
+                merge_sums(self.window, sums)
+                if delay:
+                    time.sleep(delay)
+                if self.step % max(t.log_every, 1) == 0 or self.step == t.steps:
+                    self._log_train(logger, progress, grad_norm, time.perf_counter() - window_start)
+                    window_start = time.perf_counter()
+                else:
+                    progress.update(self.step)
+                paused = time.perf_counter()  # evaluation and checkpoints do not count in tokens/s
+                if (t.eval_every and self.step % t.eval_every == 0) or self.step == t.steps:
+                    self._log_valid(logger, progress)
+                if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
+                    self.save()
+                window_start += time.perf_counter() - paused
+            self.save_final()
+            if info.is_main:
+                (self.run_dir / "final_metrics.json").write_text(json.dumps(self.last_valid, indent=2))
+        finally:
+            progress.close()
+            logger.close()
+        return self.last_valid
 
 
 def train(cfg: RunConfig) -> dict:
     """Run training as configured; returns the final held-out metrics."""
-    cfg.validate()
-    t = cfg.train
-    info = init_distributed(t.distributed, "cuda" if t.device.startswith("cuda") or
-                            (t.device == "auto" and torch.cuda.is_available()) else "cpu")
-    device = resolve_device(t.device, info)
-    torch.manual_seed(t.seed)
-    random.seed(t.seed)
-    run_dir = Path(t.out_dir)
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier(info)
-
-    tokenizer = build_tokenizer(cfg, run_dir, info)
-    model = build_model(cfg, tokenizer).to(device)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    if t.compile:
-        for layer in model.decoder_layers():
-            layer.compile()
-    objective = Objective(cfg.method, model.vocab, model.dk_bias, t.loss_impl)
-    loss_module = LossModule(model, objective)
-    wrapped = wrap(loss_module, info, layers=model.decoder_layers(),
-                   mixed_precision=device.type == "cuda" and t.precision != "fp32")
-    d_model = model.config.hidden_size
-    lr = peak_lr(cfg, d_model)
-    optimizer = build_optimizer(loss_module, cfg, lr, device)
-    schedule = lambda s: lr_factor(s, warmup=cfg.optim.warmup_steps, total=t.steps,
-                                   min_ratio=cfg.optim.min_lr_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-
-    per_rank = t.batch_size // info.world_size
-    if per_rank * info.world_size != t.batch_size:
-        raise ValueError(f"train.batch_size ({t.batch_size}) must be a multiple of the world size ({info.world_size})")
-    micro = t.micro_batch_size or per_rank
-    if per_rank % micro:
-        raise ValueError(f"train.micro_batch_size ({micro}) must divide the per-process batch ({per_rank})")
-    accum = per_rank // micro
-    train_data, valid_batches = build_data(cfg, tokenizer, info, micro)
-    gen = torch.Generator().manual_seed(t.seed * 1_000_003 + info.rank)
-
-    step = 0
-    ckpt = latest_checkpoint(run_dir) if t.resume else None
-    if ckpt is not None:
-        model_state, trainer_state, data_state, meta = load_checkpoint(ckpt)
-        model.load_hf_state_dict(model_state)
-        load_full_optim_state(loss_module, optimizer, trainer_state["optimizer"], info)
-        scheduler.load_state_dict(trainer_state["scheduler"])
-        _set_rng_state(trainer_state["rng"][info.rank] if info.rank < len(trainer_state["rng"])
-                       else trainer_state["rng"][0], gen)
-        train_data.load_state_dict(data_state)
-        step = meta["step"]
-
-    logger = MetricsLogger(run_dir, enabled=info.is_main, tensorboard=t.tensorboard)
-    logger.truncate_after(step)
-    if info.is_main:
-        run_info = {"config": cfg.to_dict(), "version": __version__, "git_commit": git_commit(),
-                    "world_size": info.world_size, "device": str(device),
-                    "num_parameters": model.num_parameters(), "peak_lr": lr, "settings": model.settings.to_dict()}
-        (run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
-        cfg.dump(run_dir / "config.yaml")
-
-    bar = None
-    if info.is_main and t.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=t.steps, initial=step, desc=f"train {cfg.method.name}", unit="step",
-                   dynamic_ncols=True)
-    final_metrics: dict = {}
-    window_tokens, window_start = 0, time.perf_counter()
-    train_iter = iter(train_data)
-    model.train()
-    while step < t.steps:
-        batches = [{k: v.to(device) for k, v in next(train_iter).items()} for _ in range(accum)]
-        with _autocast(device, t.precision):
-            preps = [objective.prepare(b, generator=gen) for b in batches]
-        local_tokens = sum(p.num_tokens for p in preps)
-        global_tokens = all_reduce_sum(local_tokens, info, device)
-        scale = info.world_size / max(global_tokens, 1.0)
-        sums: dict = {}
-        for i, prep in enumerate(preps):
-            with no_sync(wrapped, info, sync=i == accum - 1), _autocast(device, t.precision):
-                out = wrapped(prep)
-                (out.loss_sum * scale).backward()
-            merge_sums(sums, out.sums)
-        grad_norm = None
-        if cfg.optim.grad_clip > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(loss_module.parameters(), cfg.optim.grad_clip))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        step += 1
-        window_tokens += global_tokens
-
-        if step % max(t.log_every, 1) == 0 or step == t.steps:
-            elapsed = time.perf_counter() - window_start
-            metrics = summarise(all_reduce_dict(sums, info, device))
-            metrics.update(step=step, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
-                           tokens_per_s=window_tokens / max(elapsed, 1e-9))
-            logger.log("train", metrics)
-            if bar is not None:
-                post = {"loss": f"{metrics['loss']:.3f}", "tok/s": f"{metrics['tokens_per_s']:.0f}"}
-                if "mean_steps" in metrics:
-                    post["E[S]"] = f"{metrics['mean_steps']:.2f}"
-                bar.set_postfix(post)
-            window_tokens, window_start = 0, time.perf_counter()
-        if bar is not None:
-            bar.update(1)
-
-        if (t.eval_every and step % t.eval_every == 0) or step == t.steps:
-            final_metrics = evaluate(wrapped, objective, valid_batches, device, t.precision, info,
-                                     generator=torch.Generator().manual_seed(t.seed + 17))
-            final_metrics["step"] = step
-            logger.log("valid", final_metrics)
-            if bar is not None:
-                bar.write(f"step {step}: valid loss {final_metrics['loss']:.4f} "
-                          f"ppl {final_metrics['ppl']:.3f}" +
-                          (f" mean steps {final_metrics['mean_steps']:.2f}" if "mean_steps" in final_metrics else ""))
-        if (t.save_every and step % t.save_every == 0) or step == t.steps:
-            _save(run_dir, step, model, loss_module, optimizer, scheduler, gen, train_data, info,
-                  cfg, final_metrics, t.keep_last)
-    if bar is not None:
-        bar.close()
-    if info.is_main:
-        model.save_pretrained(run_dir / "final", state_dict=None if info.mode != "fsdp"
-                              else _hf_state(model, loss_module, info))
-        (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics, indent=2))
-    logger.close()
-    barrier(info)
-    shutdown(info)
-    return final_metrics
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    finally:
+        shutdown(trainer.info)
 
 
-def _hf_state(model, loss_module, info: DistInfo) -> dict:
-    """The wrapped Hugging Face model's full state dict (gathered under FSDP)."""
-    full = full_model_state(loss_module, info)
-    prefix = "model." + model.hf_prefix
-    return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
-
-
-def _save(run_dir, step, model, loss_module, optimizer, scheduler, gen, train_data, info, cfg,
-          metrics, keep_last) -> None:
-    model_state = _hf_state(model, loss_module, info)
-    optim_state = full_optim_state(loss_module, optimizer, info)
-    rng = [_rng_state(gen)]
-    if info.enabled:
-        import torch.distributed as dist
-
-        gathered = [None] * info.world_size
-        dist.all_gather_object(gathered, rng[0])
-        rng = gathered
-    if info.is_main:
-        save_checkpoint(run_dir, step, model_state=model_state,
-                        trainer_state={"optimizer": optim_state, "scheduler": scheduler.state_dict(), "rng": rng},
-                        data_state=train_data.state_dict(),
-                        meta={"metrics": metrics, "version": __version__, "world_size": info.world_size},
-                        keep_last=keep_last)
-    barrier(info)
+__all__ = ["LossModule", "Trainer", "build_optimizer", "check_resumable", "lr_factor", "peak_lr",
+           "row_seed", "train"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 HELP = "train a model (baseline, TBYS, CYB and variants) from a YAML config"
@@ -40,8 +41,10 @@ def run(args) -> int:
     from ..train import train
 
     metrics = train(cfg)
-    if metrics:
-        print("final held-out: " + " ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in metrics.items() if not isinstance(v, list)))
+    if os.environ.get("RANK", "0") == "0":
+        if metrics:
+            print("final held-out: " + " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in metrics.items() if not isinstance(v, list)))
+        print(f"run folder: {cfg.train.out_dir} (model in final/, metrics in metrics.jsonl)")
     return 0

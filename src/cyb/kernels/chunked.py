@@ -20,6 +20,12 @@ Memory: besides the gradients themselves, about two chunks of logits (on CUDA th
 logits are computed while the current chunk's loss runs on a side stream) and, for
 :func:`fused_linear_loss`, a float32 ``[V, H]`` weight-gradient accumulator.  Host work per
 chunk (the loss and its tiny backward) is fixed, so chunks are large by default.
+
+No host synchronisation: on CUDA the checks of the target values (range, dk, equal within a
+block) are computed on the device while the chunks are queued, and read once the whole
+forward is queued, so the host issues the loss while the GPU still runs the decoder before it
+(targets that fail a check are treated as ignored by the kernels, then the error is raised).
+Under autocast, :func:`fused_linear_loss` runs all three matmuls in the autocast dtype.
 """
 
 from __future__ import annotations
@@ -374,7 +380,13 @@ class _SideStream:
 class _FusedLinearLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, block_valid, loss_fn, m, dk_id, dk_bias,
-                softcap, backend, chunk_rows, block_args):
+                softcap, backend, chunk_rows, block_args, amp_dtype):
+        grad_dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        if amp_dtype is not None:
+            # Under autocast the logits matmul would run in amp_dtype but the gradient matmuls
+            # (out= / in place, which autocast leaves alone) in float32: cast once instead.
+            hidden, weight = hidden.to(amp_dtype), weight.to(amp_dtype)
+            bias = None if bias is None else bias.to(amp_dtype)
         ops = _OPS[backend]
         n = hidden.shape[0]
         cdt = _compute_dtype(hidden.dtype)
@@ -422,10 +434,10 @@ class _FusedLinearLoss(torch.autograd.Function):
             loss_part(queue.pop(0))
         # Gradients are kept as attributes, not saved tensors: they are this function's own
         # results, and backward scales them in place.
-        ctx.grads = (
-            grad_h,
-            None if grad_w is None else grad_w.to(weight.dtype),
-            None if grad_b is None else grad_b.to(bias.dtype),
+        ctx.grads = (  # float32 accumulators go straight to float32 parameters
+            None if grad_h is None else grad_h.to(grad_dtypes[0]),
+            None if grad_w is None else grad_w.to(grad_dtypes[1]),
+            None if grad_b is None else grad_b.to(grad_dtypes[2]),
         )
         stats = (rows[0], rows[1], rows[2], block_loss)
         ctx.mark_non_differentiable(*stats)
@@ -437,7 +449,7 @@ class _FusedLinearLoss(torch.autograd.Function):
             raise RuntimeError("fused_linear_loss supports a single backward pass per forward")
         grads, ctx.grads = ctx.grads, None
         scaled = [None if g is None else g.mul_(g_loss.to(g.dtype)) for g in grads]
-        return (*scaled, None, None, None, None, None, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None, None, None, None, None, None)
 
 
 # ------------------------------------------------------------------------------ public API
@@ -469,14 +481,56 @@ def _check_inputs(hidden, weight, targets, bias, dk_id, dk_bias, softcap):
         raise ValueError(f"dk_bias must be finite, got {dk_bias!r}")
     if softcap is not None and not (math.isfinite(float(softcap)) and float(softcap) > 0):
         raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap!r}")
-    if n:
-        real = targets[targets != IGNORE_INDEX]
-        if real.numel():
+
+
+def _defer_checks(device: torch.device) -> bool:
+    """Whether target checks are read after the work is queued (CUDA) instead of before."""
+    return device.type == "cuda"
+
+
+class _TargetCheck:
+    """Checks of the target values computed on their device without a host synchronisation.
+
+    ``flags`` holds three booleans: a target (other than -100) outside ``[0, V)``, a target
+    equal to ``dk_id``, targets that differ within a block of ``m`` rows.  :attr:`safe` are the
+    targets with the out-of-range ones replaced by -100 (so kernels never index outside a row).
+    :meth:`raise_if_bad` reads the flags (one synchronisation) and raises the first problem.
+    """
+
+    def __init__(self, targets: torch.Tensor, v: int, dk_id: int | None, m: int = 1):
+        self.targets, self.v, self.dk_id, self.m = targets, v, dk_id, m
+        valid = targets != IGNORE_INDEX
+        inside = (targets >= 0) & (targets < v)
+        zero = torch.zeros((), dtype=torch.bool, device=targets.device)
+        bad_range = (valid & ~inside).any() if targets.numel() else zero
+        is_dk = (valid & (targets == dk_id)).any() if dk_id is not None and targets.numel() else zero
+        mixed = zero
+        if m > 1 and targets.numel():
+            blocks = targets.view(-1, m)
+            mixed = (blocks != blocks[:, :1]).any()
+        self.flags = torch.stack([bad_range, is_dk, mixed])
+        self.safe = torch.where(inside | ~valid, targets, IGNORE_INDEX)
+
+    def raise_if_bad(self) -> None:
+        bad_range, is_dk, mixed = self.flags.tolist()
+        if bad_range:
+            real = self.targets[self.targets != IGNORE_INDEX]
             lo, hi = int(real.min()), int(real.max())
-            if lo < 0 or hi >= v:
-                raise ValueError(f"targets hold ids outside the vocabulary [0, {v}): [{lo}, {hi}]")
-            if dk_id is not None and bool((real == dk_id).any()):
-                raise ValueError(f"a target equals dk_id = {dk_id}; <don't know> is never a target")
+            raise ValueError(f"targets hold ids outside the vocabulary [0, {self.v}): [{lo}, {hi}]")
+        if is_dk:
+            raise ValueError(f"a target equals dk_id = {self.dk_id}; <don't know> is never a target")
+        if mixed:
+            raise ValueError(f"targets must be equal within each block of num_steps = {self.m} rows")
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype active for ``device``'s type, or None."""
+    try:
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+    except (AttributeError, TypeError, RuntimeError):  # older torch: no per-device query
+        pass
+    return None
 
 
 def _default_rows(backend: str, vocab_size: int, device: torch.device) -> int:
@@ -530,10 +584,17 @@ def fused_readout(
         rows = int(chunk_rows)
     if rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows!r}")
-    return _FusedReadout.apply(
-        hidden, weight, bias, targets.long().contiguous(), dk_id, float(dk_bias),
+    check = _TargetCheck(targets.long().contiguous(), weight.shape[0], dk_id)
+    defer = _defer_checks(targets.device)
+    if not defer:
+        check.raise_if_bad()
+    out = _FusedReadout.apply(
+        hidden, weight, bias, check.safe, dk_id, float(dk_bias),
         None if softcap is None else float(softcap), which, rows,
     )
+    if defer:
+        check.raise_if_bad()
+    return out
 
 
 def fused_linear_loss(
@@ -558,6 +619,8 @@ def fused_linear_loss(
     chunk of whole blocks the logits are computed once, the loss and its gradient evaluated, and
     the gradients of ``hidden``, ``weight`` and ``bias`` accumulated (float32 accumulation);
     backward only scales them by the incoming gradient, so a single backward pass is supported.
+    Under autocast, float32 ``hidden``/``weight``/``bias`` are cast once to the autocast dtype
+    for the matmuls (the weight and bias gradients are still accumulated in float32).
 
     Args:
         hidden, weight, targets, dk_id, dk_bias, bias, softcap, backend: as in
@@ -589,11 +652,12 @@ def fused_linear_loss(
     for i, a in enumerate(block_args):
         if not isinstance(a, torch.Tensor) or a.dim() < 1 or a.shape[0] != nb:
             raise ValueError(f"block_args[{i}] must be a tensor [N / M = {nb}, ...]")
-    targets = targets.long().contiguous()
-    blocks = targets.view(nb, m)
-    if m > 1 and nb and not bool((blocks == blocks[:, :1]).all()):
-        raise ValueError(f"targets must be equal within each block of num_steps = {m} rows")
-    block_valid = blocks[:, 0] != IGNORE_INDEX
+    check = _TargetCheck(targets.long().contiguous(), weight.shape[0], dk_id, m)
+    defer = _defer_checks(targets.device)
+    if not defer:
+        check.raise_if_bad()
+    targets = check.safe
+    block_valid = targets.view(nb, m)[:, 0] != IGNORE_INDEX
     which = resolve_backend(backend, hidden.device, hidden.dtype)
     if chunk_blocks is None:
         rows = _default_rows(which, weight.shape[0], hidden.device)
@@ -605,8 +669,13 @@ def fused_linear_loss(
         raise ValueError(f"chunk_blocks must be an integer >= 1, got {chunk_blocks!r}")
     else:
         cb = chunk_blocks
+    amp = _autocast_dtype(hidden.device)
+    if amp is None or amp == hidden.dtype or hidden.dtype != torch.float32:
+        amp = None  # autocast casts only float32
     loss, lt, ld, lnd, block_loss = _FusedLinearLoss.apply(
         hidden, weight, bias, targets, block_valid, loss_fn, m, dk_id, float(dk_bias),
-        None if softcap is None else float(softcap), which, cb * m, tuple(block_args),
+        None if softcap is None else float(softcap), which, cb * m, tuple(block_args), amp,
     )
+    if defer:
+        check.raise_if_bad()
     return loss, FusedLossStats(lt, ld, lnd, block_loss, block_valid)

@@ -212,6 +212,15 @@ def resolve_arguments(num_steps, use_dk, psi_dk, position_scheme, method):
     return num_steps, use_dk, (psi_dk if use_dk else None), position_scheme, method
 
 
+def agrees(saved: PauseSettings, **given) -> bool:
+    """Whether the arguments given to ``from_pretrained`` agree with the saved settings."""
+    try:
+        check_agrees(saved, "the saved settings", **given)
+    except ValueError:
+        return False
+    return True
+
+
 def check_agrees(saved: PauseSettings, where, **given) -> None:
     """Raise if an argument given to ``from_pretrained`` contradicts the saved settings."""
     have = {

@@ -16,7 +16,7 @@ from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
 from ..readout import readout
 from . import hf
 from .loading import find_settings_file, load_tokenizer, save_tokenizer
-from .settings import DEFAULT, PauseSettings, check_agrees, resolve_arguments
+from .settings import DEFAULT, PauseSettings, agrees, check_agrees, resolve_arguments
 from .tokens import apply_plan, check_tokenizer, reserve_tokens
 
 
@@ -154,6 +154,7 @@ class PauseModel(torch.nn.Module):
         torch_dtype=None,
         attn_implementation: str | None = None,
         reuse_unused: bool = True,
+        reconfigure: bool = False,
         **hf_kwargs,
     ) -> "PauseModel":
         """Load a causal LM (hub name or folder) as a pause model.
@@ -168,6 +169,10 @@ class PauseModel(torch.nn.Module):
             torch_dtype: parameter dtype (a ``torch.dtype``, its name, or ``"auto"``).
             attn_implementation: ``"sdpa"`` or ``"eager"``; None picks sdpa where the
                 architecture supports it, else eager.  Flash attention is refused.
+            reconfigure: a saved pause model whose settings differ from the arguments given
+                here (e.g. a no-pause base model fine-tuned with CYB) gets the requested
+                settings, its existing pause/dk tokens reused where present, instead of an
+                error.
             **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``revision``,
                 ``local_files_only``, ...).
         """
@@ -176,6 +181,10 @@ class PauseModel(torch.nn.Module):
         hf.check_attention(attn_implementation)
         settings_file = find_settings_file(name_or_path, hf_kwargs)
         saved = PauseSettings.load(settings_file) if settings_file is not None else None
+        if saved is not None and reconfigure and num_steps is not None and not agrees(
+                saved, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
+                position_scheme=position_scheme, method=method):
+            saved = None  # fine-tune a saved pause model with other pause settings
         if saved is not None:
             check_agrees(saved, settings_file, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
                           position_scheme=position_scheme, method=method)

@@ -1,0 +1,18 @@
+"""Benchmarks behind ``cyb bench loss|train|decode``.
+
+* :mod:`cyb.bench.timing`: CUDA-event timing, warm-up, median of repeats, peak memory, OOM
+  handling, the environment record, atomic JSON output, a wall-clock budget.
+* :mod:`cyb.bench.flops`: the FLOP count of a training step and MFU.
+* :mod:`cyb.bench.models`: the benchmark models (a Llama of a given shape, built from a config)
+  and their pause settings (pause/dk ids at the top of the vocabulary).
+* :mod:`cyb.bench.train_step`: one optimiser step of each training method (baseline, TBYS with
+  the Hugging Face loss or Liger, CYB naive or fused), eager or with compiled decoder layers.
+* :mod:`cyb.bench.static_decode`: a fixed-mode greedy decoder on a preallocated KV cache whose
+  decode step can be captured as a CUDA graph.
+* :mod:`cyb.bench.decode`: decode latency and throughput, M = 4 against M = 1.
+* :mod:`cyb.bench.loss`: runs ``benchmarks/bench_loss.py`` (readout + loss alone).
+* :mod:`cyb.bench.tables`: compact text tables of the results.
+
+Everything runs on CPU with tiny shapes (``quick=True``) so the code paths can be tested
+without a GPU; numbers only mean something on the GPU.
+"""

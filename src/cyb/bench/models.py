@@ -1,0 +1,103 @@
+"""Benchmark models: a Llama of a given shape built from a config, wrapped per method.
+
+One Hugging Face model serves every method of a benchmark: the pause and dk ids are the top ids
+of its vocabulary (``<pause_1>`` .. ``<pause_{M-1}>`` at ``V-M`` .. ``V-2``, dk at ``V-1``), so
+the baseline, TBYS and CYB wrappers (:class:`cyb.PauseModel`) share the same weights and the
+same vocabulary size; the data use real ids below ``V - M``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+METHODS = ("baseline", "tbys", "cyb")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Width and depth of a Llama decoder (the vocabulary is chosen per benchmark case)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    tie_embeddings: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+#: The "134 M" Llama of the benchmarks: hidden 768, 12 layers, MLP 2048, untied embeddings
+#: (134.1 M parameters at vocabulary 32000, 135.3 M at 32768).
+SHAPE_134M = ModelShape(hidden=768, layers=12, heads=12, intermediate=2048)
+#: A tiny shape for CPU smoke runs.
+SHAPE_TINY = ModelShape(hidden=32, layers=2, heads=2, intermediate=64, tie_embeddings=True)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_hf_model(shape: ModelShape, vocab_size: int, *, dtype: torch.dtype, device: torch.device,
+                   max_positions: int = 8192, seed: int = 0, attn_implementation: str = "sdpa"):
+    """A randomly initialised ``LlamaForCausalLM`` of ``shape`` on ``device``."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from ..model import hf
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=shape.tie_embeddings, use_cache=False,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                             **hf.dtype_kwargs(dtype))
+    return model.to(device)
+
+
+def pause_settings(method: str, vocab_size: int, num_steps: int):
+    """:class:`cyb.model.PauseSettings` of ``method`` with ids at the top of the vocabulary.
+
+    ``"baseline"``: ``M = 1``, no pauses; ``"tbys"``: ``M - 1`` pauses, no dk; ``"cyb"``: pauses
+    and dk (prior 0.9).
+    """
+    from ..model import PauseSettings
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "baseline":
+        return PauseSettings(num_steps=1, pause_ids=(), vocab_size=vocab_size, method="baseline")
+    if num_steps < 2:
+        raise ValueError(f"num_steps (M) must be >= 2 for {method}, got {num_steps}")
+    pause_ids = tuple(range(vocab_size - num_steps, vocab_size - 1))
+    if method == "tbys":
+        return PauseSettings(num_steps=num_steps, pause_ids=pause_ids, vocab_size=vocab_size,
+                             method="tbys")
+    return PauseSettings(num_steps=num_steps, pause_ids=pause_ids, vocab_size=vocab_size,
+                         dk_id=vocab_size - 1, psi_dk=0.9, method="cyb")
+
+
+def wrap(hf_model, method: str, num_steps: int):
+    """``hf_model`` as a :class:`cyb.PauseModel` for ``method`` (weights shared, nothing copied)."""
+    from ..model import PauseModel
+
+    vocab = int(hf_model.get_output_embeddings().weight.shape[0])
+    return PauseModel(hf_model, pause_settings(method, vocab, num_steps))
+
+
+def real_ids_limit(vocab_size: int, num_steps: int) -> int:
+    """Real token ids are drawn from ``[0, limit)``, below every pause and dk id."""
+    return vocab_size - max(num_steps, 1)
+
+
+def random_ids(batch: int, length: int, limit: int, *, seed: int = 0) -> torch.Tensor:
+    """``[batch, length]`` long ids uniform in ``[0, limit)`` (CPU, reproducible)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, limit, (batch, length), generator=g)
+
+
+def num_params(hf_model) -> int:
+    """Parameters of the model, tied matrices counted once."""
+    return sum(p.numel() for p in {id(p): p for p in hf_model.parameters()}.values())

@@ -1,0 +1,112 @@
+"""Markdown tables of benchmark results (printed by ``cyb bench`` and used for the docs)."""
+
+from __future__ import annotations
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table; cells are converted with ``str``."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _status(row: dict) -> str | None:
+    """None for an ok row, else what to show instead of numbers."""
+    if row.get("status") == "ok":
+        return None
+    reason = row.get("reason")
+    return f"{row.get('status', '?')}" + (f" ({reason[:60]})" if reason else "")
+
+
+def train_table(result: dict) -> str:
+    """One line per (vocab, batch, mode, variant)."""
+    headers = ["V", "B", "mode", "variant", "step ms", "real tok/s", "positions/s", "MFU",
+               "peak GiB", "first loss"]
+    modes, variants = ("eager", "compile"), _TRAIN_VARIANTS
+
+    def key(r):
+        return (r["vocab"], r["batch"], _index(modes, r["mode"]), _index(variants, r["variant"]))
+
+    rows = []
+    for r in sorted(result.get("results", []), key=key):
+        head = [r["vocab"], r["batch"], r["mode"], r["variant"]]
+        bad = _status(r)
+        if bad is not None:
+            rows.append(head + [bad, "", "", "", "", ""])
+            continue
+        rows.append(head + [_num(r["ms"], ".1f"), _num(r["real_tokens_per_s"], ",.0f"),
+                            _num(r["positions_per_s"], ",.0f"), _num(r.get("mfu"), ".3f"),
+                            _num(r.get("peak_gib"), ".2f"), _num(r.get("first_loss"), ".4f")])
+    return markdown_table(headers, rows)
+
+
+_TRAIN_VARIANTS = ("baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused",
+                   "cyb_fused_lowmem")
+
+
+def _index(order, value) -> int:
+    return order.index(value) if value in order else len(order)
+
+
+def decode_table(result: dict) -> str:
+    """One line per (implementation, batch, M)."""
+    headers = ["impl", "B", "M", "ms / step (median)", "ms / step (mean)", "real tok/s",
+               "prefill ms", "graph capture ms", "tokens = eager"]
+    impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static")
+    rows = []
+    for r in sorted(result.get("results", []),
+                    key=lambda r: (r["batch"], r["num_steps"], _index(impls, r["impl"]))):
+        head = [r["impl"], r["batch"], r["num_steps"]]
+        bad = _status(r)
+        if bad is not None:
+            rows.append(head + [bad, "", "", "", "", ""])
+            continue
+        cmp = r.get("tokens_vs_cyb_eager")
+        same = "-" if cmp is None else f"{cmp['match_fraction']:.2f}"
+        rows.append(head + [_num(r["step_ms"], ".3f"), _num(r["step_ms_mean"], ".3f"),
+                            _num(r["real_tokens_per_s"], ",.1f"), _num(r["prefill_ms"], ".1f"),
+                            _num(r.get("capture_ms"), ".1f"), same])
+    return markdown_table(headers, rows)
+
+
+def loss_table(result: dict) -> str:
+    """Rows (V, N), a column per method: ``ms / extra GiB`` (forward + backward)."""
+    rows_in = result.get("results", [])
+    methods = []
+    for r in rows_in:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    cell = {(r["vocab"], r["positions"], r["method"]): r for r in rows_in}
+    rows = []
+    for v, n in sorted({(r["vocab"], r["positions"]) for r in rows_in}):
+        line = [v, n]
+        for m in methods:
+            r = cell.get((v, n, m))
+            if r is None:
+                line.append("-")
+            elif r.get("status") != "ok":
+                line.append(r.get("status", "?"))
+            elif r.get("peak_extra_gib") is None:
+                line.append(f"{r['ms']:.1f} ms")
+            else:
+                line.append(f"{r['ms']:.1f} ms / {r['peak_extra_gib']:.2f} GiB")
+        rows.append(line)
+    return markdown_table(["V", "N"] + methods, rows)
+
+
+def table_for(result: dict) -> str:
+    """The table of a result of any kind."""
+    from .targets import result_kind
+
+    kind = result_kind(result)
+    if kind == "train":
+        return train_table(result)
+    if kind == "decode":
+        return decode_table(result)
+    if kind == "loss":
+        return loss_table(result)
+    raise ValueError(f"not a benchmark result (kind {result.get('kind')!r})")

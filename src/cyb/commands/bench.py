@@ -1,0 +1,187 @@
+"""``cyb bench loss|train|decode [--quick] [--out FILE.json] [...]``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+HELP = "benchmark the loss, a training step or decoding (JSON results and a table)"
+
+_FMT = argparse.ArgumentDefaultsHelpFormatter
+# Help texts that explain their own default end with this: it renders as nothing, and its
+# presence stops the "(default: None)" suffix of ArgumentDefaultsHelpFormatter.
+_OWN_DEFAULT = "%(default).0s"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true",
+                   help="tiny shapes on the CPU: a smoke run of every code path (numbers mean nothing)")
+    p.add_argument("--out", default=None, metavar="FILE.json", help="write the results here as JSON")
+    p.add_argument("--device", default=None,
+                   help="cuda or cpu (default: cuda when available; cpu with --quick)" + _OWN_DEFAULT)
+
+
+def _case(text: str) -> tuple[int, int]:
+    try:
+        v, b = text.split(":")
+        return int(v), int(b)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected VOCAB:BATCH (e.g. 32768:4), got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench", metavar="WHAT")
+
+    loss = sub.add_parser("loss", formatter_class=_FMT,
+                          help="readout + loss forward/backward: naive vs fused, plain CE, Liger",
+                          description="Runs benchmarks/bench_loss.py: forward + backward time and "
+                                      "peak extra memory of the readout and loss.")
+    _common(loss)
+    loss.add_argument("--vocab", type=int, nargs="+", help="vocabulary sizes" + _OWN_DEFAULT)
+    loss.add_argument("--positions", type=int, nargs="+", help="positions N" + _OWN_DEFAULT)
+    loss.add_argument("--methods", nargs="+", help="methods of bench_loss.py" + _OWN_DEFAULT)
+    loss.add_argument("--hidden", type=int, help="hidden size H" + _OWN_DEFAULT)
+    loss.add_argument("--num-steps", type=int, help="M, rows per block" + _OWN_DEFAULT)
+    loss.add_argument("--dtype", help="bf16, fp16 or fp32" + _OWN_DEFAULT)
+    loss.add_argument("--repeats", type=int, help="timed runs per row" + _OWN_DEFAULT)
+    loss.add_argument("--chunk-blocks", type=int, help="fused_linear_loss chunk_blocks" + _OWN_DEFAULT)
+    loss.add_argument("--skip-check", action="store_true", help="skip the fused == naive check")
+
+    train = sub.add_parser("train", formatter_class=_FMT,
+                           help="one optimiser step: baseline, TBYS (HF loss / Liger), CYB naive/fused",
+                           description="Training-step time, tokens/s, MFU and peak memory of each "
+                                       "method on a Llama of the 134 M shape (see cyb.bench.train_step).")
+    _common(train)
+    train.add_argument("--case", dest="cases", type=_case, action="append", metavar="VOCAB:BATCH",
+                       help="a (vocabulary, batch) case, repeatable (default: 32768:4 262144:8)"
+                       + _OWN_DEFAULT)
+    train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive "
+                       "cyb_fused cyb_fused_lowmem (default: all)" + _OWN_DEFAULT)
+    train.add_argument("--modes", nargs="+", help="eager and/or compile (default: both; eager "
+                       "only with --quick)" + _OWN_DEFAULT)
+    train.add_argument("--precision", help="bf16 (bf16 parameters), autocast (fp32 parameters "
+                       "under bf16 autocast, as cyb train by default) or fp32 (default: bf16)"
+                       + _OWN_DEFAULT)
+    train.add_argument("--real-tokens", type=int, help="real tokens per row (default 2048)" + _OWN_DEFAULT)
+    train.add_argument("--num-steps", type=int, help="M (default 4)" + _OWN_DEFAULT)
+    train.add_argument("--repeats", type=int, help="timed steps per row (default 5)" + _OWN_DEFAULT)
+    train.add_argument("--warmup", type=int, help="untimed steps per eager row (default 2)" + _OWN_DEFAULT)
+    train.add_argument("--compile-warmup", type=int,
+                       help="untimed steps per compiled row (default 3)" + _OWN_DEFAULT)
+    train.add_argument("--budget-s", type=float,
+                       help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
+
+    decode = sub.add_parser("decode", formatter_class=_FMT,
+                            help="decode latency (batch 1) and throughput (batch 32), M = 4 vs M = 1",
+                            description="Eager Hugging Face loop, the library decoder and a static "
+                                        "KV cache with a CUDA-graph step (see cyb.bench.decode).")
+    _common(decode)
+    decode.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 32)" + _OWN_DEFAULT)
+    decode.add_argument("--num-steps", type=int, help="M of the fixed mode (default 4)" + _OWN_DEFAULT)
+    decode.add_argument("--vocab", type=int, help="vocabulary size (default 32768)" + _OWN_DEFAULT)
+    decode.add_argument("--prompt-len", type=int, help="real prompt tokens (default 128)" + _OWN_DEFAULT)
+    decode.add_argument("--new-tokens", type=int, help="timed decode steps (default 64)" + _OWN_DEFAULT)
+    decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_graph (default: all)" + _OWN_DEFAULT)
+    decode.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16)" + _OWN_DEFAULT)
+    decode.add_argument("--budget-s", type=float,
+                        help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
+
+
+def _command(args) -> str:
+    """The command line that made the results (from sys.argv when run from a shell)."""
+    if sys.argv[1:3] == ["bench", args.bench]:
+        return "cyb " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    parts = ["cyb", "bench", args.bench]
+    for key, value in sorted(vars(args).items()):
+        if key in ("command", "bench") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif key == "cases":
+            parts += [x for v, b in value for x in ("--case", f"{v}:{b}")]
+        elif isinstance(value, (list, tuple)):
+            parts += [flag, *map(str, value)]
+        else:
+            parts += [flag, str(value)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _given(args, names: dict) -> dict:
+    """Config fields for the options given on the command line (``names``: option -> field)."""
+    out = {}
+    for opt, fieldname in names.items():
+        value = getattr(args, opt, None)
+        if value is not None:
+            out[fieldname] = tuple(value) if isinstance(value, list) and fieldname != "cases" else value
+    return out
+
+
+def _loss_argv(args) -> list[str]:
+    argv = []
+    if args.quick:
+        from ..bench.loss import QUICK_ARGS
+
+        argv += QUICK_ARGS
+    elif args.device:
+        argv += ["--device", args.device]
+    for opt in ("vocab", "positions", "methods", "hidden", "num_steps", "dtype", "repeats",
+                "chunk_blocks"):
+        value = getattr(args, opt)
+        if value is None:
+            continue
+        flag = "--" + opt.replace("_", "-")
+        argv += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+    if args.skip_check:
+        argv.append("--skip-check")
+    return argv
+
+
+def run(args) -> int:
+    if args.bench is None:
+        print("cyb bench: choose what to benchmark: loss, train or decode (see cyb bench --help)",
+              file=sys.stderr)
+        return 2
+    from ..bench.tables import table_for
+    from ..bench.targets import format_check, targets_for
+    from ..bench.timing import write_json
+
+    command = _command(args)
+    if args.bench == "loss":
+        from ..bench import loss
+
+        result = loss.run(_loss_argv(args), out=args.out, command=command)
+    elif args.bench == "train":
+        from ..bench import train_step
+
+        kw = _given(args, {"cases": "cases", "variants": "variants", "modes": "modes",
+                           "precision": "precision", "real_tokens": "real_tokens",
+                           "num_steps": "num_steps", "repeats": "repeats", "warmup": "warmup",
+                           "compile_warmup": "compile_warmup", "budget_s": "budget_s",
+                           "device": "device"})
+        cfg = (train_step.TrainBenchConfig.quick(**kw) if args.quick
+               else train_step.TrainBenchConfig(**kw))
+        result = train_step.run(cfg, out=args.out)
+    else:
+        from ..bench import decode
+
+        kw = _given(args, {"batches": "batches", "num_steps": "num_steps", "vocab": "vocab",
+                           "prompt_len": "prompt_len", "new_tokens": "new_tokens",
+                           "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
+                           "device": "device"})
+        cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
+        result = decode.run(cfg, out=args.out)
+    result["command"] = command
+    checks = targets_for(result)
+    if checks:
+        result["targets"] = checks
+    write_json(args.out, result)
+    if args.bench != "loss":  # the loss script prints its own table
+        print()
+        print(table_for(result))
+    for c in checks:
+        print(format_check(c))
+    if args.out:
+        print(f"\nwrote {args.out}")
+    return 0

@@ -1,0 +1,462 @@
+"""lm-evaluation-harness model ``cyb``: downstream tasks scored with pauses and the CYB readout.
+
+::
+
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from cyb.integrations.lm_eval import tasks_dir   # importing registers the model "cyb"
+
+    results = lm_eval.simple_evaluate(
+        model="cyb", model_args="pretrained=runs/cyb/final,device=cuda,batch_size=8",
+        tasks=["hellaswag_local"],
+        task_manager=TaskManager(include_path=str(tasks_dir()), metadata={"data_dir": "/data/eval"}))
+
+or on the command line ``python -m cyb.integrations.lm_eval --model cyb --model_args ...`` (the
+``lm_eval`` command's arguments; this entry point only registers the model first).
+
+Every request runs Recipe 1: ``M-1`` pauses after every real token of the context and of the
+continuation (the paper's downstream evaluation inserts pauses in prompt and response).
+
+* ``loglikelihood``: the sum over continuation tokens of each token's log-likelihood under the
+  model's readout (:func:`token_log_likelihood`): for models with dk the CYB marginal
+  ``log sum_i Pr(S=i | d) t_i`` (``omega`` one-hot on ``M``, ``gamma = 1``); without dk the
+  log-probability at the last step (TBYS), which for ``M = 1`` is plain log-softmax (baseline).
+  ``is_greedy``: the greedy sequential readout (:func:`cyb.decision.greedy_decision`) picks every
+  continuation token.
+* ``loglikelihood_rolling``: the same summed over disjoint windows of ``max_length`` tokens.
+* ``generate_until``: :func:`cyb.generate.generate`, greedy sequential readout including dk
+  (fixed mode by default), with the request's stop strings and ``max_gen_toks``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from ..decision import greedy_decision
+from ..layout import collapse, expand
+from ..losses import cyb_loss
+from ..model import PauseModel
+from ..model import hf as _hf
+from ..readout import readout
+from .tasks import DATA_ENV, tasks_dir
+
+__all__ = ["CybLM", "DATA_ENV", "MODES", "main", "tasks_dir", "token_log_likelihood"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("fixed", "adaptive")
+DEFAULT_MAX_LENGTH = 2048
+_LOGITS_PER_CHUNK = 1 << 24  # logits held at once when scoring continuation blocks
+_GEN_OPTIONS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p"}
+
+
+def token_log_likelihood(log_t: torch.Tensor, log_d: torch.Tensor, log_not_d: torch.Tensor,
+                         *, has_dk: bool) -> torch.Tensor:
+    """Log-likelihood of each real token's target under the model's readout.
+
+    Args:
+        log_t, log_d, log_not_d: ``[..., M]`` per-step readout (:func:`cyb.readout.readout`).
+        has_dk: the model has a dk output.
+
+    Returns:
+        ``[...]`` (float32, or float64 for float64 input): ``-cyb_loss`` with ``omega`` one-hot
+        on ``M`` and ``gamma = 1`` (``log sum_i Pr(S=i | d) t_i``) with dk; else ``log t_M``
+        (TBYS reads out at the last step; with ``M = 1`` plain log-softmax).
+    """
+    if has_dk:
+        return -cyb_loss(log_t, log_d, log_not_d)
+    return log_t[..., -1]
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class _Codec:
+    """Text <-> ids for a Hugging Face tokenizer or a :class:`cyb.data.synthetic.CharTokenizer`."""
+
+    def __init__(self, tokenizer, add_bos_token: bool | None) -> None:
+        self.tokenizer = tokenizer
+        self.is_hf = hasattr(tokenizer, "convert_ids_to_tokens")
+        if self.is_hf:
+            self.bos = tokenizer.bos_token_id
+            self.eos = tokenizer.eos_token_id
+        else:
+            self.bos = getattr(tokenizer, "bos_id", None)
+            self.eos = getattr(tokenizer, "eos_id", None)
+        if add_bos_token is None:  # do what the tokenizer does by default (Gemma, Llama: BOS)
+            add_bos_token = False
+            if self.is_hf and self.bos is not None:
+                ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+                add_bos_token = bool(ids) and ids[0] == self.bos
+        if add_bos_token and self.bos is None:
+            raise ValueError("add_bos_token=True but the tokenizer has no BOS token")
+        self.add_bos = bool(add_bos_token)
+        self.prefix = self.bos if self.bos is not None else self.eos
+        if self.prefix is None:
+            raise ValueError("the tokenizer has neither a BOS nor an EOS token to start an empty context")
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` without special tokens added."""
+        if self.is_hf:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer.encode(text))
+
+    def context(self, text: str) -> list[int]:
+        """Ids of a context: BOS first when ``add_bos``; never empty (the prefix token)."""
+        ids = self.encode(text) if text else []
+        if self.add_bos or not ids:
+            ids = [self.prefix] + ids
+        return ids
+
+    def pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """``(context ids, continuation ids)``; spaces ending the context move to the continuation
+        and the continuation's ids are those of the whole text after the context's (so a word
+        boundary tokenises as it would in running text)."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            continuation = context[-n_spaces:] + continuation
+            context = context[:-n_spaces]
+        if not context:
+            return self.context(""), self.encode(continuation)
+        ctx = self.encode(context)
+        whole = self.encode(context + continuation)
+        cont = whole[len(ctx):]
+        return ([self.prefix] + ctx) if self.add_bos else ctx, cont
+
+
+@register_model("cyb")
+class CybLM(LM):
+    """A :class:`cyb.PauseModel` as an lm-evaluation-harness model (registered as ``cyb``).
+
+    Args (``model_args``; strings from the command line are converted):
+        pretrained: folder or hub name of a saved pause model, or a ``PauseModel`` (moved to
+            ``device`` and put in eval mode).
+        device: ``cpu``, ``cuda``, ``cuda:1``... (default: ``cuda`` when available).
+        batch_size: requests per forward (>= 1).
+        max_batch_size: accepted for the harness's interface; unused.
+        mode: ``fixed`` (every token gets its ``M-1`` pauses; the paper's inference) or
+            ``adaptive`` (a pause only after dk) for ``generate_until``; log-likelihoods
+            always use the fixed layout.
+        dtype: parameter dtype when loading (``float32``, ``bfloat16``, ``float16``, ``auto``).
+        max_length: real tokens per sequence; longer contexts are cut from the left (default:
+            the model's ``max_position_embeddings``, ``// M`` with the ``advance`` position
+            scheme, or 2048 when the config has none).
+        max_gen_toks: default ``max_gen_toks`` of ``generate_until`` requests.
+        add_bos_token: put BOS before every context (default: as the tokenizer does).
+        num_steps: ``M`` for a plain Hugging Face model without ``cyb_pause.json``.
+        attn_implementation: ``sdpa`` or ``eager``.
+        seed: seed of the sampler when a request asks for sampling.
+    """
+
+    def __init__(self, pretrained, device: str | None = None, batch_size=8, max_batch_size=None,
+                 mode: str = "fixed", dtype: str | None = None, max_length: int | None = None,
+                 max_gen_toks: int = 256, add_bos_token: bool | None = None,
+                 num_steps: int | None = None, attn_implementation: str | None = None,
+                 seed: int = 1234) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(batch_size, str) and batch_size.startswith("auto"):
+            raise ValueError("batch_size='auto' is not supported by the cyb model; give an integer >= 1")
+        self._batch_size = _positive_int("batch_size", batch_size)
+        self._max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
+        self._mode = mode
+        self._seed = int(seed)
+        if isinstance(pretrained, PauseModel):
+            given = [n for n, v in (("dtype", dtype), ("num_steps", num_steps),
+                                    ("attn_implementation", attn_implementation)) if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply when loading a folder; pretrained is "
+                                 "already a PauseModel")
+            model = pretrained
+        elif isinstance(pretrained, (str, os.PathLike)):
+            model = PauseModel.from_pretrained(pretrained, num_steps=num_steps, torch_dtype=dtype,
+                                               attn_implementation=attn_implementation)
+        else:
+            raise TypeError(f"pretrained must be a model folder, a hub name or a PauseModel, got "
+                            f"{type(pretrained).__name__}")
+        if model.tokenizer is None:
+            raise ValueError(f"pretrained={pretrained!s} has no tokenizer saved with it; the harness "
+                             "sends text")
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._model = model.to(self._device).eval()
+        self._codec = _Codec(model.tokenizer, add_bos_token)
+        limit = self._position_limit()
+        if max_length is None:
+            max_length = limit if limit is not None else DEFAULT_MAX_LENGTH
+        self._max_length = _positive_int("max_length", max_length, minimum=2)
+        if limit is not None and self._max_length > limit:
+            raise ValueError(f"max_length={self._max_length} real tokens exceeds what the model's "
+                             f"positions allow ({limit})")
+        self._warned: set[str] = set()
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "CybLM":
+        """Build from ``model_args``; the harness's own ``batch_size``/``device`` (the command
+        line always sends its defaults) fill in only what ``model_args`` leaves out."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "CybLM":
+        """Build from ``"pretrained=DIR,device=cpu,batch_size=8"`` (see :meth:`create_from_arg_obj`)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def model(self) -> PauseModel:
+        return self._model
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def max_length(self) -> int:
+        """Real tokens per scored sequence (each takes ``M`` positions in the network)."""
+        return self._max_length
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    @property
+    def prefix_token_id(self) -> int:
+        """The token that stands for an empty context (BOS, else EOS)."""
+        return self._codec.prefix
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self._model.tokenizer, "name_or_path", type(self._model.tokenizer).__name__))
+
+    @property
+    def has_dk(self) -> bool:
+        return self._model.settings.dk_id is not None
+
+    @property
+    def readout_name(self) -> str:
+        """How a token's log-likelihood is read out (recorded in the results' config)."""
+        if self.has_dk:
+            return "CYB marginal log sum_i Pr(S=i|d) t_i (omega one-hot on M, gamma = 1)"
+        if self._model.num_steps > 1:
+            return "log-probability at the last step (TBYS)"
+        return "log-softmax (no pauses)"
+
+    def get_model_info(self) -> dict:
+        """What the harness records in ``results["config"]``."""
+        s = self._model.settings
+        return {
+            "model_num_parameters": self._model.num_parameters(),
+            "model_dtype": str(self._model.dtype),
+            "cyb": {
+                "method": s.method, "num_steps": s.num_steps, "dk_id": s.dk_id, "psi_dk": s.psi_dk,
+                "position_scheme": s.position_scheme, "generation_mode": self._mode,
+                "loglikelihood_readout": self.readout_name, "max_length": self._max_length,
+                "add_bos_token": self._codec.add_bos,
+            },
+        }
+
+    def _position_limit(self) -> int | None:
+        limit = getattr(_hf.text_config(self._model.config), "max_position_embeddings", None)
+        if not isinstance(limit, int):
+            return None
+        if self._model.settings.position_scheme == "advance":
+            return limit // self._model.num_steps
+        return limit
+
+    # ------------------------------------------------------------------ log-likelihood
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """``(log-likelihood of the continuation, is_greedy)`` per ``(context, continuation)``."""
+        pairs = [self._codec.pair(*req.args[:2]) for req in requests]
+        results = self._loglikelihood_tokens(pairs, "loglikelihood", disable_tqdm)
+        for req, res in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood", req.args, res)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of each whole text, scored on disjoint windows of ``max_length`` tokens
+        (the first conditioned on the prefix token, the others on the window before)."""
+        windows, owners = [], []
+        for r, req in enumerate(requests):
+            tokens = self._codec.encode(req.args[0])
+            rolling = get_rolling_token_windows(token_list=tokens, prefix_token=self.prefix_token_id,
+                                                max_seq_len=self._max_length, context_len=1)
+            for window in map(make_disjoint_window, rolling):
+                windows.append(window)
+                owners.append(r)
+        scores = self._loglikelihood_tokens(windows, "loglikelihood_rolling", disable_tqdm)
+        totals = [0.0] * len(requests)
+        for owner, (ll, _) in zip(owners, scores):
+            totals[owner] += ll
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    def _loglikelihood_tokens(self, pairs: Sequence[tuple[list[int], list[int]]], desc: str,
+                              disable_tqdm: bool) -> list[tuple[float, bool]]:
+        """Score ``(context ids, continuation ids)`` pairs in batches, longest first."""
+        for ctx, cont in pairs:
+            if not ctx:
+                raise ValueError("a context must hold at least one token (the prefix token)")
+            if len(cont) > self._max_length:
+                raise ValueError(f"a continuation of {len(cont)} tokens does not fit max_length="
+                                 f"{self._max_length}")
+        order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+        out: list[tuple[float, bool] | None] = [None] * len(pairs)
+        bar = tqdm(total=len(pairs), desc=f"cyb {desc}", disable=disable_tqdm or self.rank != 0)
+        for start in range(0, len(order), self._batch_size):
+            batch = order[start:start + self._batch_size]
+            for i, res in zip(batch, self._score_batch([pairs[i] for i in batch])):
+                out[i] = res
+            bar.update(len(batch))
+        bar.close()
+        return out  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _score_batch(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """One forward of the batch (left-padded, Recipe 1 layout), then each row's continuation
+        blocks read out: the block of token ``k`` predicts token ``k+1``."""
+        results = [(0.0, True)] * len(pairs)
+        live = [j for j, (_, cont) in enumerate(pairs) if cont]
+        if not live:
+            return results
+        inputs = [(pairs[j][0] + pairs[j][1])[-(self._max_length + 1):][:-1] for j in live]
+        length = max(len(x) for x in inputs)
+        ids = torch.zeros((len(live), length), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, row in enumerate(inputs):
+            ids[r, length - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[r, length - len(row):] = 1
+        model = self._model
+        layout = expand(ids.to(self._device), model.vocab, attention_mask=mask.to(self._device))
+        hidden, _ = model.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask)
+        blocks = collapse(hidden, model.num_steps)  # [B, L, M, H]
+        for r, j in enumerate(live):
+            cont = pairs[j][1]
+            target = torch.tensor(cont, dtype=torch.long, device=self._device)
+            results[j] = self._score_blocks(blocks[r, length - len(cont):], target)
+        return results
+
+    def _score_blocks(self, blocks: torch.Tensor, target: torch.Tensor) -> tuple[float, bool]:
+        """``(sum of token log-likelihoods, greedy readout gives every target)`` for hidden states
+        ``blocks [C, M, H]`` and targets ``[C]``; logits are made a chunk of blocks at a time."""
+        model = self._model
+        m, vocab_size = model.num_steps, model.vocab.vocab_size
+        dk_id, dk_bias = model.settings.dk_id, model.dk_bias
+        step = max(1, _LOGITS_PER_CHUNK // (m * vocab_size))
+        total = torch.zeros((), dtype=torch.float64, device=blocks.device)
+        greedy = torch.ones((), dtype=torch.bool, device=blocks.device)
+        for s in range(0, blocks.shape[0], step):
+            logits = model.logits(blocks[s:s + step])  # [n, M, V]
+            tgt = target[s:s + step]
+            log_t, log_d, log_not_d = readout(logits, tgt.unsqueeze(-1).expand(-1, m),
+                                              dk_id=dk_id, dk_bias=dk_bias)
+            ll = token_log_likelihood(log_t, log_d, log_not_d, has_dk=dk_id is not None)
+            total += ll.double().sum()
+            token, _ = greedy_decision(logits, dk_id=dk_id, dk_bias=dk_bias)
+            greedy &= (token == tgt).all()
+        return float(total), bool(greedy)
+
+    # ------------------------------------------------------------------ generation
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Continuation text of each ``(context, gen_kwargs)``, cut before the first stop string
+        of ``until``; at most ``max_gen_toks`` tokens; EOS ends it too."""
+        from ..generate import generate
+
+        prepared = []
+        for req in requests:
+            context, gen_kwargs = req.args[0], req.args[1]
+            options = self._generation_options(gen_kwargs)
+            budget = self._max_length - options["max_new_tokens"]
+            if budget < 1:
+                raise ValueError(f"max_gen_toks={options['max_new_tokens']} leaves no room for the "
+                                 f"context within max_length={self._max_length}")
+            ids = self._codec.context(context)[-budget:]
+            prepared.append((ids, options))
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, (_, options) in enumerate(prepared):
+            groups[tuple(sorted(options.items()))].append(i)
+        out: list[str | None] = [None] * len(requests)
+        bar = tqdm(total=len(requests), desc="cyb generate_until", disable=disable_tqdm or self.rank != 0)
+        for members in groups.values():
+            members.sort(key=lambda i: -len(prepared[i][0]))
+            options = prepared[members[0]][1]
+            for start in range(0, len(members), self._batch_size):
+                batch = members[start:start + self._batch_size]
+                results = generate(self._model, [prepared[i][0] for i in batch], mode=self._mode,
+                                   seed=self._seed, **options)
+                for i, res in zip(batch, results):
+                    out[i] = res.text or ""
+                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+                bar.update(len(batch))
+        bar.close()
+        return out  # type: ignore[return-value]
+
+    def _generation_options(self, gen_kwargs) -> dict:
+        """A request's ``gen_kwargs`` as :class:`cyb.generate.GenerationConfig` fields."""
+        kwargs = dict(gen_kwargs or {})
+        until = kwargs.get("until")
+        if until is None:
+            until = []
+        elif isinstance(until, str):
+            until = [until]
+        elif not isinstance(until, (list, tuple)):
+            raise ValueError(f"gen_kwargs['until'] must be a string or a list of strings, got {until!r}")
+        max_new = kwargs.get("max_gen_toks", kwargs.get("max_new_tokens", self._max_gen_toks))
+        temperature = kwargs.get("temperature")
+        sample = bool(kwargs.get("do_sample", False)) and (temperature is None or float(temperature) > 0)
+        options = {"stop": tuple(s for s in until if s),
+                   "max_new_tokens": _positive_int("max_gen_toks", max_new),
+                   "sample": sample}
+        if sample:
+            options["temperature"] = 1.0 if temperature is None else float(temperature)
+            if kwargs.get("top_k") is not None:
+                options["top_k"] = int(kwargs["top_k"])
+            if kwargs.get("top_p") is not None:
+                options["top_p"] = float(kwargs["top_p"])
+        ignored = sorted(set(kwargs) - _GEN_OPTIONS - self._warned)
+        if ignored:
+            self._warned.update(ignored)
+            log.warning("cyb model: generation options %s are not supported and are ignored", ignored)
+        return options
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m cyb.integrations.lm_eval ARGS``: the ``lm_eval`` command line (same arguments)
+    with the ``cyb`` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    # Importing this module by its package name later must not register the model twice.
+    sys.modules.setdefault("cyb.integrations.lm_eval", sys.modules[__name__])
+    main()
