@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (if needed) and installs cyb with its test dependencies into it.
+# Creates .venv (if needed) and installs cyb into it, with the extras in CYB_EXTRAS (default: test).
 # CPU machines get the CPU build of torch 2.13.0; machines with an NVIDIA driver get a CUDA build.
 # Override the torch requirement with CYB_TORCH (e.g. CYB_TORCH="torch==2.13.0+cpu") and add an
 # index with PIP_EXTRA_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu) where needed.
@@ -10,7 +10,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-stamp=.venv/.cyb-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
+extras=${CYB_EXTRAS:-test}
+stamp=.venv/.cyb-setup-$( (cat pyproject.toml scripts/setup.sh; echo "$extras") | sha1sum | cut -c1-12)
 if [ -f "$stamp" ]; then
   exit 0
 fi
@@ -26,8 +27,8 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   echo "setup: installing $spec into .venv"
   "$VPY" -m pip install -q "$spec"
 fi
-echo "setup: installing cyb (editable) and its test dependencies into .venv"
-"$VPY" -m pip install -q -e ".[test]"
+echo "setup: installing cyb (editable) with extras [$extras] into .venv"
+"$VPY" -m pip install -q -e ".[$extras]"
 # Triton runs the fused-readout kernels on CPU tensors under TRITON_INTERPRET=1 (tests); CUDA
 # builds of torch bring their own matching triton.
 if ! "$VPY" -c "import triton" >/dev/null 2>&1; then
