@@ -1,0 +1,477 @@
+"""The embedded demo: no-pause baseline, TBYS and CYB trained alike on a synthetic task.
+
+:func:`run_demo` trains each method with :func:`cyb.train.train` on the same data, the same
+number of optimiser steps and the same ``M``, scores greedy answers on held-out test examples
+(:func:`score_model`), prints a comparison table and writes a report folder::
+
+    out_dir/
+      metrics.json     per method: accuracy, perplexity, steps per answer token, timings
+      settings.json    the demo settings and the exact RunConfig of every run
+      table.md         the comparison table (Markdown)
+      latency.png      mean E[S] per answer position: CYB against TBYS's fixed M and baseline
+      examples.html    test answers shaded by CYB's expected pauses (white 0 .. dark blue M-1)
+      runs/<method>/   each training run (metrics.jsonl, config.yaml, final/ PauseModel, ...)
+
+Accuracy is measured under teacher forcing with the greedy sequential readout of each answer
+token's block of ``M`` steps (:func:`cyb.decision.greedy_decision`: dk included for CYB, step
+``M`` for TBYS, ``M = 1`` for the baseline).  While the prefix is correct this is exactly what
+greedy generation emits, so an answer is exact under teacher forcing if and only if free greedy
+decoding produces it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+DEMO_METHODS = ("baseline", "tbys", "cyb")
+
+#: Task sizes per task name; the default task and size are where pauses paid off in the
+#: measurements of docs/demo.md (a 3-digit by 1-digit product: the 1-digit operand comes last,
+#: so no prompt position can precompute the partial products; pauses add positions that can).
+TASK_PRESETS: dict[str, dict] = {
+    "multiplication": {"digits": 3, "digits_b": 1},
+    "addition": {"digits": 3},
+    "3sum": {"n": 6, "d": 2},
+    "parity": {"length": 8},
+    "lookup": {"hops": 2, "distractor_chains": 2},
+}
+DEFAULT_TASK = "multiplication"
+
+#: What ``--quick`` changes: a run of seconds that exercises every piece (not a result).
+QUICK = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "train_steps": 30, "batch_size": 16,
+         "warmup_steps": 5, "num_train_examples": 512, "num_test_examples": 64, "num_examples_shown": 8}
+
+
+@dataclass
+class DemoSettings:
+    """Everything a demo run depends on (saved as ``settings.json``)."""
+
+    task: str = DEFAULT_TASK
+    """Synthetic task name (see ``cyb.data.synthetic.TASKS``)."""
+    task_kwargs: dict = field(default_factory=lambda: dict(TASK_PRESETS[DEFAULT_TASK]))
+    """Task size parameters, e.g. {digits: 3, digits_b: 1}."""
+    methods: list = field(default_factory=lambda: list(DEMO_METHODS))
+    """Methods to train and compare, from baseline, tbys, cyb."""
+    num_steps: int = 4
+    """M: steps per real token for TBYS and CYB (the baseline uses 1)."""
+    hidden_size: int = 64
+    """Model width (a from-scratch Llama)."""
+    num_layers: int = 2
+    """Transformer blocks."""
+    num_heads: int = 2
+    """Attention heads."""
+    arch: str = "llama"
+    """Model family of the from-scratch model."""
+    train_steps: int = 1500
+    """Optimiser steps, the same for every method."""
+    batch_size: int = 64
+    """Examples per optimiser step."""
+    lr: float = 3e-3
+    """Peak learning rate (linear warmup, cosine decay)."""
+    warmup_steps: int = 50
+    """Linear warmup steps."""
+    psi_dk: float = 0.9
+    """CYB's dk prior probability psi'_dk."""
+    gamma0: float | None = None
+    """CYB's discount gamma_i = gamma0^(i-1) (None: no discount)."""
+    num_train_examples: int = 20000
+    """Training examples drawn (disjoint from the test prompts)."""
+    num_test_examples: int = 1000
+    """Held-out examples scored."""
+    seed: int = 0
+    """Seed of model init, data draw and order."""
+    device: str = "auto"
+    """auto (GPU if present), cpu or cuda."""
+    out_dir: str = "runs/demo"
+    """Report folder; the training runs go to out_dir/runs/<method>."""
+    num_examples_shown: int = 24
+    """Test examples shaded in examples.html."""
+    progress: bool = True
+    """Progress bars while training."""
+
+    def validate(self) -> "DemoSettings":
+        from .data.synthetic import make_task
+
+        make_task(self.task, **self.task_kwargs)  # raises on an unknown task or a bad size
+        if not self.methods:
+            raise ValueError("methods: give at least one of " + ", ".join(DEMO_METHODS))
+        bad = [m for m in self.methods if m not in DEMO_METHODS]
+        if bad or len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods must be distinct names from {DEMO_METHODS}, got {self.methods}")
+        for name in ("num_steps", "hidden_size", "num_layers", "num_heads", "train_steps",
+                     "batch_size", "num_train_examples", "num_test_examples"):
+            if getattr(self, name) < (2 if name == "num_steps" else 1):
+                raise ValueError(f"{name} must be >= {2 if name == 'num_steps' else 1}, "
+                                 f"got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 < self.psi_dk < 1.0:
+            raise ValueError(f"psi_dk must lie in (0, 1), got {self.psi_dk}")
+        if self.gamma0 is not None and not 0.0 < self.gamma0 <= 1.0:
+            raise ValueError(f"gamma0 must lie in (0, 1] or be None, got {self.gamma0}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DemoSettings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown demo setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def demo_settings(task: str | None = None, *, quick: bool = False, config: str | Path | None = None,
+                  **overrides) -> DemoSettings:
+    """The demo's settings: defaults, then a YAML ``config``, the ``task`` preset, ``--quick``,
+    then explicit ``overrides`` (fields of :class:`DemoSettings`; None values are ignored)."""
+    data: dict = {}
+    if config is not None:
+        import yaml
+
+        path = Path(config)
+        if not path.is_file():
+            raise FileNotFoundError(f"demo config not found: {path}")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of demo settings")
+    if task is not None:
+        from .data.synthetic import TASKS
+
+        if task not in TASKS:
+            raise ValueError(f"--task must be one of {sorted(TASKS)}, got {task!r}")
+        data["task"] = task
+        data["task_kwargs"] = dict(TASK_PRESETS.get(task, {}))
+    if quick:
+        data.update(QUICK)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return DemoSettings.from_dict(data).validate()
+
+
+def run_config(s: DemoSettings, method: str):
+    """The :class:`~cyb.config.RunConfig` that trains ``method`` for the demo.
+
+    The model fields describe the from-scratch architecture; :func:`run_demo` points
+    ``model.name_or_path`` at the shared initial weights (:func:`write_initial_models`).
+    """
+    from .config import RunConfig
+
+    run_dir = Path(s.out_dir) / "runs" / method
+    me = {"name": method, "num_steps": s.num_steps, "psi_dk": s.psi_dk}
+    if method == "cyb" and s.gamma0 is not None:
+        me["gamma0"] = s.gamma0
+    return RunConfig.from_dict({
+        "model": {"arch": s.arch, "hidden_size": s.hidden_size, "num_layers": s.num_layers,
+                  "num_heads": s.num_heads, "max_position_embeddings": 1024},
+        "method": me,
+        "data": {"task": s.task, "task_kwargs": dict(s.task_kwargs),
+                 "num_train_examples": s.num_train_examples,
+                 "num_valid_examples": s.num_test_examples},
+        "optim": {"lr": s.lr, "warmup_steps": min(s.warmup_steps, s.train_steps - 1)},
+        "train": {"out_dir": str(run_dir), "steps": s.train_steps, "batch_size": s.batch_size,
+                  "seed": s.seed, "device": s.device, "eval_every": 0, "eval_batches": 2,
+                  "save_every": 0, "keep_last": 1, "log_every": max(1, s.train_steps // 50),
+                  "resume": False, "progress": s.progress},
+    }).validate()
+
+
+def write_initial_models(s: DemoSettings, directory: Path) -> dict[str, Path]:
+    """Save one randomly initialised model per method, all with the same weights.
+
+    One from-scratch Hugging Face model is drawn (seeded by ``s.seed``) with rows for the
+    characters, the ``M-1`` pauses and ``<don't know>``, every row drawn by the model's own
+    initialiser.  Each method wraps it with its own pause settings (the baseline and TBYS
+    simply never use the rows they do not need) and saves it under ``directory/<method>``.
+    So the three runs differ only in the method, not in their starting point, and the pause
+    ids start as distinct random vectors: identical pause embeddings (e.g. all set to one
+    mean) leave the ``M-1`` pauses of a block computing the same thing until training
+    separates them, which slows a from-scratch model badly.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from .build import hf_config_for
+    from .data.synthetic import CharTokenizer
+    from .model import PauseModel, PauseSettings
+
+    tokenizer = CharTokenizer().to_hf()
+    first = len(tokenizer)
+    m = s.num_steps
+    pause_ids = tuple(range(first, first + m - 1))
+    dk_id = first + m - 1
+    rows = first + m
+    hf_config = hf_config_for(run_config(s, "cyb"), rows, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(s.seed)
+        hf_model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+    paths = {}
+    for method in s.methods:
+        pauses = method != "baseline"
+        settings = PauseSettings(
+            num_steps=m if pauses else 1, pause_ids=pause_ids if pauses else (), vocab_size=rows,
+            dk_id=dk_id if method == "cyb" else None,
+            psi_dk=s.psi_dk if method == "cyb" else None, position_scheme="shared", method=method)
+        paths[method] = PauseModel(hf_model, settings).save_pretrained(directory / method)
+    return paths
+
+
+# ------------------------------------------------------------------------------- scoring
+
+
+def _answer_aligned(x: torch.Tensor, fill) -> torch.Tensor:
+    """``[N, L]`` per-block values moved to the column of the token each block predicts."""
+    out = torch.full_like(x, fill)
+    out[:, 1:] = x[:, :-1]
+    return out
+
+
+@torch.no_grad()
+def score_model(model, dataset, *, batch_size: int = 256) -> dict:
+    """Greedy answers of ``model`` (a :class:`~cyb.model.PauseModel`) on ``dataset``.
+
+    ``dataset`` is a :class:`~cyb.data.synthetic.SyntheticDataset`; its scored tokens are the
+    answer characters and ``<eos>`` (``loss_mask``).  Returns a dict of Python numbers/lists:
+
+    * ``exact_match``: fraction of examples whose whole answer (and ``<eos>``) is right.
+    * ``token_accuracy``: fraction of answer tokens right.
+    * ``ppl``: exp of the mean per-answer-token loss (CYB with gamma=1 and its own stopping,
+      TBYS cross-entropy at step M, baseline plain cross-entropy).
+    * ``mean_steps``: mean ``E[S]`` per answer token (1..M; M for TBYS, 1 for the baseline).
+    * ``greedy_steps``: mean steps the greedy decision used per answer token.
+    * ``per_position_accuracy``, ``per_position_steps``: by answer position (``<eos>`` last).
+    * ``expected_steps``: ``[N, L]`` float tensor of ``E[S]`` aligned with ``dataset.ids``
+      (0 where nothing is scored), and ``predictions``: ``[N, L]`` long greedy ids, aligned.
+    """
+    from .decision import greedy_decision
+    from .losses import cross_entropy_loss, cyb_loss, expected_stop_step
+
+    was_training = model.training
+    model.eval()
+    device = model.device
+    dk_id = model.settings.dk_id
+    preds, greedy, expected, nll = [], [], [], []
+    for batch in dataset.batches(batch_size, device=device):
+        out = model(batch["ids"], batch["attention_mask"], batch["loss_mask"], return_logits=True)
+        token, steps = greedy_decision(out.logits, dk_id=dk_id, dk_bias=model.dk_bias)
+        if dk_id is not None:
+            e_s = expected_stop_step(out.log_d, out.log_not_d)
+            loss = cyb_loss(out.log_t, out.log_d, out.log_not_d)
+        else:
+            e_s = torch.full(token.shape, float(model.num_steps), device=device)
+            loss = cross_entropy_loss(out.log_t[..., -1])
+        preds.append(_answer_aligned(token, -1).cpu())
+        greedy.append(_answer_aligned(steps.float(), 0.0).cpu())
+        expected.append(_answer_aligned(e_s.float(), 0.0).cpu())
+        nll.append(_answer_aligned(loss.float(), 0.0).cpu())
+    model.train(was_training)
+
+    pred = torch.cat(preds)
+    mask = dataset.loss_mask.bool()
+    hit = (pred == dataset.ids) & mask
+    position = mask.long().cumsum(1) - 1  # k-th scored token of its row
+    width = int(position[mask].max()) + 1
+    count = torch.bincount(position[mask], minlength=width).clamp(min=1).double()
+
+    def by_position(values: torch.Tensor) -> list:
+        sums = torch.zeros(width, dtype=torch.float64).index_add_(0, position[mask], values[mask].double())
+        return (sums / count).tolist()
+
+    e_s = torch.cat(expected)
+    return {
+        "exact_match": float((hit.sum(1) == mask.sum(1)).double().mean()),
+        "token_accuracy": float(hit.sum()) / float(mask.sum()),
+        "ppl": math.exp(min(float(torch.cat(nll)[mask].double().mean()), 50.0)),
+        "mean_steps": float(e_s[mask].double().mean()),
+        "greedy_steps": float(torch.cat(greedy)[mask].double().mean()),
+        "per_position_accuracy": by_position(hit.double()),
+        "per_position_steps": by_position(e_s),
+        "expected_steps": e_s.masked_fill(~mask, 0.0),
+        "predictions": pred,
+    }
+
+
+# ------------------------------------------------------------------------------ pipeline
+
+
+def _quiet_transformers() -> None:
+    """No weight-loading/saving bars from transformers inside the demo's own bars."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - very old transformers
+        pass
+
+
+def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
+    """Train, score and report every method of ``s``; returns the metrics written to
+    ``metrics.json`` (``{"methods": {name: {...}}, "total_seconds": ..., ...}``)."""
+    from .build import synthetic_sets
+    from .model import PauseModel
+    from .train import train
+
+    s.validate()
+    _quiet_transformers()
+    out = Path(s.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from .data.synthetic import make_task
+
+    task = make_task(s.task, **s.task_kwargs)
+    echo(f"cyb demo: {task.describe()}")
+    echo(f"model: {s.arch}, hidden {s.hidden_size}, {s.num_layers} layer(s), {s.num_heads} head(s); "
+         f"M = {s.num_steps}; {s.train_steps} steps of {s.batch_size} examples per method")
+    start = time.perf_counter()
+    initial = write_initial_models(s, out / "init")
+    results: dict = {}
+    details: dict = {}
+    configs = {}
+    test = None
+    for i, method in enumerate(s.methods, 1):
+        cfg = run_config(s, method)
+        cfg.model.name_or_path = str(initial[method])
+        configs[method] = cfg.to_dict()
+        echo(f"[{i}/{len(s.methods)}] training {method}")
+        t0 = time.perf_counter()
+        train(cfg)
+        train_s = time.perf_counter() - t0
+        model = PauseModel.from_pretrained(Path(cfg.train.out_dir) / "final")
+        if s.device != "cpu" and torch.cuda.is_available():
+            model = model.to("cuda")
+        if test is None:
+            _, test = synthetic_sets(cfg)
+        score = score_model(model, test)
+        details[method] = {k: score.pop(k) for k in ("expected_steps", "predictions")}
+        results[method] = {**score, "train_seconds": train_s,
+                           "num_parameters": model.num_parameters(),
+                           "num_steps": model.num_steps, "run_dir": cfg.train.out_dir}
+        echo(f"    {method}: exact match {score['exact_match']:.1%}, token accuracy "
+             f"{score['token_accuracy']:.1%}, steps/token {score['mean_steps']:.2f} "
+             f"({train_s:.0f} s)")
+    metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),
+               "num_test_examples": len(test), "methods": results,
+               "total_seconds": time.perf_counter() - start}
+    write_report(out, s, metrics, configs, test, details)
+    echo("")
+    echo(format_table(metrics))
+    echo(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
+         f"total {metrics['total_seconds']:.0f} s")
+    return metrics
+
+
+# ------------------------------------------------------------------------------- output
+
+
+def format_table(metrics: dict) -> str:
+    """The comparison table (Markdown) of a :func:`run_demo` result."""
+    rows = ["| method | M | exact match | token accuracy | answer ppl | mean steps/token E[S] "
+            "| greedy steps/token | train s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in metrics["methods"].items():
+        rows.append(f"| {name} | {r['num_steps']} | {r['exact_match']:.1%} | {r['token_accuracy']:.1%} "
+                    f"| {r['ppl']:.3f} | {r['mean_steps']:.2f} | {r['greedy_steps']:.2f} "
+                    f"| {r['train_seconds']:.0f} |")
+    return "\n".join(rows)
+
+
+def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test, details: dict) -> None:
+    """Write metrics.json, settings.json, table.md, latency.png and examples.html into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "metrics.json", metrics)
+    _write_json(out / "settings.json", {"demo": s.to_dict(), "runs": configs})
+    (out / "table.md").write_text(format_table(metrics) + "\n")
+    plot_steps_per_position(metrics, out / "latency.png")
+    shaded = "cyb" if "cyb" in details else next(iter(details))
+    (out / "examples.html").write_text(examples_html(
+        test, details[shaded]["expected_steps"], details[shaded]["predictions"],
+        num_steps=metrics["methods"][shaded]["num_steps"], method=shaded,
+        limit=s.num_examples_shown, title=f"{s.task} {s.task_kwargs}"))
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def plot_steps_per_position(metrics: dict, path: Path) -> None:
+    """PNG: mean steps per answer position for each method (E[S] for CYB; M for TBYS; 1 for
+    the baseline), with each method's accuracy at that position on a second panel."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
+    styles = {"baseline": ("tab:gray", ":"), "tbys": ("tab:orange", "--"), "cyb": ("tab:blue", "-")}
+    labels = None
+    for name, r in metrics["methods"].items():
+        steps, acc = r["per_position_steps"], r["per_position_accuracy"]
+        x = list(range(1, len(steps) + 1))
+        labels = [str(k) for k in x[:-1]] + ["eos"]
+        color, ls = styles.get(name, ("black", "-"))
+        ax.plot(x, steps, ls, color=color, marker="o", label=name)
+        ax2.plot(x, acc, ls, color=color, marker="o", label=name)
+    m = max(r["num_steps"] for r in metrics["methods"].values())
+    ax.set_ylim(0.8, m + 0.2)
+    ax.set_ylabel("mean steps per token (E[S])")
+    ax.set_title(f"{metrics['task']} {metrics['task_kwargs']}: computation per answer position")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax2.set_ylim(-0.02, 1.02)
+    ax2.set_ylabel("token accuracy")
+    ax2.set_xlabel("answer position")
+    ax2.grid(alpha=0.3)
+    if labels:
+        ax2.set_xticks(range(1, len(labels) + 1), labels)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def examples_html(test, expected_steps: torch.Tensor, predictions: torch.Tensor, *, num_steps: int,
+                  method: str = "cyb", limit: int = 24, title: str = "") -> str:
+    """An HTML page of test examples whose answer characters are shaded by expected pauses.
+
+    ``expected_steps`` and ``predictions`` are ``[N, L]`` aligned with ``test.ids`` (see
+    :func:`score_model`); a character's shade is ``E[S] - 1`` (expected pauses) of the block
+    that predicts it, white at 0 and dark blue at ``num_steps - 1``.  Wrong greedy predictions
+    are underlined in red, with the predicted character in the tooltip.
+    """
+    from .report import html as rh
+
+    tok = test.tokenizer
+    max_pauses = num_steps - 1
+    rows = []
+    for i in range(min(limit, len(test))):
+        cells, all_ok = [], True
+        for j in test.loss_mask[i].nonzero().flatten().tolist():
+            target, pred = int(test.ids[i, j]), int(predictions[i, j])
+            text = "⏎" if target == tok.eos_id else tok.decode([target])
+            cell = rh.token_span(text, float(expected_steps[i, j]) - 1.0, max_pauses)
+            if pred != target:
+                all_ok = False
+                guess = tok.decode([pred]) if 0 <= pred < tok.vocab_size else "?"
+                cell = f'<span class="wrong" title="greedy predicted {rh.escape(repr(guess))}">{cell}</span>'
+            cells.append(cell)
+        rows.append(f"<tr><td><code>{rh.escape(test.prompts[i])}</code></td>"
+                    f'<td class="answer">{"".join(cells)}</td><td>{"✓" if all_ok else "✗"}</td></tr>')
+    style = ("<style>td.answer { font-family: Menlo, Consolas, monospace; font-size: 1.15em; "
+             "text-align: left; letter-spacing: 0.1em; } "
+             ".wrong { border-bottom: 3px solid #d62728; }</style>")
+    note = (f"Each answer character (⏎ = end of answer) is shaded by the expected number of pauses "
+            f"(E[S] - 1) {method} took before producing it, from white (0) to dark blue "
+            f"({max_pauses}); hover for the value. Red underline: the greedy answer at that character "
+            f"was wrong. Predictions are greedy with the correct prefix (teacher forcing), which is "
+            f"what greedy generation emits up to its first mistake.")
+    body = [style, rh.legend_html(max_pauses), f'<p class="note">{rh.escape(note)}</p>',
+            "<table><tr><th>prompt</th><th>answer</th><th>exact</th></tr>", *rows, "</table>"]
+    return rh.page(f"Where {method} pauses: {title}", "\n".join(body))

@@ -1,0 +1,101 @@
+"""``cyb demo --quick``: the whole pipeline (three trainings, scoring, table, report folder)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cyb.cli import main
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(["demo", "--quick", "--out", str(out), "--no-progress"])
+    return rc, out, buf.getvalue()
+
+
+def test_quick_demo_writes_report(quick_demo):
+    rc, out, _ = quick_demo
+    assert rc == 0
+    for name in ("metrics.json", "settings.json", "table.md", "latency.png", "examples.html"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for method in ("baseline", "tbys", "cyb"):
+        assert (out / "runs" / method / "metrics.jsonl").is_file()
+        assert (out / "runs" / method / "final").is_dir()
+
+
+def test_quick_demo_metrics_and_settings(quick_demo):
+    _, out, _ = quick_demo
+    metrics = json.loads((out / "metrics.json").read_text())
+    settings = json.loads((out / "settings.json").read_text())
+    assert list(metrics["methods"]) == ["baseline", "tbys", "cyb"]
+    m = settings["demo"]["num_steps"]
+    for name, r in metrics["methods"].items():
+        assert 0.0 <= r["exact_match"] <= r["token_accuracy"] + 1e-9 <= 1.0 + 1e-9
+        assert r["ppl"] >= 1.0
+        assert len(r["per_position_accuracy"]) == len(r["per_position_steps"])
+    assert metrics["methods"]["baseline"]["mean_steps"] == pytest.approx(1.0)
+    assert metrics["methods"]["tbys"]["mean_steps"] == pytest.approx(m)
+    cyb = metrics["methods"]["cyb"]
+    assert 1.0 <= cyb["mean_steps"] <= m and 1.0 <= cyb["greedy_steps"] <= m
+    # the exact configuration of every run is recorded, and they differ only in the method
+    runs = settings["runs"]
+    assert runs["cyb"]["train"]["steps"] == runs["baseline"]["train"]["steps"] == settings["demo"]["train_steps"]
+    assert runs["cyb"]["data"] == runs["tbys"]["data"] == runs["baseline"]["data"]
+    assert runs["cyb"]["method"]["num_steps"] == runs["tbys"]["method"]["num_steps"] == m
+
+
+def test_quick_demo_prints_table(quick_demo):
+    _, out, stdout = quick_demo
+    table = (out / "table.md").read_text()
+    assert table.strip() in stdout
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0].startswith("| method")
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["baseline", "tbys", "cyb"]
+    html = (out / "examples.html").read_text()
+    assert "legend" in html.lower() and html.count('class="tok"') >= 8
+
+
+def test_score_model_matches_greedy_generation_on_correct_prefix():
+    """Teacher-forced greedy answers equal the step-by-step readout of a fresh forward."""
+    from cyb.data.synthetic import CharTokenizer, SyntheticDataset
+    from cyb.decision import greedy_decision
+    from cyb.demo import score_model
+    from cyb.model import PauseModel
+    from transformers import LlamaConfig
+
+    torch.manual_seed(0)
+    tok = CharTokenizer().to_hf()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, max_position_embeddings=128)
+    model = PauseModel.from_config(cfg, tok, num_steps=3, attn_implementation="sdpa")
+    test = SyntheticDataset("addition", CharTokenizer(), 6, seed=3, split="test")
+    s = score_model(model, test, batch_size=4)
+    assert 1.0 <= s["mean_steps"] <= 3.0
+    i = 0
+    start = int(test.answer_start[i])
+    for j in range(start, int(test.lengths[i])):  # each scored token from its own prefix
+        prefix = test.ids[i : i + 1, :j]
+        out = model(prefix, return_logits=True)
+        token, _ = greedy_decision(out.logits[:, -1], dk_id=model.settings.dk_id, dk_bias=model.dk_bias)
+        assert int(token) == int(s["predictions"][i, j])
+
+
+def test_bad_settings_are_named():
+    from cyb.demo import demo_settings
+
+    with pytest.raises(ValueError, match="methods"):
+        demo_settings(methods=["cyb", "nope"])
+    with pytest.raises(ValueError, match="--task"):
+        demo_settings("nope")
+    with pytest.raises(ValueError, match="num_steps"):
+        demo_settings(num_steps=1)
