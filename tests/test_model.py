@@ -279,6 +279,24 @@ def test_added_tokens_grow_embeddings_with_mean_rows(tie):
     assert "<dont_know>" not in tok.decode(new + [5], skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_from_config_draws_distinct_random_pause_rows(tie):
+    tok = word_tokenizer()
+    n = len(tok)
+    torch.manual_seed(0)
+    pm = PauseModel.from_config(tiny_config("llama", vocab_size=n, tie=tie), tok,
+                                num_steps=4)
+    new = list(pm.settings.pause_ids) + [pm.settings.dk_id]
+    for weight in (pm.hf_model.get_input_embeddings().weight, pm.hf_model.get_output_embeddings().weight):
+        rows = weight.detach()[new]
+        assert torch.cdist(rows, rows).masked_fill(torch.eye(4, dtype=torch.bool), 1.0).min() > 0
+        ratio = float(rows.std() / weight.detach()[:n].std())
+        assert 0.5 < ratio < 2.0  # the spread of the model's own rows
+    with pytest.raises(ValueError, match="new_rows"):
+        PauseModel.from_hf(hf_model("llama", vocab_size=n), word_tokenizer(), num_steps=2,
+                           new_rows="zeros")
+
+
 def test_added_tokens_use_padded_rows_without_resizing():
     tok = word_tokenizer()
     n = len(tok)

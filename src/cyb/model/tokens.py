@@ -12,7 +12,9 @@ Where the ids come from, in order of preference:
 
 Ids that did not exist before (3 and 4) get embedding rows (input and output, tied or not) set
 to the mean of the rows of the tokens that existed, after the embedding matrix has been grown to
-cover them when needed.
+cover them when needed.  A randomly initialised model (training from scratch) draws them at
+random instead, with the spread of the existing rows: identical rows would make the ``M-1``
+pauses of a block compute the same thing until training tells them apart.
 """
 
 from __future__ import annotations
@@ -237,17 +239,36 @@ def _mean_init(weight: torch.Tensor, rows: Sequence[int], old_rows: int) -> None
 
 
 @torch.no_grad()
-def apply_plan(hf_model, plan: TokenPlan) -> None:
-    """Grow the embeddings of ``hf_model`` to ``plan.num_rows`` and mean-initialise new ids.
+def _random_init(weight: torch.Tensor, rows: Sequence[int], old_rows: int) -> None:
+    if not rows:
+        return
+    std = float(weight[:old_rows].float().std()) if old_rows > 1 else 0.02
+    idx = torch.tensor(list(rows), dtype=torch.long, device=weight.device)
+    fresh = torch.randn(len(rows), weight.shape[1], device=weight.device) * std
+    weight.index_copy_(0, idx, fresh.to(weight.dtype))
 
-    Both the input embedding and the output projection (and its bias, if any) are handled;
-    tied matrices are written once.
+
+NEW_ROW_INITS = ("mean", "random")
+
+
+@torch.no_grad()
+def apply_plan(hf_model, plan: TokenPlan, new_rows: str = "mean") -> None:
+    """Grow the embeddings of ``hf_model`` to ``plan.num_rows`` and initialise new ids.
+
+    ``new_rows="mean"`` sets each new row to the mean of the existing rows (a pretrained
+    model); ``"random"`` draws them from a normal with the existing rows' standard deviation
+    (a randomly initialised model), so distinct pauses start distinct.  Both the input
+    embedding and the output projection (and its bias, if any) are handled; tied matrices are
+    written once.
     """
+    if new_rows not in NEW_ROW_INITS:
+        raise ValueError(f"new_rows must be one of {NEW_ROW_INITS}, got {new_rows!r}")
+    init = _mean_init if new_rows == "mean" else _random_init
     emb = hf_model.get_input_embeddings()
     if emb.weight.shape[0] < plan.num_rows:
         hf_model.resize_token_embeddings(plan.num_rows, mean_resizing=False)
         emb = hf_model.get_input_embeddings()
-    _mean_init(emb.weight, plan.new_ids, plan.old_rows)
+    init(emb.weight, plan.new_ids, plan.old_rows)
     out = hf_model.get_output_embeddings()
     if out is None:
         return
@@ -257,7 +278,7 @@ def apply_plan(hf_model, plan: TokenPlan) -> None:
             f"{plan.num_rows} are needed"
         )
     if out.weight.data_ptr() != emb.weight.data_ptr():
-        _mean_init(out.weight, plan.new_ids, plan.old_rows)
+        init(out.weight, plan.new_ids, plan.old_rows)
     bias = getattr(out, "bias", None)
     if bias is not None and plan.new_ids:
         idx = torch.tensor(plan.new_ids, dtype=torch.long, device=bias.device)

@@ -101,6 +101,7 @@ class PauseModel(torch.nn.Module):
         position_scheme=DEFAULT,
         method: str | None = None,
         reuse_unused: bool = True,
+        new_rows: str = "mean",
     ) -> "PauseModel":
         """Reserve pause/dk ids on an already loaded model and wrap it.
 
@@ -109,7 +110,9 @@ class PauseModel(torch.nn.Module):
         tokens ``<pause_1>`` .. ``<pause_{M-1}>`` (``<pause>`` for ``"advance"``) and
         ``<dont_know>`` added to the tokenizer, with the embeddings grown and the new rows set
         to the mean of the existing ones.  Without a tokenizer, ids are appended after the
-        last embedding row.  Mutates ``hf_model`` and ``tokenizer``.
+        last embedding row.  ``new_rows="random"`` draws new rows at random with the spread
+        of the existing ones instead of the mean (for randomly initialised models).  Mutates
+        ``hf_model`` and ``tokenizer``.
 
         Args:
             num_steps: ``M`` >= 1.
@@ -126,7 +129,7 @@ class PauseModel(torch.nn.Module):
         rows = int(hf_model.get_input_embeddings().weight.shape[0])
         plan = reserve_tokens(tokenizer, num_steps=m, use_dk=use_dk, position_scheme=scheme,
                               num_rows=rows, reuse_unused=reuse_unused)
-        apply_plan(hf_model, plan)
+        apply_plan(hf_model, plan, new_rows)
         settings = PauseSettings(
             num_steps=m,
             pause_ids=plan.pause_ids,
@@ -222,7 +225,8 @@ class PauseModel(torch.nn.Module):
         """A randomly initialised model of ``hf_config`` (from-scratch runs), ids as in :meth:`from_hf`.
 
         The embeddings grow to cover the whole tokenizer when it is larger than
-        ``hf_config.vocab_size``.
+        ``hf_config.vocab_size``; new pause/dk rows are drawn at random like the others, so
+        distinct pauses start distinct.
         """
         from transformers import AutoModelForCausalLM
 
@@ -231,7 +235,8 @@ class PauseModel(torch.nn.Module):
             hf_config, attn_implementation=attn_implementation, **hf.dtype_kwargs(torch_dtype)
         )
         return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
-                           position_scheme=position_scheme, method=method, reuse_unused=reuse_unused)
+                           position_scheme=position_scheme, method=method, reuse_unused=reuse_unused,
+                           new_rows="random")
 
     # ================================================================== persistence
     def save_pretrained(self, directory, *, state_dict: dict | None = None, **hf_kwargs) -> Path:
