@@ -5,7 +5,7 @@
 set -u
 budget=$1; shift
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} CYB_DATA=$PWD/.data/techdocs PYTHONUNBUFFERED=1
-name=$(echo "$@" | tr ' ' '-')
+name=$(echo "$@" | tr -c 'A-Za-z0-9._\n-' '_' | tr -s '_')
 mkdir -p results
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > results/device.txt
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> results/device.txt

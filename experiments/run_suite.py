@@ -6,7 +6,6 @@ Every run is a plain ``cyb train`` of a config written next to its outputs, so e
     python experiments/run_suite.py pretrain --out results/pretrain --scale gpu
     python experiments/run_suite.py finetune --out results/finetune --scale gpu
     python experiments/run_suite.py hparams  --out results/hparams  --scale gpu
-    python experiments/run_suite.py synthetic --out results/synthetic --scale gpu
     python experiments/run_suite.py pretrain --out /tmp/p --scale cpu-quick    # smoke test
 
 Suites (paper analogues):
@@ -16,7 +15,10 @@ Suites (paper analogues):
   baseline, baseline 4x seq, TBYS 1/2/3 pauses and CYB 1/2/3 pauses.
 * ``hparams`` (Fig. 5 and appendix D): CYB with omega 1:1:1:1 and 4:1:1:4, gamma0 = 0.99,
   CYB-VA with three rho, CYB-DP with alpha 0.1 / 0.01 and three rho, all fine-tuned from the base.
-* ``synthetic``: baseline, TBYS and CYB on a synthetic reasoning task.
+* ``pretrain_init``: TBYS and CYB of ``pretrain`` with randomly drawn pause rows (an ablation
+  of ``model.pause_init``, whose default sets them to the mean of the other rows).
+
+The synthetic tasks at GPU scale are run by ``experiments/demo_sweep.py gpu``.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ SCALES = {
     # one H100/H200: from-scratch llama on techdocs
     "gpu": dict(hidden=384, layers=6, heads=6, block_len=256, batch=32, pre_steps=1200,
                 ft_steps=400, base_steps=1200, vocab=8192, eval_batches=40, syn_steps=3000,
-                warmup=100, eval_tokens=100000),
+                warmup=100, eval_tokens=100000, pause_init="mean"),
     # a CPU smoke test of the whole pipeline
     "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6,
                       ft_steps=4, base_steps=6, vocab=300, eval_batches=2, syn_steps=6, warmup=2,
-                      eval_tokens=500),
+                      eval_tokens=500, pause_init="mean"),
 }
 
 
@@ -55,7 +57,8 @@ def base_config(s: dict, out: Path, name: str, seed: int) -> dict:
     d = data_dir()
     return {
         "model": {"arch": "llama", "hidden_size": s["hidden"], "num_layers": s["layers"],
-                  "num_heads": s["heads"], "max_position_embeddings": 8 * s["block_len"] * 4},
+                  "num_heads": s["heads"], "max_position_embeddings": 8 * s["block_len"] * 4,
+                  "pause_init": s["pause_init"]},
         "method": {"name": "baseline", "num_steps": 4},
         "data": {"source": str(d / "train.jsonl.gz"), "valid_source": str(d / "valid.jsonl.gz"),
                  "bpe_vocab_size": s["vocab"], "bpe_train_docs": 2000, "block_len": s["block_len"],
@@ -176,20 +179,18 @@ def suite_hparams(s, out, seed, summary):
         run(cfg, out, label, summary, s, analyse=i < 4)
 
 
-def suite_synthetic(s, out, seed, summary):
-    for label, m in [("Baseline", method("baseline")), ("TBYS 3 pauses", method("tbys")),
-                     ("CYB 3 pauses", method("cyb"))]:
-        cfg = base_config(s, out, f"syn-{m['name']}-s{seed}", seed)
+def suite_pretrain_init(s, out, seed, summary):
+    """TBYS and CYB pretrained with randomly drawn pause rows instead of the mean of the others."""
+    for label, m in [("TBYS 3 pauses, random pause rows", method("tbys")),
+                     ("CYB 3 pauses, random pause rows", method("cyb"))]:
+        cfg = base_config(s, out, f"{m['name']}-p{m['num_steps'] - 1}-randinit-s{seed}", seed)
         cfg["method"] = m
-        cfg["data"] = {"task": "addition", "task_kwargs": {"digits": 8},
-                       "num_train_examples": 50000, "num_valid_examples": 1000}
-        cfg["train"]["steps"] = s["syn_steps"]
-        cfg["train"]["batch_size"] = 64
-        run(cfg, out, label, summary, s, analyse=False)
+        cfg["model"]["pause_init"] = "random"
+        run(cfg, out, label, summary, s)
 
 
 SUITES = {"pretrain": suite_pretrain, "finetune": suite_finetune, "hparams": suite_hparams,
-          "synthetic": suite_synthetic}
+          "pretrain_init": suite_pretrain_init}
 
 
 def main() -> int:

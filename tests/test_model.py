@@ -280,12 +280,16 @@ def test_added_tokens_grow_embeddings_with_mean_rows(tie):
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_from_config_draws_distinct_random_pause_rows(tie):
+def test_from_config_random_pause_rows_are_distinct(tie):
     tok = word_tokenizer()
     n = len(tok)
     torch.manual_seed(0)
+    mean = PauseModel.from_config(tiny_config("llama", vocab_size=n, tie=tie), word_tokenizer(),
+                                  num_steps=4)
+    emb = mean.hf_model.get_input_embeddings().weight.detach()
+    torch.testing.assert_close(emb[mean.settings.pause_ids[0]], emb[:n].mean(0))  # the default
     pm = PauseModel.from_config(tiny_config("llama", vocab_size=n, tie=tie), tok,
-                                num_steps=4)
+                                num_steps=4, new_rows="random")
     new = list(pm.settings.pause_ids) + [pm.settings.dk_id]
     for weight in (pm.hf_model.get_input_embeddings().weight, pm.hf_model.get_output_embeddings().weight):
         rows = weight.detach()[new]

@@ -122,7 +122,8 @@ def build_model(cfg: RunConfig, tokenizer):
                                               reconfigure=True, **pause_kw)
         hf_config = hf_config_for(cfg, len(tokenizer), tokenizer)
         return PauseModel.from_config(hf_config, tokenizer, torch_dtype=dtype,
-                                      attn_implementation=cfg.model.attn_implementation, **pause_kw)
+                                      attn_implementation=cfg.model.attn_implementation,
+                                      new_rows=cfg.model.pause_init, **pause_kw)
     except ValueError as e:
         if "attention implementation" not in str(e):
             raise

@@ -49,6 +49,10 @@ class ModelConfig:
     """From scratch: longest position the rotary embedding is set up for."""
     tie_embeddings: bool = True
     """From scratch: share the input embedding and the output projection."""
+    pause_init: str = "mean"
+    """From scratch: embedding rows of the pause and dk tokens: mean (the mean of the other
+    rows, near zero; lower perplexity when pretraining on text) or random (drawn like every
+    other row, so distinct pauses start distinct)."""
     dtype: str = "auto"
     """Parameter dtype: float32, bfloat16 or auto (float32; bf16 autocast on GPU)."""
     attn_implementation: str = "sdpa"
@@ -289,6 +293,7 @@ def _validate_model(m: ModelConfig) -> None:
         _need(m.intermediate_size >= 1, "model.intermediate_size",
               f"must be >= 1 or null, got {m.intermediate_size}")
     _one_of(m.dtype, ("auto", "float32", "bfloat16", "float16"), "model.dtype")
+    _one_of(m.pause_init, ("mean", "random"), "model.pause_init")
     _need(m.attn_implementation in ("sdpa", "eager"), "model.attn_implementation",
           f"must be sdpa or eager (flash attention derives documents from position ids and "
           f"breaks repeated pause positions), got {m.attn_implementation!r}")

@@ -90,6 +90,8 @@ class DemoSettings:
     """Seed of model init, data draw and order."""
     device: str = "auto"
     """auto (GPU if present), cpu or cuda."""
+    precision: str = "auto"
+    """auto (bf16 autocast on CUDA, float32 on CPU), bf16 or fp32."""
     out_dir: str = "runs/demo"
     """Report folder; the training runs go to out_dir/runs/<method>."""
     num_examples_shown: int = 24
@@ -179,7 +181,7 @@ def run_config(s: DemoSettings, method: str):
                  "num_valid_examples": s.num_test_examples},
         "optim": {"lr": s.lr, "warmup_steps": min(s.warmup_steps, s.train_steps - 1)},
         "train": {"out_dir": str(run_dir), "steps": s.train_steps, "batch_size": s.batch_size,
-                  "seed": s.seed, "device": s.device, "eval_every": 0, "eval_batches": 2,
+                  "seed": s.seed, "device": s.device, "precision": s.precision, "eval_every": 0, "eval_batches": 2,
                   "save_every": 0, "keep_last": 1, "log_every": max(1, s.train_steps // 50),
                   "resume": False, "progress": s.progress},
     }).validate()
@@ -423,7 +425,8 @@ def plot_steps_per_position(metrics: dict, path: Path) -> None:
     m = max(r["num_steps"] for r in metrics["methods"].values())
     ax.set_ylim(0.8, m + 0.2)
     ax.set_ylabel("mean steps per token (E[S])")
-    ax.set_title(f"{metrics['task']} {metrics['task_kwargs']}: computation per answer position")
+    size = ", ".join(f"{k}={v}" for k, v in metrics["task_kwargs"].items())
+    ax.set_title(f"{metrics['task']} ({size}): steps per answer position")
     ax.legend()
     ax.grid(alpha=0.3)
     ax2.set_ylim(-0.02, 1.02)
@@ -433,7 +436,7 @@ def plot_steps_per_position(metrics: dict, path: Path) -> None:
     if labels:
         ax2.set_xticks(range(1, len(labels) + 1), labels)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -456,17 +459,23 @@ def examples_html(test, expected_steps: torch.Tensor, predictions: torch.Tensor,
         for j in test.loss_mask[i].nonzero().flatten().tolist():
             target, pred = int(test.ids[i, j]), int(predictions[i, j])
             text = "⏎" if target == tok.eos_id else tok.decode([target])
-            cell = rh.token_span(text, float(expected_steps[i, j]) - 1.0, max_pauses)
+            pauses = float(expected_steps[i, j]) - 1.0
+            tip = f"{pauses:.2f} expected pauses"
+            style = f"background:{rh.shade_color(pauses, max_pauses)};"
+            if pauses > 0.55 * max_pauses:
+                style += "color:#ffffff;"
             if pred != target:
                 all_ok = False
                 guess = tok.decode([pred]) if 0 <= pred < tok.vocab_size else "?"
-                cell = f'<span class="wrong" title="greedy predicted {rh.escape(repr(guess))}">{cell}</span>'
+                tip += f"; greedy predicted {guess!r}"
+                style += "border-bottom:3px solid #d62728;"
+            cell = (f'<span class="tok" data-pauses="{pauses:.4f}" title="{rh.escape(tip)}" '
+                    f'style="{style}">{rh.escape(text)}</span>')
             cells.append(cell)
         rows.append(f"<tr><td><code>{rh.escape(test.prompts[i])}</code></td>"
                     f'<td class="answer">{"".join(cells)}</td><td>{"✓" if all_ok else "✗"}</td></tr>')
     style = ("<style>td.answer { font-family: Menlo, Consolas, monospace; font-size: 1.15em; "
-             "text-align: left; letter-spacing: 0.1em; } "
-             ".wrong { border-bottom: 3px solid #d62728; }</style>")
+             "text-align: left; letter-spacing: 0.1em; }</style>")
     note = (f"Each answer character (⏎ = end of answer) is shaded by the expected number of pauses "
             f"(E[S] - 1) {method} took before producing it, from white (0) to dark blue "
             f"({max_pauses}); hover for the value. Red underline: the greedy answer at that character "

@@ -135,7 +135,7 @@ _RESUME_FIELDS = {
              "num_train_examples", "shuffle_buffer"),
     "train": ("seed", "batch_size"),
 }
-_RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtype")}
+_RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtype", "pause_init")}
 
 
 def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:

@@ -7,6 +7,8 @@ import argparse
 HELP = ("train a no-pause baseline, TBYS and CYB on a synthetic reasoning task and compare them "
         "(CPU, minutes, no data needed)")
 
+_UNSET = argparse.SUPPRESS  # absent options stay absent, so the demo's presets apply
+
 
 def _methods(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
@@ -18,7 +20,7 @@ def _methods(text: str) -> list[str]:
 def _task_arg(text: str) -> tuple[str, int]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=INT, e.g. digits=5, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected KEY=INT, e.g. digits=4, got {text!r}")
     try:
         return key.strip(), int(value)
     except ValueError:
@@ -26,32 +28,37 @@ def _task_arg(text: str) -> tuple[str, int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", default=None,
-                   help="synthetic task: addition, multiplication, 3sum, parity or lookup "
-                        "(default: addition, sized where pauses help)")
-    p.add_argument("--task-arg", dest="task_args", action="append", default=[], type=_task_arg,
-                   metavar="KEY=INT", help="task size, e.g. --task-arg digits=5 (repeatable)")
-    p.add_argument("--steps", type=int, default=None, help="optimiser steps per method")
-    p.add_argument("--seed", type=int, default=None, help="seed of init, data and order")
+    p.add_argument("--task", default=_UNSET,
+                   help="synthetic task: multiplication (default: 3-digit by 1-digit), addition, "
+                        "3sum, parity or lookup, each at its preset size")
+    p.add_argument("--task-arg", dest="task_args", action="append", type=_task_arg, default=_UNSET,
+                   metavar="KEY=INT", help="task size, e.g. --task-arg digits=4 (repeatable)")
+    p.add_argument("--steps", dest="train_steps", type=int, default=_UNSET, metavar="N",
+                   help="optimiser steps per method (default: 1500; 30 with --quick)")
+    p.add_argument("--M", dest="num_steps", type=int, default=_UNSET, metavar="M",
+                   help="steps per token for TBYS and CYB, the token and M-1 pauses (default: 4)")
+    p.add_argument("--seed", type=int, default=_UNSET, help="seed of the initial weights, data and order "
+                   "(default: 0)")
     p.add_argument("--quick", action="store_true",
-                   help="a tiny run of seconds that exercises every piece (for tests)")
-    p.add_argument("--out", default=None, help="report folder (default runs/demo)")
-    p.add_argument("--methods", type=_methods, default=None,
-                   help="comma-separated subset of baseline,tbys,cyb")
+                   help="a tiny run of seconds that exercises every piece (for tests; not a result)")
+    p.add_argument("--out", dest="out_dir", default=_UNSET, metavar="DIR", help="report folder (default: runs/demo)")
+    p.add_argument("--methods", type=_methods, default=_UNSET,
+                   help="comma-separated subset of baseline,tbys,cyb (default: all three)")
     p.add_argument("--config", default=None,
-                   help="YAML of demo settings, e.g. configs/demo-gpu.yaml (flags override it)")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda")
+                   help="YAML of demo settings, e.g. configs/demo-gpu.yaml; the options above override it")
+    p.add_argument("--device", default=_UNSET, help="auto, cpu or cuda (default: auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args) -> int:
     from ..demo import demo_settings, run_demo
 
-    settings = demo_settings(args.task, quick=args.quick, config=args.config,
-                             train_steps=args.steps, seed=args.seed, out_dir=args.out,
-                             methods=args.methods, device=args.device,
-                             progress=False if args.no_progress else None)
-    if args.task_args:
+    given = {k: getattr(args, k) for k in ("train_steps", "num_steps", "seed", "out_dir", "methods",
+                                           "device") if hasattr(args, k)}
+    if args.no_progress:
+        given["progress"] = False
+    settings = demo_settings(getattr(args, "task", None), quick=args.quick, config=args.config, **given)
+    if hasattr(args, "task_args"):
         settings.task_kwargs.update(dict(args.task_args))
         settings.validate()
     run_demo(settings)

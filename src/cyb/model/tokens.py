@@ -12,9 +12,8 @@ Where the ids come from, in order of preference:
 
 Ids that did not exist before (3 and 4) get embedding rows (input and output, tied or not) set
 to the mean of the rows of the tokens that existed, after the embedding matrix has been grown to
-cover them when needed.  A randomly initialised model (training from scratch) draws them at
-random instead, with the spread of the existing rows: identical rows would make the ``M-1``
-pauses of a block compute the same thing until training tells them apart.
+cover them when needed; ``new_rows="random"`` draws them at random with the spread of the
+existing rows instead.
 """
 
 from __future__ import annotations
