@@ -38,11 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 SCALES = {
     # one H100/H200: from-scratch llama on techdocs
     "gpu": dict(hidden=384, layers=6, heads=6, block_len=256, batch=32, pre_steps=1200,
-                ft_steps=400, base_steps=1200, vocab=8192, eval_batches=40, syn_steps=3000,
+                ft_steps=400, base_steps=1200, vocab=8192, eval_batches=40,
                 warmup=100, eval_tokens=100000, pause_init="mean"),
     # a CPU smoke test of the whole pipeline
     "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6,
-                      ft_steps=4, base_steps=6, vocab=300, eval_batches=2, syn_steps=6, warmup=2,
+                      ft_steps=4, base_steps=6, vocab=300, eval_batches=2, warmup=2,
                       eval_tokens=500, pause_init="mean"),
 }
 

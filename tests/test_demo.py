@@ -99,3 +99,15 @@ def test_bad_settings_are_named():
         demo_settings("nope")
     with pytest.raises(ValueError, match="num_steps"):
         demo_settings(num_steps=1)
+
+
+def test_shipped_demo_configs_load():
+    from pathlib import Path
+
+    from cyb.demo import demo_settings
+
+    paths = sorted((Path(__file__).resolve().parents[1] / "configs" / "demo").glob("*.yaml"))
+    assert paths
+    for path in paths:
+        s = demo_settings(config=path)
+        assert s.out_dir.startswith("runs/") and s.task == "multiplication"

@@ -29,8 +29,8 @@ def _task_arg(text: str) -> tuple[str, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default=_UNSET,
-                   help="synthetic task: multiplication (default: 3-digit by 1-digit), addition, "
-                        "3sum, parity or lookup, each at its preset size")
+                   help="synthetic task: addition (default: 3 digits), multiplication (3-digit by "
+                        "1-digit), 3sum, parity or lookup, each at its preset size")
     p.add_argument("--task-arg", dest="task_args", action="append", type=_task_arg, default=_UNSET,
                    metavar="KEY=INT", help="task size, e.g. --task-arg digits=4 (repeatable)")
     p.add_argument("--steps", dest="train_steps", type=int, default=_UNSET, metavar="N",
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", type=_methods, default=_UNSET,
                    help="comma-separated subset of baseline,tbys,cyb (default: all three)")
     p.add_argument("--config", default=None,
-                   help="YAML of demo settings, e.g. configs/demo-gpu.yaml; the options above override it")
+                   help="YAML of demo settings, e.g. configs/demo/gpu.yaml; the options above override it")
     p.add_argument("--device", default=_UNSET, help="auto, cpu or cuda (default: auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
