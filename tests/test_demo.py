@@ -111,3 +111,25 @@ def test_shipped_demo_configs_load():
     for path in paths:
         s = demo_settings(config=path)
         assert s.out_dir.startswith("runs/") and s.task == "multiplication"
+
+
+def test_generate_from_prompt_text_matches_teacher_forced_scoring(quick_demo):
+    """Text prompts get the ``<bos>`` the models were trained with, so the first greedy token of
+    ``cyb.generate`` is the scored prediction at the first answer position."""
+    from cyb.build import synthetic_sets
+    from cyb.config import RunConfig
+    from cyb.demo import score_model
+    from cyb.generate import generate
+    from cyb.model import PauseModel
+
+    _, out, _ = quick_demo
+    runs = json.loads((out / "settings.json").read_text())["runs"]
+    _, test = synthetic_sets(RunConfig.from_dict(runs["cyb"]))
+    rows = list(range(12))
+    for method in ("baseline", "tbys", "cyb"):
+        model = PauseModel.from_pretrained(out / "runs" / method / "final")
+        predicted = score_model(model, test)["predictions"]
+        first = [int(predicted[i, test.answer_start[i]]) for i in rows]
+        results = generate(model, [test.prompts[i] for i in rows], max_new_tokens=1)
+        assert all(r.prompt_ids[0] == test.ids[0, 0] for r in results)  # <bos>
+        assert [r.token_ids[0] for r in results] == first, method

@@ -349,10 +349,10 @@ def test_one_forward_per_token_in_fixed_mode(monkeypatch):
 
     monkeypatch.setattr(pm, "hidden_states", counting)
     [res] = generate(pm, "12+34=", mode="fixed", max_new_tokens=6, eos_token_ids=())
-    assert calls == [(1, 6 * 3)] + [(1, 3)] * 5  # prompt, then one block of M per new token
+    assert calls == [(1, 7 * 3)] + [(1, 3)] * 5  # <bos> and prompt, then one block of M per token
     calls.clear()
     [res] = generate(pm, "12+34=", mode="adaptive", max_new_tokens=6, eos_token_ids=())
-    assert calls == [(1, 5 * 3 + 1)] + [(1, 1)] * (sum(res.steps) - 1)
+    assert calls == [(1, 6 * 3 + 1)] + [(1, 1)] * (sum(res.steps) - 1)
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -371,7 +371,7 @@ def test_bad_input_errors():
     with pytest.raises(TypeError, match="unknown generation option"):
         generate(pm, "a", max_tokens=3)
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        generate(pm, ["a", ""])
+        generate(pm, ["a", []])  # (empty text is just <bos> for a tokenizer that adds it)
     with pytest.raises(ValueError, match="prompt 0: .*reserved as a pause/dk id"):
         generate(pm, [[5, pm.vocab.pause_ids[0]]])
     with pytest.raises(ValueError, match="max_position_embeddings"):

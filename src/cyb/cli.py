@@ -41,6 +41,15 @@ def build_parser(mods: dict | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_weight_loading() -> None:
+    """No per-file weight-loading bars from transformers under the commands' own output."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     mods = _modules()
     parser = build_parser(mods)
@@ -48,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    _quiet_weight_loading()
     try:
         return int(mods[args.command].run(args) or 0)
     except KeyboardInterrupt:

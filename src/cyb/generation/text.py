@@ -19,8 +19,9 @@ def encode_prompt(tokenizer, prompt, index: int) -> list[int]:
             raise ValueError(f"prompt {index} is text but the model has no tokenizer; pass token ids")
         if _is_hf_tokenizer(tokenizer):
             ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        else:
-            ids = list(tokenizer.encode(prompt))
+        else:  # a CharTokenizer: BOS first, as its Hugging Face form and the datasets do
+            bos = getattr(tokenizer, "bos_id", None)
+            ids = ([bos] if bos is not None else []) + list(tokenizer.encode(prompt))
     elif isinstance(prompt, torch.Tensor):
         if prompt.dim() != 1 or prompt.is_floating_point():
             raise ValueError(f"prompt {index} must be a 1-D integer tensor of ids, got {prompt.dtype} "

@@ -160,7 +160,8 @@ class PauseModel(torch.nn.Module):
         reconfigure: bool = False,
         **hf_kwargs,
     ) -> "PauseModel":
-        """Load a causal LM (hub name or folder) as a pause model.
+        """Load a causal LM (hub name or folder) as a pause model, in eval mode (as Hugging
+        Face's ``from_pretrained``; call ``.train()`` to train it).
 
         A folder (or repository) with ``cyb_pause.json`` is a saved pause model: its settings
         are used, and any argument given here must agree with them.  Any other model gets its
@@ -203,9 +204,10 @@ class PauseModel(torch.nn.Module):
             **hf.dtype_kwargs(torch_dtype), **hf_kwargs,
         )
         if saved is not None:
-            return cls(hf_model, saved, tokenizer)
+            return cls(hf_model, saved, tokenizer).eval()
         return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
-                           position_scheme=position_scheme, method=method, reuse_unused=reuse_unused)
+                           position_scheme=position_scheme, method=method,
+                           reuse_unused=reuse_unused).eval()
 
     @classmethod
     def from_config(

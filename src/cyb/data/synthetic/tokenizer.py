@@ -233,10 +233,12 @@ class CharTokenizer:
         """An equivalent ``transformers.PreTrainedTokenizerFast`` (same ids, same specials).
 
         ``hf(text, add_special_tokens=False)["input_ids"] == self.encode(text)`` and
-        ``hf.decode(ids) == self.decode(ids)``.  No BOS/EOS are added automatically (the
-        synthetic datasets place them explicitly).  Save it with ``save_pretrained``.
+        ``hf.decode(ids) == self.decode(ids)``.  With special tokens (the default of
+        ``hf(text)``) ``<bos>`` is put in front, as the synthetic datasets train on
+        ``<bos> prompt answer <eos>``, so a prompt encoded for generation starts the same way.
+        Save it with ``save_pretrained``.
         """
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
         from transformers import PreTrainedTokenizerFast
 
         vocab = {token: i for i, token in enumerate(self._tokens)}
@@ -248,6 +250,8 @@ class CharTokenizer:
         backend.add_special_tokens(
             [AddedToken(name, special=True, normalized=False) for name in self.special_tokens]
         )
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, self.bos_id)])
         extras = [t for t in self.special_tokens if t not in BASE_SPECIAL_TOKENS]
         return PreTrainedTokenizerFast(
             tokenizer_object=backend,
