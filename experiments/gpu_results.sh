@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs result suites on one GPU machine and packs everything into $OUT/results-<suites>.tar.gz.
 # Usage (repository root, techdocs copied to .data/techdocs):
-#   bash experiments/gpu_results.sh SECONDS SUITE [SUITE ...]
+#   bash experiments/gpu_results.sh SECONDS SUITE [SUITE ...] [--seeds 0,1]
+# The suites stop after SECONDS and whatever finished is packed, so keep SECONDS a minute or
+# more below the time the machine is yours: a job killed before packing returns nothing.
 set -u
 budget=$1; shift
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} CYB_DATA=$PWD/.data/techdocs PYTHONUNBUFFERED=1
