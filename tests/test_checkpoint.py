@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,6 +119,29 @@ def test_interrupted_checkpoint_write_keeps_the_last_good_one(cfg_path, referenc
     assert [c.step for c in list_checkpoints(out)] == [2, 4, 6, 8, 10]
 
 
+def test_sharded_checkpoints_resume_the_run(cfg_path, reference, tmp_path):
+    """train.checkpoint_format=sharded (torch.distributed.checkpoint) in one process: the run is
+    unchanged, and resuming from a checkpoint of the middle reproduces it."""
+    out = tmp_path / "run"
+    cmd = _command(cfg_path, out) + ["--set", "train.checkpoint_format=sharded"]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "single process" not in done.stderr  # no notice about the missing process group
+    assert _by_step(out) == _by_step(reference)
+    ckpt = next(c for c in list_checkpoints(out) if c.step == 4)
+    assert ckpt.meta["format"] == "sharded"
+    assert (ckpt.path / "shards" / ".metadata").is_file() and not (ckpt.path / "model.safetensors").exists()
+    model_state, trainer_state, _, _ = load_checkpoint(ckpt)
+    assert model_state is None and "optimizer" not in trainer_state
+    for later in list_checkpoints(out):
+        if later.step > 4:
+            shutil.rmtree(later.path)
+    shutil.rmtree(out / "final")
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _by_step(out) == _by_step(reference)  # bit-for-bit on CPU
+
+
 # --------------------------------------------------------------------------- unit level
 
 
@@ -134,7 +158,7 @@ def test_save_list_keep_last_and_load(tmp_path):
     model_state, trainer_state, data_state, meta = load_checkpoint(latest_checkpoint(tmp_path))
     assert torch.equal(model_state["w"], torch.full((2, 2), 15.0))
     assert int(trainer_state["step"]) == 15 and data_state == {"pos": 15}
-    assert meta == {"note": "x", "step": 15}
+    assert meta == {"note": "x", "step": 15, "format": "full"}
 
 
 def test_stale_and_incomplete_folders_are_ignored_then_cleaned(tmp_path):

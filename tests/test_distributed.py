@@ -120,3 +120,20 @@ def test_fsdp_resumes_a_one_process_checkpoint_and_matches(runs):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_fsdp_sharded_checkpoints_match_and_resume_in_one_process(runs):
+    """Every FSDP process writes its own shards; the run equals one process, and one process
+    resumes from the two-process shards."""
+    if not _fsdp_available():
+        pytest.skip("this torch has no FSDP2 (fully_shard)")
+    cfg, root, one = runs
+    sharded = root / "fsdp-sharded"
+    _run(cfg, sharded, 2, "train.distributed=fsdp", "train.checkpoint_format=sharded")
+    _assert_same_losses(sharded, one)
+    ckpt = list_checkpoints(sharded)[-1]
+    assert ckpt.meta["format"] == "sharded" and ckpt.meta["world_size"] == 2
+    assert len(list((ckpt.path / "shards").glob("*.distcp"))) == 2
+    resumed = _resume_copy(sharded, root / "sharded-then-one", 3)
+    _run(cfg, resumed, 1, "train.checkpoint_format=sharded")
+    _assert_same_losses(resumed, one)

@@ -2,24 +2,28 @@
 
 A checkpoint is a folder ``ckpt-<step>`` holding
 
-* ``model.safetensors``: the full (unsharded) weights of the wrapped Hugging Face model,
-* ``trainer.pt``: optimiser and scheduler state and RNG states, loaded with
+* ``model.safetensors``: the full (unsharded) weights of the wrapped Hugging Face model
+  (format ``full``), or ``shards/``: model and optimiser state written by every process with
+  ``torch.distributed.checkpoint`` (format ``sharded``: no process gathers the whole model),
+* ``trainer.pt``: optimiser (format ``full``) and scheduler state and RNG states, loaded with
   ``torch.load(weights_only=True)`` (no pickle of arbitrary objects),
 * ``data.json``: the data iterator's position,
-* ``meta.json``: step, metrics and config, written last.
+* ``meta.json``: step, format, metrics and config, written last.
 
-It is written into ``ckpt-<step>.tmp-<pid>`` and renamed into place only when complete, so a
+It is written into ``ckpt-<step>.tmp-<suffix>`` and renamed into place only when complete, so a
 process killed while writing leaves at worst a temporary folder that is ignored and removed.
-Full state dicts load at any world size.
+Both formats load at any world size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,35 +121,99 @@ def _contiguous_cpu(state: dict) -> dict:
     return out
 
 
-def save_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    *,
-    model_state: dict,
-    trainer_state: dict,
-    data_state: dict,
-    meta: dict,
-    keep_last: int = 2,
-) -> Path:
-    """Write ``ckpt-<step>`` atomically and delete all but the newest ``keep_last``.
+SHARDS = "shards"
+FORMATS = ("full", "sharded")
 
-    ``trainer_state`` holds tensors and plain Python values only (it is read back with
-    ``weights_only=True``); ``data_state`` and ``meta`` must be JSON-serialisable.
-    """
+
+def begin_checkpoint(run_dir: str | Path, step: int, suffix: str | None = None) -> Path:
+    """Remove stale temporary folders and create the one ``ckpt-<step>`` is written into.
+
+    ``suffix`` (default: this process id) must be the same on every process that writes into
+    it (a sharded checkpoint: call this on one process, then wait at a barrier)."""
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     for stale in run.glob("ckpt-*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    final = run / f"ckpt-{step:08d}"
-    tmp = run / f"ckpt-{step:08d}.tmp-{os.getpid()}"
+    tmp = run / f"ckpt-{step:08d}.tmp-{suffix or os.getpid()}"
     tmp.mkdir()
-    save_file(_contiguous_cpu(model_state), str(tmp / "model.safetensors"))
-    _fsync_file(tmp / "model.safetensors")
+    return tmp
+
+
+def _single_process() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _single_process_is_intended():
+    """Silence torch's notice that a checkpoint is written without a process group."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
+        yield
+
+
+def save_sharded_state(tmp: Path, module: torch.nn.Module, optimizer) -> None:
+    """Write the model's and the optimiser's state into ``tmp/shards`` with
+    ``torch.distributed.checkpoint``: each process writes its own shards (FSDP2), replicas are
+    written once (DDP).  A collective under torchrun: call it on every process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(module, optimizer)
+    with _single_process_is_intended():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / SHARDS),
+                 no_dist=_single_process())
+
+
+def load_sharded_state(ckpt: "Checkpoint", module: torch.nn.Module, optimizer) -> None:
+    """Load ``shards/`` of a sharded checkpoint into ``module`` and ``optimizer`` as they are
+    now set up (sharded or not, at any world size).  A collective under torchrun."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(module, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    with _single_process_is_intended():
+        dcp.load(state, checkpoint_id=str(ckpt.path / SHARDS), no_dist=_single_process())
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model_state: dict | None,
+    trainer_state: dict,
+    data_state: dict,
+    meta: dict,
+    keep_last: int = 2,
+    tmp: Path | None = None,
+) -> Path:
+    """Write ``ckpt-<step>`` atomically and delete all but the newest ``keep_last``.
+
+    ``model_state``: the full weights (format ``full``), or None when ``tmp`` (from
+    :func:`begin_checkpoint`) already holds ``shards/`` (format ``sharded``).
+    ``trainer_state`` holds tensors and plain Python values only (it is read back with
+    ``weights_only=True``); ``data_state`` and ``meta`` must be JSON-serialisable.
+    """
+    run = Path(run_dir)
+    final = run / f"ckpt-{step:08d}"
+    if tmp is None:
+        tmp = begin_checkpoint(run, step)
+    if model_state is not None:
+        save_file(_contiguous_cpu(model_state), str(tmp / "model.safetensors"))
+        _fsync_file(tmp / "model.safetensors")
+        fmt = "full"
+    elif (tmp / SHARDS / ".metadata").is_file():
+        fmt = "sharded"
+    else:
+        raise ValueError(f"{tmp}: give model_state or write the shards first (save_sharded_state)")
     _kill_if_injected(step)
     torch.save(trainer_state, tmp / "trainer.pt")
     _fsync_file(tmp / "trainer.pt")
     _write_json(tmp / "data.json", data_state)
-    _write_json(tmp / "meta.json", {**meta, "step": step})
+    _write_json(tmp / "meta.json", {**meta, "step": step, "format": fmt})
     _fsync_file(tmp / "meta.json")
     _fsync_dir(tmp)
     if final.exists():
@@ -157,16 +225,25 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(ckpt: Checkpoint, map_location="cpu") -> tuple[dict, dict, dict, dict]:
-    """``(model_state, trainer_state, data_state, meta)`` of a checkpoint.
+def checkpoint_format(ckpt: Checkpoint) -> str:
+    """``"full"`` or ``"sharded"`` (checkpoints written before formats existed are full)."""
+    return ckpt.meta.get("format", "full")
+
+
+def load_checkpoint(ckpt: Checkpoint, map_location="cpu") -> tuple[dict | None, dict, dict, dict]:
+    """``(model_state, trainer_state, data_state, meta)`` of a checkpoint; ``model_state`` is
+    None for a sharded one (load it with :func:`load_sharded_state` once the model is set up).
 
     Weights load with safetensors and the trainer state with ``torch.load(weights_only=True)``;
     a missing or unreadable file raises ValueError naming it.
     """
-    for name in ("model.safetensors", "trainer.pt", "data.json", "meta.json"):
+    sharded = checkpoint_format(ckpt) == "sharded"
+    weights = f"{SHARDS}/.metadata" if sharded else "model.safetensors"
+    for name in (weights, "trainer.pt", "data.json", "meta.json"):
         if not (ckpt.path / name).is_file():
             raise ValueError(f"checkpoint {ckpt.path} lacks {name}: it is not a complete cyb checkpoint")
-    model_state = load_file(str(ckpt.path / "model.safetensors"), device=str(map_location))
+    model_state = None if sharded else load_file(str(ckpt.path / "model.safetensors"),
+                                                 device=str(map_location))
     trainer_state = torch.load(ckpt.path / "trainer.pt", map_location=map_location, weights_only=True)
     data_state = json.loads((ckpt.path / "data.json").read_text())
     return model_state, trainer_state, data_state, ckpt.meta

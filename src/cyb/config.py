@@ -201,6 +201,10 @@ class TrainConfig:
     """Checkpoint every this many steps (0 = only at the end)."""
     keep_last: int = 2
     """Checkpoints kept (older ones are deleted), >= 1."""
+    checkpoint_format: str = "full"
+    """full (rank 0 gathers the whole model and optimiser into one file) or sharded (every
+    process writes its own shards with torch.distributed.checkpoint; for models too large to
+    gather).  Either resumes at any world size; final/ is always a full Hugging Face folder."""
     log_every: int = 10
     """Write a metrics line (means over the steps since the last one) every this many steps."""
     resume: bool = True
@@ -398,6 +402,7 @@ def _validate_train(t: TrainConfig) -> None:
     for name in ("eval_every", "save_every", "log_every", "eval_batches"):
         _need(getattr(t, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(t, name)}")
     _need(t.keep_last >= 1, "train.keep_last", f"must be >= 1, got {t.keep_last}")
+    _one_of(t.checkpoint_format, ("full", "sharded"), "train.checkpoint_format")
 
 
 # ---------------------------------------------------------------------- typed building

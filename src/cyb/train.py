@@ -25,7 +25,8 @@ import torch
 
 from . import __version__
 from .build import build_data, build_model, build_tokenizer, resolve_device
-from .checkpoint import fault, list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
+                         save_checkpoint, save_sharded_state)
 from .config import RunConfig
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
@@ -190,7 +191,7 @@ class Trainer:
         self.tokenizer = build_tokenizer(cfg, self.run_dir, info)
         self.model = model = build_model(cfg, self.tokenizer).to(self.device)
         restored = load_checkpoint(ckpt) if ckpt is not None else None
-        if restored is not None:  # full weights go in before any sharding
+        if restored is not None and restored[0] is not None:  # full weights go in before any sharding
             model.load_hf_state_dict(restored[0])
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -214,8 +215,11 @@ class Trainer:
         self.window: dict = {}  # metric sums since the last logged line
         self.last_valid: dict = {}
         if restored is not None:
-            _, trainer_state, data_state, meta = restored
-            load_full_optim_state(self.loss_module, self.optimizer, trainer_state["optimizer"], info)
+            model_state, trainer_state, data_state, meta = restored
+            if model_state is None:  # sharded: into the model and optimiser as now set up
+                load_sharded_state(ckpt, self.loss_module, self.optimizer)
+            else:
+                load_full_optim_state(self.loss_module, self.optimizer, trainer_state["optimizer"], info)
             self.scheduler.load_state_dict(trainer_state["scheduler"])
             rngs = trainer_state["rng"]
             _set_rng_state(rngs[info.rank] if info.rank < len(rngs) else rngs[0])
@@ -331,14 +335,24 @@ class Trainer:
 
     def save(self) -> None:
         """Write a checkpoint of the current step (every process must call it)."""
-        model_state = self._hf_state()
-        optim_state = full_optim_state(self.loss_module, self.optimizer, self.info)
-        rng = gather_objects(_rng_state(), self.info)
+        tmp = None
+        trainer_state = {"scheduler": self.scheduler.state_dict()}
+        if self.cfg.train.checkpoint_format == "sharded":
+            if self.info.is_main:
+                begin_checkpoint(self.run_dir, self.step, suffix="shards")
+            barrier(self.info)
+            tmp = self.run_dir / f"ckpt-{self.step:08d}.tmp-shards"
+            save_sharded_state(tmp, self.loss_module, self.optimizer)
+            model_state = None
+        else:
+            model_state = self._hf_state()
+            trainer_state["optimizer"] = full_optim_state(self.loss_module, self.optimizer, self.info)
+        trainer_state["rng"] = gather_objects(_rng_state(), self.info)
         window = reduce_sums(self.window, self.info, self.device) if self.window else {}
+        barrier(self.info)
         if self.info.is_main:
             save_checkpoint(
-                self.run_dir, self.step, model_state=model_state,
-                trainer_state={"optimizer": optim_state, "scheduler": self.scheduler.state_dict(), "rng": rng},
+                self.run_dir, self.step, model_state=model_state, tmp=tmp, trainer_state=trainer_state,
                 data_state=self.train_data.state_dict(),
                 meta={"metrics": self.last_valid, "window": window, "config": self.cfg.to_dict(),
                       "version": __version__, "world_size": self.info.world_size},
