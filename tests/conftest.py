@@ -8,3 +8,16 @@ import torch
 # counts if set before triton is first imported, hence here.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest  # noqa: E402  (after the environment above)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: thread start-up costs more than the work (and much more on a busy CPU).
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -31,13 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: thread start-up costs more than the work (and much more on a busy CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _read(path: Path) -> dict:

@@ -31,13 +31,7 @@ MIXED = {"llama": (0.3, 0.3, 0.5), "gemma2": (0.3, 1.0, None)}
 RARE = ("llama", 0.3, 1.0, None)  # dk is rare
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: thread start-up costs more than the work (and much more on a busy CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(family="llama", kind="cyb", *, init=0.3, dk_scale=0.3, psi_dk=0.5, num_steps=3,

@@ -38,13 +38,7 @@ PAIRS = [("Water freezes at zero degrees", " Celsius"), ("The opposite of hot is
          ("", "A week has seven days"), ("Question: 2 + 3 = ", "5"), ("Cats", " chase mice")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: thread start-up costs more than the work (and much more on a busy CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

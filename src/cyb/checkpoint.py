@@ -134,9 +134,14 @@ def begin_checkpoint(run_dir: str | Path, step: int, suffix: str | None = None) 
     run.mkdir(parents=True, exist_ok=True)
     for stale in run.glob("ckpt-*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = run / f"ckpt-{step:08d}.tmp-{suffix or os.getpid()}"
+    tmp = temporary_dir(run, step, suffix)
     tmp.mkdir()
     return tmp
+
+
+def temporary_dir(run_dir: str | Path, step: int, suffix: str | None = None) -> Path:
+    """Where ``ckpt-<step>`` is written before it is renamed into place."""
+    return Path(run_dir) / f"ckpt-{step:08d}.tmp-{suffix or os.getpid()}"
 
 
 def _single_process() -> bool:

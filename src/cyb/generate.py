@@ -45,6 +45,7 @@ import torch
 
 from .generation.decoders import AdaptiveDecoder, FixedDecoder, StepOutput, StepReadout
 from .generation.text import TextStream, decode_fn, encode_prompt, split_prompts
+from .layout import left_pad
 from .model import hf as _hf
 
 MODES = ("fixed", "adaptive")
@@ -286,16 +287,6 @@ def default_eos_ids(model) -> tuple[int, ...]:
     return tuple(e for e in found if 0 <= e < model.vocab.vocab_size and e not in special)
 
 
-def _left_pad(encoded: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    length = max(len(ids) for ids in encoded)
-    ids = torch.zeros((len(encoded), length), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, row in enumerate(encoded):
-        ids[r, length - len(row):] = torch.tensor(row, dtype=torch.long)
-        mask[r, length - len(row):] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _check_positions(model, encoded: list[list[int]], cfg: GenerationConfig) -> None:
     """Raise before running if the longest prompt plus ``max_new_tokens`` would need positions
     beyond the model's ``max_position_embeddings`` (the last new token is never fed)."""
@@ -392,7 +383,7 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
     ``torch.inference_mode`` so that the caller's code between tokens runs normally."""
     decoder_cls = FixedDecoder if mode == "fixed" else AdaptiveDecoder
     with torch.inference_mode():
-        ids, mask = _left_pad(encoded, model.device)
+        ids, mask = left_pad(encoded, model.device)
         decoder = decoder_cls(model, ids, mask, readout)
         out = decoder.start()
         for row, n in zip(rows, decoder.prompt_positions.tolist()):

@@ -144,6 +144,18 @@ class Expanded:
     num_steps: int
 
 
+def left_pad(rows: Sequence[Sequence[int]], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows of different lengths, right-aligned: ``(ids, attention_mask)``, both int64
+    ``[len(rows), longest]``, padding (id 0, mask 0) on the left."""
+    length = max(len(row) for row in rows)
+    ids = torch.zeros((len(rows), length), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, length - len(row):] = torch.tensor(list(row), dtype=torch.long)
+        mask[r, length - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
 def next_token_labels(
     ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,

@@ -26,7 +26,7 @@ import torch
 from . import __version__
 from .build import build_data, build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
-                         save_checkpoint, save_sharded_state)
+                         save_checkpoint, save_sharded_state, temporary_dir)
 from .config import RunConfig
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
@@ -341,15 +341,14 @@ class Trainer:
             if self.info.is_main:
                 begin_checkpoint(self.run_dir, self.step, suffix="shards")
             barrier(self.info)
-            tmp = self.run_dir / f"ckpt-{self.step:08d}.tmp-shards"
-            save_sharded_state(tmp, self.loss_module, self.optimizer)
+            tmp = temporary_dir(self.run_dir, self.step, suffix="shards")
+            save_sharded_state(tmp, self.loss_module, self.optimizer)  # returns once all shards are written
             model_state = None
         else:
             model_state = self._hf_state()
             trainer_state["optimizer"] = full_optim_state(self.loss_module, self.optimizer, self.info)
         trainer_state["rng"] = gather_objects(_rng_state(), self.info)
         window = reduce_sums(self.window, self.info, self.device) if self.window else {}
-        barrier(self.info)
         if self.info.is_main:
             save_checkpoint(
                 self.run_dir, self.step, model_state=model_state, tmp=tmp, trainer_state=trainer_state,

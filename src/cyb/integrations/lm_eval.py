@@ -43,7 +43,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from ..decision import greedy_decision
-from ..layout import collapse, expand
+from ..layout import collapse, expand, left_pad
 from ..losses import cyb_loss
 from ..model import PauseModel
 from ..model import hf as _hf
@@ -346,14 +346,10 @@ class CybLM(LM):
         if not live:
             return results
         inputs = [(pairs[j][0] + pairs[j][1])[-(self._max_length + 1):][:-1] for j in live]
-        length = max(len(x) for x in inputs)
-        ids = torch.zeros((len(live), length), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, row in enumerate(inputs):
-            ids[r, length - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[r, length - len(row):] = 1
+        ids, mask = left_pad(inputs, self._device)
+        length = ids.shape[1]
         model = self._model
-        layout = expand(ids.to(self._device), model.vocab, attention_mask=mask.to(self._device))
+        layout = expand(ids, model.vocab, attention_mask=mask)
         hidden, _ = model.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask)
         blocks = collapse(hidden, model.num_steps)  # [B, L, M, H]
         for r, j in enumerate(live):
