@@ -78,6 +78,8 @@ def test_type_errors_name_the_field(data, match):
     ({"data": {"task": "additon"}}, r"data\.task / data\.task_kwargs: unknown synthetic task 'additon'"),
     ({"data": {"task": "addition", "task_kwargs": {"digitz": 3}}}, r"data\.task_kwargs: .*unknown \['digitz'\]"),
     ({"data": {"valid_fraction": 1.0}}, r"data\.valid_fraction: must lie in \[0, 1\)"),
+    ({"data": {"shuffle": "random"}}, r"data\.shuffle: must be one of auto, corpus, buffer, none"),
+    ({"data": {"shuffle_buffer": 0}}, r"data\.shuffle_buffer: must be >= 2 blocks"),
     ({"optim": {"lr": -1}}, r"optim\.lr: must be > 0"),
     ({"optim": {"min_lr_ratio": 2}}, r"optim\.min_lr_ratio: must lie in \[0, 1\]"),
     ({"optim": {"beta2": 1.0}}, r"optim\.beta2: must lie in \[0, 1\)"),
@@ -163,3 +165,14 @@ def test_cli_check_and_help_config(tmp_path, capsys):
         main(["train", "--help"])
     assert exc.value.code == 0
     assert "--set" in capsys.readouterr().out
+
+
+def test_shuffle_auto_resolves_by_source():
+    from cyb.config import resolved_shuffle
+
+    cfg = RunConfig()
+    assert resolved_shuffle(cfg.data) == "corpus"
+    cfg.data.source = "hf:allenai/c4:en"
+    assert resolved_shuffle(cfg.data) == "buffer"
+    cfg.data.shuffle = "none"
+    assert resolved_shuffle(cfg.data) == "none"

@@ -238,6 +238,75 @@ def test_shuffle_is_a_deterministic_permutation(tok):
     assert sorted(a[:10]) == sorted(plain[:10])  # shuffled within windows only
 
 
+MARKERS = [f"m{i:03d}" for i in range(200)]
+
+
+def marker_docs() -> list[str]:
+    """200 documents, each one marker word repeated: a block's words name its documents."""
+    return [" ".join([m] * 40) for m in MARKERS]
+
+
+@pytest.fixture(scope="module")
+def marker_tok(tmp_path_factory):
+    return train_bpe_tokenizer(marker_docs(), 400, tmp_path_factory.mktemp("mtok"))
+
+
+def documents_in(tokenizer, blocks) -> set[str]:
+    text = " ".join(tokenizer.decode(b.tolist()) for b in blocks)
+    return {w for w in text.split() if w in set(MARKERS)}
+
+
+def test_corpus_shuffle_mixes_documents_in_the_first_batch(marker_tok):
+    """Corpus order puts a few neighbouring documents in a batch; the shuffle does not."""
+    first = lambda **kw: list(itertools.islice(PackedBlocks(marker_docs(), marker_tok, 16, **kw), 32))  # noqa: E731
+    in_order = documents_in(marker_tok, first(shuffle="none"))
+    shuffled = documents_in(marker_tok, first(shuffle="corpus", seed=0))
+    assert len(in_order) < 15
+    assert len(shuffled) >= 25
+    assert max(int(m[1:]) for m in shuffled) > 150  # from all over the corpus, not its start
+
+
+def test_corpus_shuffle_is_a_new_permutation_each_epoch(tok):
+    plain = [tuple(b.tolist()) for b in PackedBlocks(DOCS, tok, 16)]
+    two = [tuple(b.tolist()) for b in PackedBlocks(DOCS, tok, 16, shuffle="corpus", seed=5, epochs=2)]
+    n = len(plain)
+    assert len(two) == 2 * n
+    assert sorted(two[:n]) == sorted(plain) == sorted(two[n:])
+    assert two[:n] != plain and two[:n] != two[n:]
+
+
+def test_epochs_done_counts_passes(tok):
+    n = len(list(PackedBlocks(DOCS, tok, 16)))
+    pb = PackedBlocks(DOCS, tok, 16, shuffle="corpus", epochs=None)
+    assert pb.epochs_done() is None and pb.epoch_blocks is None
+    it = iter(pb)
+    next(it)
+    assert pb.epoch_blocks == n and pb.epochs_done() == pytest.approx(1 / n)
+    for _ in range(n + n // 2 - 1):
+        next(it)
+    assert pb.epochs_done() == pytest.approx(1 + (n // 2) / n)
+    streamed = PackedBlocks(DOCS, tok, 16, shuffle_buffer=4, epochs=None)  # known after one pass
+    it = iter(streamed)
+    next(it)
+    assert streamed.epochs_done() is None
+    for _ in range(n):
+        next(it)
+    assert streamed.epochs_done() == pytest.approx(1 + 1 / n)
+    resumed = PackedBlocks(DOCS, tok, 16, shuffle_buffer=4, epochs=None)
+    resumed.load_state_dict(json.loads(json.dumps(streamed.state_dict())))
+    assert resumed.epochs_done() == pytest.approx(1 + 1 / n)
+
+
+def test_shuffle_arguments_are_checked(tok):
+    with pytest.raises(ValueError, match="shuffle must be one of"):
+        PackedBlocks(DOCS, tok, 16, shuffle="random")
+    with pytest.raises(ValueError, match="shuffle_buffer >= 2"):
+        PackedBlocks(DOCS, tok, 16, shuffle="buffer", shuffle_buffer=1)
+    state = PackedBlocks(DOCS, tok, 16, shuffle="corpus").state_dict()
+    with pytest.raises(ValueError, match="shuffle='corpus'"):
+        PackedBlocks(DOCS, tok, 16).load_state_dict(state)
+
+
 def collect(pb, batch_size, k=None):
     return [x.clone() for x in itertools.islice(batches(pb, batch_size), k)]
 
@@ -248,6 +317,8 @@ def collect(pb, batch_size, k=None):
         (300, dict()),
         (300, dict(shuffle_buffer=7, seed=1)),
         (60, dict(shuffle_buffer=5, epochs=3, world_size=2, rank=1)),  # resumes across epochs
+        (60, dict(shuffle="corpus", seed=2, epochs=3)),
+        (60, dict(shuffle="corpus", epochs=None, world_size=2, rank=0)),
         (60, dict(shard="document", world_size=3, rank=2, epochs=None)),
     ],
 )
@@ -275,19 +346,19 @@ def test_epochs_repeat_and_reset(tok):
     assert len(list(pb)) == len(two)
 
 
-@pytest.mark.parametrize("shuffle", [0, 6])
+@pytest.mark.parametrize("shuffle", [dict(shuffle_buffer=0), dict(shuffle_buffer=6), dict(shuffle="corpus")])
 def test_rank_shards_are_disjoint_complete_and_equal(tok, shuffle):
-    everything = [tuple(b.tolist()) for b in PackedBlocks(DOCS, tok, 19, shuffle_buffer=shuffle)]
+    everything = [tuple(b.tolist()) for b in PackedBlocks(DOCS, tok, 19, **shuffle)]
     shards = [
-        [tuple(b.tolist()) for b in PackedBlocks(DOCS, tok, 19, shuffle_buffer=shuffle, rank=r, world_size=3)]
+        [tuple(b.tolist()) for b in PackedBlocks(DOCS, tok, 19, **shuffle, rank=r, world_size=3)]
         for r in range(3)
     ]
     assert len({len(s) for s in shards}) == 1
     merged = [x for s in shards for x in s]
     # the state is the same on every rank at the same step: rank 0's state resumes rank 2
-    pb0 = PackedBlocks(DOCS, tok, 19, shuffle_buffer=shuffle, rank=0, world_size=3)
+    pb0 = PackedBlocks(DOCS, tok, 19, **shuffle, rank=0, world_size=3)
     list(itertools.islice(pb0, 5))
-    pb2 = PackedBlocks(DOCS, tok, 19, shuffle_buffer=shuffle, rank=2, world_size=3)
+    pb2 = PackedBlocks(DOCS, tok, 19, **shuffle, rank=2, world_size=3)
     pb2.load_state_dict(pb0.state_dict())
     assert [tuple(b.tolist()) for b in pb2] == shards[2][5:]
     assert len(set(merged)) == len(merged)  # disjoint (blocks here are all distinct)

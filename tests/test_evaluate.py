@@ -31,7 +31,7 @@ def tiny_config(method: str, out_dir: Path) -> RunConfig:
         "model": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_position_embeddings": 128},
         "method": {"name": method, "num_steps": M},
         "data": {"task": "addition", "task_kwargs": {"digits": 2}, "num_train_examples": 128,
-                 "num_valid_examples": 16},
+                 "num_valid_examples": 20},
         "optim": {"lr": 3e-3, "warmup_steps": 2},
         "train": {"out_dir": str(out_dir), "steps": 8, "batch_size": 8, "eval_every": 0, "eval_batches": 2,
                   "save_every": 0, "log_every": 4, "progress": False, "device": "cpu"},
@@ -88,16 +88,55 @@ def test_eval_writes_outputs(runs, method, tmp_path):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_eval_perplexity_equals_training_held_out(runs, method):
-    """Same rows as training's final evaluation (eval_batches x batch_size) -> same perplexity."""
+    """By default cyb eval reads the rows of training's final evaluation (eval_batches x
+    batch_size) -> the same perplexity, token count and step."""
     final = json.loads((runs[method] / "final_metrics.json").read_text())
     cfg = RunConfig.load(runs[method] / "config.yaml")
     rows = cfg.train.eval_batches * cfg.train.batch_size
-    metrics = evaluate(runs[method], batch_size=rows, max_tokens=1, progress=False, write=False)
-    assert metrics["data"]["sequences"] == rows
+    metrics = evaluate(runs[method], batch_size=5, progress=False, write=False)
+    assert metrics["data"]["sequences"] == rows < cfg.data.num_valid_examples
+    assert metrics["target"]["step"] == final["step"] == cfg.train.steps
     assert metrics["perplexity"]["tokens"] == final.get("targets", final.get("tokens"))
     assert metrics["perplexity"]["ppl"] == pytest.approx(final["ppl"], rel=1e-5)
     if method == "cyb":
         assert metrics["latency"]["mean_steps"] == pytest.approx(final["mean_steps"], rel=1e-5)
+
+
+def _text_run(root: Path, method: str, **method_kw) -> Path:
+    from cyb.data.tokenizer import train_bpe_tokenizer
+    from cyb.train import train
+
+    words = "the kernel pause token model step loss data block of to and is in".split()
+    docs = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(30 + i % 17)) for i in range(80)]
+    for name, part in (("train", docs[:60]), ("valid", docs[60:])):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
+    if not (root / "bpe" / "tokenizer.json").is_file():
+        train_bpe_tokenizer(docs, 300, root / "bpe")
+    out = root / method
+    train(RunConfig.from_dict({
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "max_position_embeddings": 256},
+        "method": {"name": method, "num_steps": M, **method_kw},
+        "data": {"source": str(root / "train.jsonl"), "valid_source": str(root / "valid.jsonl"),
+                 "tokenizer": str(root / "bpe"), "block_len": 12},
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+        "train": {"out_dir": str(out), "steps": 6, "batch_size": 4, "eval_every": 0, "eval_batches": 0,
+                  "save_every": 0, "log_every": 3, "progress": False, "device": "cpu"},
+    }).validate())
+    return out
+
+
+@pytest.mark.parametrize("method,kw", [("cyb", {}), ("baseline_nx", {"seq_multiplier": 2})])
+def test_eval_of_a_text_run_matches_its_final_evaluation(tmp_path, method, kw):
+    """Whole held-out file (eval_batches 0), rows of data.block_len for every method."""
+    run = _text_run(tmp_path, method, **kw)
+    final = json.loads((run / "final_metrics.json").read_text())
+    metrics = evaluate(run, batch_size=3, progress=False, write=False)
+    assert metrics["data"]["block_len"] == 12
+    assert metrics["perplexity"]["tokens"] == final["targets"]
+    assert metrics["perplexity"]["ppl"] == pytest.approx(final["ppl"], rel=1e-5)
+    state = json.loads((run / "final" / "training_state.json").read_text())
+    assert state["step"] == final["step"] == 6 and state["epochs"] > 0
+    assert metrics["target"]["epochs"] == pytest.approx(state["epochs"])
 
 
 def test_eval_reference_and_relative_improvement(runs, tmp_path):

@@ -105,7 +105,9 @@ def test_every_method_learns_text(tmp_path, text_data, method, extra):
     cfg = tiny_cfg(tmp_path / "run", text=text_data, method=dict(name=method, **extra))
     trainer, _ = _learns(cfg)
     if method == "baseline_nx":  # compute-matched: a context seq_multiplier times longer
-        assert trainer.valid_batches[0]["ids"].shape[1] == 2 * cfg.data.block_len
+        assert next(iter(trainer.train_data))["ids"].shape[1] == 2 * cfg.data.block_len
+        # ... but scored on the same held-out rows as every other method
+        assert trainer.valid_batches[0]["ids"].shape[1] == cfg.data.block_len
 
 
 # ------------------------------------------------------------------ gradient accumulation
@@ -295,3 +297,59 @@ def test_speed_options_do_not_change_the_update(tmp_path, monkeypatch, option, m
     assert float(a["objective"]) == pytest.approx(float(b["objective"]), rel=1e-5)
     for (name, p), q in zip(base.model.named_parameters(), other.model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# ------------------------------------------------------------------ data order and epochs
+
+
+def _marker_corpus(root, n=120):
+    """Documents that are each one marker word repeated: a row's words name its documents."""
+    from cyb.data.tokenizer import train_bpe_tokenizer
+
+    docs = [" ".join([f"m{i:03d}"] * 30) for i in range(n)]
+    root.mkdir(parents=True, exist_ok=True)
+    train_bpe_tokenizer(docs, 400, root / "bpe")
+    return {"source": str(_write_jsonl(root / "train.jsonl", docs)),
+            "valid_source": str(_write_jsonl(root / "valid.jsonl", docs[:4])), "tokenizer": str(root / "bpe")}
+
+
+def _first_batch_documents(trainer) -> set[str]:
+    import re
+
+    ids = next(iter(trainer.train_data))["ids"]
+    return {w for row in ids.tolist() for w in re.findall(r"m\d{3}", trainer.tokenizer.decode(row))}
+
+
+def test_training_shuffles_the_whole_corpus_by_default(tmp_path):
+    """The first batch mixes documents from all over the corpus (corpus order gave a few)."""
+    data = _marker_corpus(tmp_path / "data")
+    cfg = tiny_cfg(tmp_path / "run", text=data, train={"batch_size": 16})
+    assert cfg.data.shuffle == "auto"
+    shuffled = _first_batch_documents(Trainer(cfg))
+    in_order = _first_batch_documents(Trainer(tiny_cfg(tmp_path / "ordered", text=data, train={"batch_size": 16},
+                                                       data={"shuffle": "none"})))
+    assert len(in_order) <= 10
+    assert len(shuffled) >= 12 and max(int(w[1:]) for w in shuffled) >= 60
+
+
+def test_epochs_are_logged_and_passing_one_is_said(tmp_path, capsys):
+    data = _marker_corpus(tmp_path / "data", n=16)  # about 60 blocks of 16: 8 steps of 8 per epoch
+    cfg = tiny_cfg(tmp_path / "run", text=data, train={"steps": 12, "progress": True, "log_every": 4})
+    trainer = Trainer(cfg)
+    trainer.run()
+    err = capsys.readouterr().err
+    assert "data.shuffle = corpus" in err
+    assert "completes epoch 1 of the training data" in err
+    rows = read_metrics(cfg.train.out_dir, "train")
+    epochs = [r["epoch"] for r in rows]
+    assert epochs == sorted(epochs) and epochs[0] > 0 and 1.0 < epochs[-1] < 2.0
+    state = json.loads((tmp_path / "run" / "final" / "training_state.json").read_text())
+    assert state["epochs"] == pytest.approx(epochs[-1]) and state["step"] == 12
+    assert state["real_tokens_seen"] == 12 * 8 * 16
+
+
+def test_corpus_order_is_only_used_when_asked_for_and_warned(tmp_path, capsys):
+    data = _marker_corpus(tmp_path / "data", n=30)
+    cfg = tiny_cfg(tmp_path / "run", text=data, data={"shuffle": "none"}, train={"steps": 2, "progress": True})
+    Trainer(cfg).run()
+    assert "warning: data.shuffle = none" in capsys.readouterr().err

@@ -162,6 +162,11 @@ class GlobalBatches:
                 batch["row"] = torch.arange(first + s, first + s + batch["ids"].shape[0])
                 yield batch
 
+    def epochs(self) -> float | None:
+        """Passes over the training data after the global batches drawn so far (None while
+        the corpus length is unknown)."""
+        return self.source.epochs()
+
     def state_dict(self) -> dict:
         return dict(self._state)
 
@@ -173,12 +178,12 @@ class GlobalBatches:
 class TextRows:
     """Packed text blocks as rows ``{"ids": [n, L]}``, repeating over epochs; resumable."""
 
-    def __init__(self, texts_factory, tokenizer, block_len: int, *, shuffle_buffer: int, seed: int,
-                 where: str = "data.source"):
+    def __init__(self, texts_factory, tokenizer, block_len: int, *, shuffle: str, shuffle_buffer: int,
+                 seed: int, where: str = "data.source"):
         from .data.packing import PackedBlocks
 
-        self.blocks = PackedBlocks(texts_factory, tokenizer, block_len, shuffle_buffer=shuffle_buffer,
-                                   seed=seed, epochs=None)
+        self.blocks = PackedBlocks(texts_factory, tokenizer, block_len, shuffle=shuffle,
+                                   shuffle_buffer=shuffle_buffer, seed=seed, epochs=None)
         self.where = where
         self._it = None
 
@@ -193,6 +198,10 @@ class TextRows:
             raise ValueError(f"{self.where} yields no block of data.block_len={self.blocks.block_len} "
                              f"tokens ({e}); add documents or lower data.block_len") from None
         return {"ids": torch.stack(rows)}
+
+    def epochs(self) -> float | None:
+        """Passes over the corpus so far (None until its length is known)."""
+        return self.blocks.epochs_done()
 
     def state_dict(self) -> dict:
         return self.blocks.state_dict()
@@ -229,6 +238,10 @@ class TensorRows:
         sel = torch.cat(parts)
         return {k: v[sel] for k, v in self.tensors.items()}
 
+    def epochs(self) -> float:
+        """Passes over the data set so far."""
+        return self.epoch + self.pos / self.n
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "rows": self.n, "seed": self.seed}
 
@@ -264,11 +277,18 @@ def _micro_batches(rows: dict, rank_rows: torch.Tensor, micro: int) -> list[dict
     return out
 
 
-def _held_out_rows(cfg: RunConfig, available: int | None, info: DistInfo) -> int:
-    """Rows of the held-out set per evaluation: ``eval_batches x batch_size`` (0 = all),
-    at most ``available``, a multiple of the world size."""
+def held_out_rows(cfg: RunConfig) -> int | None:
+    """Rows of the held-out set that a run evaluates: ``train.eval_batches x
+    train.batch_size``, or None (all of it) when ``eval_batches`` is 0."""
     t = cfg.train
-    n = t.eval_batches * t.batch_size if t.eval_batches else (available if available is not None else -1)
+    return t.eval_batches * t.batch_size if t.eval_batches else None
+
+
+def _held_out_rows(cfg: RunConfig, available: int | None, info: DistInfo) -> int:
+    """Rows of the held-out set per evaluation (:func:`held_out_rows`), at most ``available``
+    (-1: all, count unknown), a multiple of the world size."""
+    rows = held_out_rows(cfg)
+    n = rows if rows is not None else (available if available is not None else -1)
     if available is not None:
         n = min(n, available)
     return n - n % info.world_size if n >= 0 else n
@@ -279,7 +299,9 @@ def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
 
     The held-out set is the same rows at any world size: its first ``eval_batches x
     batch_size`` rows (all with ``eval_batches = 0``), shared out between processes (row
-    ``i`` to process ``i mod w``) in micro-batches, as many on every process.
+    ``i`` to process ``i mod w``) in micro-batches, as many on every process. Text rows hold
+    ``data.block_len`` real tokens for every method. ``cyb eval`` reads the same rows
+    (:func:`held_out_rows`).
     """
     d, t = cfg.data, cfg.train
     if d.task:
@@ -305,12 +327,16 @@ def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
         raise ValueError(f"{what}: {e}") from None
     if first is None:
         raise ValueError(f"{what}: check the path and data.text_field, add documents or lower data.block_len")
-    train = GlobalBatches(TextRows(train_texts, tokenizer, block_len, shuffle_buffer=d.shuffle_buffer,
-                                   seed=t.seed), t.batch_size, info, micro)
+    from .config import resolved_shuffle
+
+    train = GlobalBatches(TextRows(train_texts, tokenizer, block_len, shuffle=resolved_shuffle(d),
+                                   shuffle_buffer=d.shuffle_buffer, seed=t.seed), t.batch_size, info, micro)
     valid = []
     if valid_texts is not None:
+        # every method is evaluated on the same rows of data.block_len real tokens (baseline_nx
+        # too: a longer evaluation context would make its perplexity incomparable)
         n = _held_out_rows(cfg, None, info)
-        blocks = PackedBlocks(valid_texts, tokenizer, block_len, rank=info.rank,
+        blocks = PackedBlocks(valid_texts, tokenizer, d.block_len, rank=info.rank,
                               world_size=info.world_size, epochs=1)
         want = n // info.world_size if n >= 0 else None
         try:
@@ -320,7 +346,7 @@ def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
         if not mine:
             where = f"data.valid_source ({d.valid_source})" if d.valid_source else \
                 f"the held-out documents (data.valid_fraction = {d.valid_fraction} of data.source)"
-            raise ValueError(f"{where} yield no block of {block_len} tokens per process; give more "
+            raise ValueError(f"{where} yield no block of {d.block_len} tokens per process; give more "
                              "held-out text (data.valid_source or a larger data.valid_fraction) or "
                              "lower data.block_len")
         ids = torch.stack(mine)

@@ -137,8 +137,14 @@ class DataConfig:
     """Documents used to train that BPE."""
     block_len: int = 256
     """L: real tokens per training sequence (pauses come on top)."""
-    shuffle_buffer: int = 0
-    """Blocks held in a seeded shuffle buffer (0 = corpus order)."""
+    shuffle: str = "auto"
+    """Order of the training blocks: corpus (a seeded random order over all blocks of the
+    corpus, new each epoch; holds the tokenised corpus in memory, 4 bytes per token), buffer
+    (random within consecutive windows of shuffle_buffer blocks; streams), none (corpus order:
+    each batch comes from a few consecutive documents, which costs small models much held-out
+    perplexity) or auto (corpus for files and folders, buffer for hf: hub streams)."""
+    shuffle_buffer: int = 10000
+    """Blocks per shuffle window when data.shuffle is buffer (>= 2)."""
     task: str | None = None
     """A synthetic task (addition, multiplication, three_sum, parity, variable_lookup ...)
     instead of text."""
@@ -148,6 +154,13 @@ class DataConfig:
     """Synthetic task: training examples."""
     num_valid_examples: int = 500
     """Synthetic task: held-out examples."""
+
+
+def resolved_shuffle(d: DataConfig) -> str:
+    """``data.shuffle`` with ``auto`` resolved: buffer for hub streams, corpus otherwise."""
+    if d.shuffle != "auto":
+        return d.shuffle
+    return "buffer" if str(d.source).startswith("hf:") else "corpus"
 
 
 @dataclass
@@ -365,7 +378,8 @@ def _validate_data(d: DataConfig) -> None:
     _need(0.0 <= d.valid_fraction < 1.0, "data.valid_fraction", f"must lie in [0, 1), got {d.valid_fraction}")
     _need(d.bpe_vocab_size >= 64, "data.bpe_vocab_size", f"must be >= 64, got {d.bpe_vocab_size}")
     _need(d.bpe_train_docs >= 1, "data.bpe_train_docs", f"must be >= 1, got {d.bpe_train_docs}")
-    _need(d.shuffle_buffer >= 0, "data.shuffle_buffer", f"must be >= 0, got {d.shuffle_buffer}")
+    _one_of(d.shuffle, ("auto", "corpus", "buffer", "none"), "data.shuffle")
+    _need(d.shuffle_buffer >= 2, "data.shuffle_buffer", f"must be >= 2 blocks, got {d.shuffle_buffer}")
     _need(d.num_train_examples >= 1, "data.num_train_examples", f"must be >= 1, got {d.num_train_examples}")
     _need(d.num_valid_examples >= 1, "data.num_valid_examples", f"must be >= 1, got {d.num_valid_examples}")
 

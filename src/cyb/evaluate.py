@@ -31,9 +31,12 @@ from .analysis.eval_data import EvalData, resolve_data
 from .analysis.latency import expected_pauses
 from .analysis.records import TokenRecords
 from .config import METHODS, MethodConfig, RunConfig
-from .model.settings import SETTINGS_FILE
+from .model.settings import SETTINGS_FILE, TRAINING_STATE_FILE
 
 DEFAULT_TOKENS = 100_000
+#: ``max_tokens`` default: a run's own held-out rows (the rows of its evaluations in training)
+#: when the data is the run's; else :data:`DEFAULT_TOKENS`.
+RUN_ROWS = "run"
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -83,6 +86,17 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
         return EvalTarget(p, p)
     raise ValueError(f"{p} is neither a run folder (config.yaml and final/ written by cyb train) nor a saved "
                      f"cyb model ({SETTINGS_FILE})")
+
+
+def training_state(model_dir: Path) -> dict:
+    """``{"step", "epochs", ...}`` of a model saved by ``cyb train`` (its
+    ``training_state.json``), or ``{}`` for other models."""
+    f = Path(model_dir) / TRAINING_STATE_FILE
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: d[k] for k in ("step", "epochs", "real_tokens_seen") if k in d}
 
 
 def _method_from_settings(settings) -> MethodConfig:
@@ -291,7 +305,10 @@ def _p_text(p) -> str:
 def format_summary(metrics: dict) -> str:
     """A few human-readable lines of ``metrics``."""
     t, d, ppl = metrics["target"], metrics["data"], metrics["perplexity"]
-    lines = [f"{t['name']} ({t['path']})",
+    trained = f", trained {t['step']} steps" if t.get("step") is not None else ""
+    if t.get("epochs") is not None:
+        trained += f" ({t['epochs']:.2f} epochs)"
+    lines = [f"{t['name']} ({t['path']}{trained})",
              f"data: {d['source']}; {ppl['tokens']} tokens in {d['sequences']} sequences",
              f"perplexity {ppl['ppl']:.4f} (loss {ppl['loss']:.4f}; {ppl['readout']})"]
     if "train_setting" in ppl:
@@ -328,7 +345,7 @@ def evaluate(
     path: str | os.PathLike,
     *,
     data: str | None = None,
-    max_tokens: int | None = DEFAULT_TOKENS,
+    max_tokens: int | str | None = RUN_ROWS,
     batch_size: int | None = None,
     out_dir: str | os.PathLike | None = None,
     reference: str | os.PathLike | None = None,
@@ -353,7 +370,10 @@ def evaluate(
     Args:
         path: a run folder, its ``final/`` folder, or a saved cyb model folder.
         data: None (the run's held-out data), ``task:NAME`` or a text source spec.
-        max_tokens: evaluated real tokens (whole batches; None = all the data).
+        max_tokens: evaluated real tokens (whole batches; None = all the data), or ``"run"``
+            (the default): for a run on its own held-out data, exactly the rows its training
+            evaluated (``train.eval_batches x train.batch_size``, all when 0), so the two
+            perplexities agree; otherwise :data:`DEFAULT_TOKENS`.
         batch_size: rows per forward (default: the run's micro-batch, else 8).
         reference: a run/model folder (evaluated on the same data) or a metrics JSON file; adds
             ``reference`` and ``relative_improvement_pct``.
@@ -364,14 +384,22 @@ def evaluate(
         min_count, top_k, attribution: Table 2 settings (see :mod:`cyb.analysis.pause_stats`).
         command: the command line, stored in ``metrics.json``.
     """
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens (--tokens) must be >= 1, got {max_tokens}")
+    if max_tokens is not None and max_tokens != RUN_ROWS and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"max_tokens (--tokens) must be >= 1, None or {RUN_ROWS!r}, got {max_tokens!r}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {batch_size}")
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
     target = resolve_target(path)
     spec = resolve_data(target.config, data, block_len=block_len)
+    if max_tokens == RUN_ROWS:
+        max_tokens = None
+        if data is None and target.config is not None and block_len in (None, spec.block_len):
+            from .build import held_out_rows
+
+            spec.max_rows = held_out_rows(target.config)
+        else:
+            max_tokens = DEFAULT_TOKENS
     if batch_size is None:
         t = target.config.train if target.config is not None else None
         batch_size = (t.micro_batch_size or t.batch_size) if t is not None else 8
@@ -386,7 +414,8 @@ def evaluate(
     vocab = real_vocab(model)
     metrics = {
         "target": {"name": target.name, "path": str(target.path), "run_dir": str(target.run_dir) if target.run_dir else None,
-                   "method": method.name, "num_steps": model.num_steps, "has_dk": has_dk},
+                   "method": method.name, "num_steps": model.num_steps, "has_dk": has_dk,
+                   **training_state(target.model_dir)},
         "data": {**spec.to_dict(), "sequences": records.sequences, "batch_size": batch_size,
                  "max_tokens": max_tokens},
         "device": str(model.device),

@@ -95,7 +95,7 @@ def _duration(seconds: float) -> str:
 
 
 def format_metrics(metrics: dict) -> str:
-    """``loss 3.210 | ppl 24.8 | E[S] 2.31 | 12,345 tok/s`` from a metrics row."""
+    """``loss 3.210 | ppl 24.8 | E[S] 2.31 | epoch 0.42 | 12,345 tok/s`` from a metrics row."""
     parts = []
     if "loss" in metrics:
         parts.append(f"loss {metrics['loss']:.4f}")
@@ -105,6 +105,8 @@ def format_metrics(metrics: dict) -> str:
         parts.append(f"ppl {metrics['ppl']:.2f}")
     if "mean_steps" in metrics:
         parts.append(f"E[S] {metrics['mean_steps']:.2f}")
+    if metrics.get("epoch") is not None:
+        parts.append(f"epoch {metrics['epoch']:.2f}")
     if metrics.get("tokens_per_s"):
         parts.append(f"{metrics['tokens_per_s']:,.0f} tok/s")
     return " | ".join(parts)

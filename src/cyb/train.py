@@ -12,6 +12,7 @@ Under ``torchrun`` the same code runs DDP or FSDP2.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -27,10 +28,11 @@ from . import __version__
 from .build import build_data, build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
-from .config import RunConfig
+from .config import RunConfig, resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
+from .model.settings import TRAINING_STATE_FILE
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .objective import Objective, Prepared, merge_sums, summarise
 
@@ -133,7 +135,7 @@ _RESUME_FIELDS = {
     "model": None,
     "method": None,
     "data": ("tokenizer", "bpe_vocab_size", "bpe_train_docs", "block_len", "task", "task_kwargs",
-             "num_train_examples", "shuffle_buffer"),
+             "num_train_examples", "shuffle", "shuffle_buffer"),
     "train": ("seed", "batch_size"),
 }
 _RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtype", "pause_init")}
@@ -299,6 +301,12 @@ class Trainer:
         self.step += 1
         return norm
 
+    def _prefetch(self) -> None:
+        """Draw the first micro-batch now (it is handed out first by :meth:`train_step`)."""
+        if self._iter is None:
+            it = iter(self.train_data)
+            self._iter = itertools.chain([next(it)], it)
+
     def train_step(self):
         """Draw the next global batch, accumulate, step; returns ``(sums, grad_norm)``."""
         if self._iter is None:
@@ -360,6 +368,14 @@ class Trainer:
             self.window = window if self.info.is_main else {}
         barrier(self.info)
 
+    def training_state(self) -> dict:
+        """Where training stands: ``step``, ``epochs`` over the training data (None while
+        unknown) and ``real_tokens_seen`` (real input tokens of the optimiser steps so far)."""
+        t = self.cfg.train
+        rows = self.cfg.data.block_len * (self.cfg.method.seq_multiplier if self.cfg.method.name == "baseline_nx" else 1)
+        return {"step": self.step, "epochs": self.train_data.epochs(),
+                "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows}
+
     def save_final(self) -> Path:
         """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``),
         replaced atomically."""
@@ -375,6 +391,7 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             with _quiet_hf_progress():
                 self.model.save_pretrained(tmp, state_dict=state)
+            (tmp / TRAINING_STATE_FILE).write_text(json.dumps(self.training_state(), indent=2))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         barrier(self.info)
@@ -389,6 +406,9 @@ class Trainer:
         metrics.update(step=self.step, lr=self.scheduler.get_last_lr()[0],
                        grad_norm=None if grad_norm is None else float(grad_norm),
                        tokens_per_s=sums.get("real", 0.0) / max(elapsed, 1e-9))
+        epochs = self.train_data.epochs()
+        if epochs is not None:
+            metrics["epoch"] = epochs
         logger.log("train", metrics)
         progress.update(self.step, metrics)
         self.window = {}
@@ -396,8 +416,12 @@ class Trainer:
 
     def _log_valid(self, logger, progress) -> None:
         self.last_valid = {**self.evaluate(), "step": self.step}
+        epochs = self.train_data.epochs()
+        if epochs is not None:
+            self.last_valid["epoch"] = epochs
         logger.log("valid", self.last_valid)
-        progress.write(f"step {self.step}: held-out {format_metrics(self.last_valid)}")
+        progress.write(f"step {self.step}: held-out {format_metrics(self.last_valid)} "
+                       f"({self.last_valid.get('targets', 0):,} tokens)")
 
     def _announce(self, progress: Progress, resumed: bool) -> None:
         t = self.cfg.train
@@ -407,6 +431,16 @@ class Trainer:
             f"{self.device} x {self.info.world_size} process(es), batch {t.batch_size} = "
             f"{self.info.world_size} x {self.accum} x {self.micro}, peak lr {self.lr:.3g}, "
             f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))
+        d = self.cfg.data
+        if not d.task:
+            order = resolved_shuffle(d)
+            progress.write({"corpus": "training data: all blocks in a seeded random order (data.shuffle = "
+                                      "corpus; the corpus is tokenised before the first step)",
+                            "buffer": f"training data: random order within windows of {d.shuffle_buffer} "
+                                      "blocks (data.shuffle = buffer)",
+                            "none": "warning: data.shuffle = none: training blocks come in corpus order, so "
+                                    "each batch holds a few consecutive documents; small models reach a much "
+                                    "worse held-out perplexity this way (use corpus or buffer)"}[order])
         if self.cfg.optim.warmup_steps >= t.steps:
             progress.write(f"note: optim.warmup_steps ({self.cfg.optim.warmup_steps}) >= train.steps "
                            f"({t.steps}): the LR never reaches its peak")
@@ -430,11 +464,18 @@ class Trainer:
         try:
             if self.step == 0 and t.eval_every and self.valid_batches:  # where training starts from
                 self._log_valid(logger, progress)
+            self._prefetch()  # reading (and, shuffled, tokenising) the corpus is not training time
             window_start = time.perf_counter()
             self.model.train()
+            epoch_before = math.floor(self.train_data.epochs() or 0.0)
             while self.step < t.steps:
                 sums, grad_norm = self.train_step()
                 merge_sums(self.window, sums)
+                epoch_now = self.train_data.epochs()
+                if epoch_now is not None and math.floor(epoch_now) > epoch_before:
+                    epoch_before = math.floor(epoch_now)
+                    progress.write(f"note: step {self.step} completes epoch {epoch_before} of the training "
+                                   "data; from here on the model sees blocks it has seen before")
                 if delay:
                     time.sleep(delay)
                 if self.step % max(t.log_every, 1) == 0 or self.step == t.steps:

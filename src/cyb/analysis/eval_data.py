@@ -5,8 +5,8 @@ models (the evaluated one and a reference) through each one's tokenizer.
 
 * the run's own held-out data: its synthetic test set (``data.task``), else its held-out texts
   (``data.valid_source``, or the ``valid_fraction`` split of ``data.source``), packed into
-  blocks of ``data.block_len`` tokens (times ``method.seq_multiplier`` for ``baseline_nx``) as
-  in training;
+  blocks of ``data.block_len`` tokens as in the run's own evaluations (``baseline_nx``
+  too, although it trained on longer rows);
 * ``task:NAME``: the test split of a synthetic task (the run's task sizes when it is the same
   task);
 * anything else: a text source (file, folder, glob, ``hf:NAME``; see :mod:`cyb.data.sources`)
@@ -38,6 +38,7 @@ class EvalData:
         source: a text source spec (``kind == "text"`` with ``--data``), else None for the
             run's held-out texts.
         block_len: real tokens per row for text.
+        max_rows: at most this many rows, the first ones (None = all).
     """
 
     kind: str
@@ -45,9 +46,12 @@ class EvalData:
     config: RunConfig
     source: str | None = None
     block_len: int = DEFAULT_BLOCK_LEN
+    max_rows: int | None = None
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind, "source": self.description}
+        if self.max_rows is not None:
+            out["max_rows"] = self.max_rows
         if self.kind == "text":
             out["block_len"] = self.block_len
         return out
@@ -57,10 +61,16 @@ class EvalData:
         rows), CPU tensors, in a fixed order."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if self.kind == "synthetic":
-            yield from self._synthetic_batches(batch_size)
-        else:
-            yield from self._text_batches(tokenizer, batch_size)
+        rows = self._synthetic_batches(batch_size) if self.kind == "synthetic" else \
+            self._text_batches(tokenizer, batch_size)
+        left = self.max_rows
+        for batch in rows:
+            if left is not None:
+                if left <= 0:
+                    return
+                batch = {k: v[:left] for k, v in batch.items()}
+                left -= next(iter(batch.values())).shape[0]
+            yield batch
 
     def _synthetic_batches(self, batch_size: int) -> Iterator[dict]:
         from ..build import synthetic_sets
@@ -128,6 +138,7 @@ def resolve_data(config: RunConfig | None, data: str | None = None, *, block_len
 
 
 def _run_block_len(cfg: RunConfig) -> int:
-    mult = cfg.method.seq_multiplier if cfg.method.name == "baseline_nx" else 1
-    return cfg.data.block_len * mult
+    """Rows of ``data.block_len`` real tokens, as the run's own evaluations (``baseline_nx``
+    included: it trains on longer rows but is scored on the same ones as every method)."""
+    return cfg.data.block_len
 

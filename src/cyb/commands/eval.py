@@ -21,8 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, metavar="SOURCE",
                    help="held-out data: a text source (file, folder, glob, hf:NAME) or task:NAME; "
                         "default: the run's own held-out split or synthetic test set" + _OWN_DEFAULT)
-    p.add_argument("--tokens", type=int, default=100_000, metavar="N",
-                   help="evaluate about N real tokens (whole batches; 0 = all the data)")
+    p.add_argument("--tokens", type=int, default=None, metavar="N",
+                   help="evaluate about N real tokens (whole batches; 0 = all the data); default: for a "
+                        "run on its own held-out data, exactly the rows its training evaluated "
+                        "(train.eval_batches x train.batch_size, all when 0), so both perplexities "
+                        "agree; else 100,000" + _OWN_DEFAULT)
     p.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="rows per forward pass (default: the run's micro-batch, else 8)" + _OWN_DEFAULT)
     p.add_argument("--block-len", type=int, default=None, metavar="L",
@@ -52,11 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from ..evaluate import evaluate, format_summary
 
-    if args.tokens < 0:
+    if args.tokens is not None and args.tokens < 0:
         print("cyb eval: --tokens must be >= 0 (0 = all the data)", file=sys.stderr)
         return 2
     command = _command(args)
-    metrics = evaluate(args.path, data=args.data, max_tokens=args.tokens or None, batch_size=args.batch_size,
+    tokens = "run" if args.tokens is None else (args.tokens or None)
+    metrics = evaluate(args.path, data=args.data, max_tokens=tokens, batch_size=args.batch_size,
                        out_dir=args.out, reference=args.reference, device=args.device, precision=args.precision,
                        impl=args.impl, dtype=args.dtype, block_len=args.block_len, num_passages=args.passages,
                        passage_tokens=args.passage_tokens, min_count=args.min_count, top_k=args.top_k,

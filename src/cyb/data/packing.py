@@ -5,14 +5,24 @@ the EOS id, concatenated, and cut into consecutive blocks of ``block_len`` real 
 
     doc0 <eos> doc1 <eos> doc2 <eos> ...  ->  [block 0][block 1][block 2] ... (tail dropped)
 
-:class:`PackedBlocks` streams those blocks (never the whole corpus in memory), optionally
-shuffled within windows of ``shuffle_buffer`` blocks, and shards them over data-parallel
-ranks (one epoch holds ``count_tokens(texts, tokenizer) // block_len`` blocks before
-sharding). It is resumable: ``state_dict()`` after ``k`` blocks, then ``load_state_dict()`` on a
-fresh object, continues with block ``k + 1`` of the uninterrupted run. The state is a small
-dict of ints (JSON-friendly): a document index and token offset where the current shuffle
-window starts, plus counters; resuming re-reads the source up to that document (cheap: no
-tokenisation) and re-tokenises at most one window.
+:class:`PackedBlocks` hands those blocks out in one of three orders (``shuffle``):
+
+* ``"corpus"``: a seeded permutation of all blocks of the epoch (a new one each epoch). The
+  epoch's tokens are held in memory (4 bytes per token), so this suits corpora up to a few
+  hundred million tokens; it is what training uses by default.
+* ``"buffer"``: a seeded permutation within consecutive windows of ``shuffle_buffer`` blocks
+  (streaming: at most one window in memory; for hub data sets and very large corpora).
+* ``"none"``: corpus order. Consecutive blocks come from the same few documents, so a batch
+  of them is far from an i.i.d. sample: small models trained this way reach a much worse
+  held-out perplexity. Use it for evaluation, not training.
+
+Blocks are sharded over data-parallel ranks (one epoch holds ``count_tokens(texts, tokenizer)
+// block_len`` blocks before sharding). The stream is resumable: ``state_dict()`` after ``k``
+blocks, then ``load_state_dict()`` on a fresh object, continues with block ``k + 1`` of the
+uninterrupted run. The state is a small dict of ints (JSON-friendly): a document index and
+token offset where the current shuffle window starts, plus counters; resuming re-reads the
+source up to that document (cheap: no tokenisation) and re-tokenises at most one window (the
+whole epoch for ``"corpus"``).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from .tokenizer import chunked, eos_token_id, text_encoder
 TextsFactory = Callable[[], Iterable[str]]
 TextSource = Union[str, Path, TextsFactory, Sequence[str]]
 STATE_VERSION = 1
+SHUFFLES = ("corpus", "buffer", "none")
 
 
 def as_texts_factory(source: TextSource, *, text_field: str = "text") -> TextsFactory:
@@ -116,6 +127,7 @@ class _State:
     window_index: int = 0
     window_first: int = 0  # index within the epoch of the window's first block
     next_block: int = 0  # blocks of the epoch before this index are consumed (by all ranks)
+    epoch_blocks: int = 0  # blocks in one epoch (before sharding); 0 while not yet known
 
 
 class PackedBlocks:
@@ -128,9 +140,13 @@ class PackedBlocks:
         tokenizer: a Hugging Face tokenizer (fast ones are used through their batch encoder).
         block_len: real tokens per block (>= 1).
         eos_id: separator appended to each document (default: the tokenizer's EOS).
-        shuffle_buffer: 0 or 1 keeps stream order; ``S > 1`` shuffles blocks within consecutive
-            windows of ``S`` blocks (rounded up to a multiple of ``world_size``), with a
-            permutation seeded by (``seed``, epoch, window) so it is reproducible.
+        shuffle: ``"corpus"`` (all blocks of an epoch in a seeded random order), ``"buffer"``
+            (random order within consecutive windows of ``shuffle_buffer`` blocks) or
+            ``"none"`` (corpus order). None (the default) means ``"buffer"`` when
+            ``shuffle_buffer > 1``, else ``"none"``. Permutations are seeded by (``seed``,
+            epoch, window), so they are reproducible.
+        shuffle_buffer: blocks per shuffle window for ``"buffer"`` (rounded up to a multiple of
+            ``world_size``).
         seed: seeds the shuffle.
         rank, world_size: data-parallel shard. With ``shard="block"`` (the default) every rank
             reads the whole stream and rank ``r`` takes blocks ``r, r + w, r + 2w, ...``: disjoint,
@@ -155,6 +171,7 @@ class PackedBlocks:
         block_len: int,
         *,
         eos_id: int | None = None,
+        shuffle: Literal["corpus", "buffer", "none"] | None = None,
         shuffle_buffer: int = 0,
         seed: int = 0,
         rank: int = 0,
@@ -168,6 +185,12 @@ class PackedBlocks:
             raise ValueError(f"block_len must be >= 1, got {block_len}")
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, got {shuffle_buffer}")
+        if shuffle is None:
+            shuffle = "buffer" if shuffle_buffer > 1 else "none"
+        if shuffle not in SHUFFLES:
+            raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
+        if shuffle == "buffer" and shuffle_buffer < 2:
+            raise ValueError(f"shuffle='buffer' needs shuffle_buffer >= 2 blocks, got {shuffle_buffer}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(
                 "need world_size >= 1 and 0 <= rank < world_size, "
@@ -185,12 +208,15 @@ class PackedBlocks:
         vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
         if self.eos_id < 0 or (vocab is not None and self.eos_id >= vocab):
             raise ValueError(f"eos_id must lie in [0, {vocab}), got {self.eos_id}")
-        self.block_len, self.shuffle_buffer, self.seed = block_len, shuffle_buffer, seed
+        self.block_len, self.shuffle, self.seed = block_len, shuffle, seed
+        self.shuffle_buffer = shuffle_buffer if shuffle == "buffer" else 0
         self.rank, self.world_size, self.shard, self.epochs = rank, world_size, shard, epochs
         self.chunk_docs = chunk_docs
         self._round = world_size if shard == "block" else 1  # blocks handed out per round
         self._take = rank if shard == "block" else 0  # which block of a round is ours
-        self._window = -(-max(1, shuffle_buffer) // self._round) * self._round
+        # blocks read before handing any out: the whole epoch (None), a window, or one round
+        self._window = None if shuffle == "corpus" else \
+            -(-max(1, self.shuffle_buffer) // self._round) * self._round
         self._state = _State()
 
     # ------------------------------------------------------------------ the block stream
@@ -219,7 +245,7 @@ class PackedBlocks:
         for chunk in chunked(self._doc_tokens(start_doc), self.chunk_docs):
             parts = [rest]
             for idx, ids in chunk:
-                arr = np.empty(len(ids) + 1, dtype=np.int64)
+                arr = np.empty(len(ids) + 1, dtype=np.int32)
                 arr[:-1] = ids
                 arr[-1] = self.eos_id
                 skip = start_offset if idx == start_doc else 0
@@ -251,22 +277,38 @@ class PackedBlocks:
 
     def _order(self, n: int, epoch: int, window: int) -> list[int]:
         order = list(range(n))
-        if self.shuffle_buffer > 1:
+        if self.shuffle != "none":
             random.Random(f"cyb-pack:{self.seed}:{epoch}:{window}").shuffle(order)
         return order
+
+    @property
+    def epoch_blocks(self) -> int | None:
+        """Blocks in one epoch (before sharding), once known: after the first epoch, or as soon
+        as the first block is drawn with ``shuffle="corpus"``; else None."""
+        return self._state.epoch_blocks or None
+
+    def epochs_done(self) -> float | None:
+        """Passes over the data consumed so far (``1.5`` = half-way through the second epoch),
+        or None while the epoch's length is unknown."""
+        st = self._state
+        if not st.epoch_blocks:
+            return None
+        return st.epoch + min(st.next_block, st.epoch_blocks) / st.epoch_blocks
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         st, rnd = self._state, self._round
         while self.epochs is None or st.epoch < self.epochs:
             stream = self._blocks(st.window_doc, st.window_offset)
             while window := list(itertools.islice(stream, self._window)):
+                if self._window is None:
+                    st.epoch_blocks = st.window_first + len(window)
                 order = self._order(len(window), st.epoch, st.window_index)
                 complete = len(window) // rnd * rnd  # an incomplete last round is dropped
                 for j in range(self._take, complete, rnd):
                     if st.window_first + j < st.next_block:
                         continue  # consumed before a resume
                     st.next_block = st.window_first + j - self._take + rnd
-                    yield torch.from_numpy(window[order[j]][0])
+                    yield torch.from_numpy(window[order[j]][0].astype(np.int64))
                 st.window_doc, st.window_offset = window[-1][1]
                 st.window_index += 1
                 st.window_first += len(window)
@@ -276,7 +318,7 @@ class PackedBlocks:
                     f"the data holds {st.window_first} block(s) of block_len={self.block_len} "
                     f"tokens per epoch; need at least {rnd} (one per rank)"
                 )
-            self._state = st = _State(epoch=st.epoch + 1)
+            self._state = st = _State(epoch=st.epoch + 1, epoch_blocks=st.window_first)
 
     # ------------------------------------------------------------------ resume
 
@@ -284,6 +326,7 @@ class PackedBlocks:
         cfg = {
             "block_len": self.block_len,
             "eos_id": self.eos_id,
+            "shuffle": self.shuffle,
             "shuffle_buffer": self.shuffle_buffer,
             "seed": self.seed,
             "world_size": self.world_size,
@@ -316,10 +359,11 @@ class PackedBlocks:
                     f"packing state was saved with {key}={state.get(key)!r}, "
                     f"but this stream has {key}={value!r}"
                 )
-        missing = [k for k in asdict(_State()) if k not in state]
+        optional = {"epoch_blocks"}  # not in states written before it existed
+        missing = [k for k in asdict(_State()) if k not in state and k not in optional]
         if missing:
             raise ValueError(f"packing state lacks {missing}")
-        self._state = _State(**{k: int(state[k]) for k in asdict(_State())})
+        self._state = _State(**{k: int(state[k]) for k in asdict(_State()) if k in state})
 
     def reset(self) -> None:
         """Go back to the first block of the first epoch."""

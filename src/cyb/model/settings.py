@@ -18,6 +18,8 @@ from ..layout import POSITION_SCHEMES, PauseVocab
 from ..readout import DEFAULT_PSI_DK, dk_logit_bias
 
 SETTINGS_FILE = "cyb_pause.json"
+#: Written by ``cyb train`` beside a final model: the step and epochs it was trained for.
+TRAINING_STATE_FILE = "training_state.json"
 FORMAT = "cyb.PauseSettings"
 FORMAT_VERSION = 1
 
