@@ -1,49 +1,64 @@
-"""Small-scale reproductions of the paper's experiments, one suite at a time.
+"""Small-scale reproductions of the paper's experiments on techdocs, scheduled over GPUs.
 
 Every run is a plain ``cyb train`` of a config written next to its outputs, so each row of
-``docs/results.md`` can be rerun with the command recorded in ``summary.json``.
+``docs/results.md`` can be rerun with the command recorded in ``summary.jsonl``.
 
-    python experiments/run_suite.py pretrain --out results/pretrain --scale gpu
-    python experiments/run_suite.py finetune --out results/finetune --scale gpu
-    python experiments/run_suite.py hparams  --out results/hparams  --scale gpu
-    python experiments/run_suite.py pretrain --out /tmp/p --scale cpu-quick    # smoke test
+    python experiments/run_suite.py pretrain finetune hparams --seeds 0,1,2 \\
+        --out experiments/results/text --gpus 0,1,2,3 --per-gpu 3 --deadline 560
+    python experiments/run_suite.py pretrain --out /tmp/p --scale cpu-quick --gpus cpu   # smoke test
 
-Suites (paper analogues):
+Run it from the repository root with techdocs in ``$CYB_DATA`` (e.g. a copy in ``.data/techdocs``):
+the configs it writes hold paths relative to the repository root, so a row's command
+(``cyb train OUT/SUITE/configs/NAME.yaml``) reruns it from there once the data (the two
+document ranges under ``OUT/data/`` and the shared tokenizer ``OUT/tokenizer``, both made by
+this script) are in place.
 
-* ``pretrain`` (Table B.3): baseline, TBYS 3 pauses, CYB 3 pauses from scratch.
-* ``finetune`` (Table B.2): a base model pretrained without pauses, then fine-tuned as
-  baseline, baseline 4x seq, TBYS 1/2/3 pauses and CYB 1/2/3 pauses.
-* ``hparams`` (Fig. 5 and appendix D): CYB with omega 1:1:1:1 and 4:1:1:4, gamma0 = 0.99,
-  CYB-VA with three rho, CYB-DP with alpha 0.1 / 0.01 and three rho, all fine-tuned from the base.
-* ``pretrain_init``: TBYS and CYB of ``pretrain`` with randomly drawn pause rows (an ablation
-  of ``model.pause_init``, whose default sets them to the mean of the other rows).
+Suites (paper analogues; training data in a seeded random order over the whole corpus):
 
-The synthetic tasks at GPU scale are run by ``experiments/demo_sweep.py gpu``.
+* ``pretrain`` (Table B.3): baseline, TBYS 3 pauses, CYB 3 pauses from scratch on all of
+  techdocs for about one epoch.
+* ``finetune`` (Table B.2): a base model pretrained without pauses on documents 0-3499 of
+  techdocs (about one epoch of them), then fine-tuned on documents 3500 on (which the base never
+  saw) as baseline, baseline 4x seq, TBYS 1/2/3 pauses and CYB 1/2/3 pauses.
+* ``hparams`` (Fig. 5 and appendix D): CYB 3 pauses fine-tuned as above with omega 1:1:1:1 and
+  4:1:1:4, gamma0 = 0.99, CYB-VA (rho 1:1:1:1) and CYB-DP (alpha 0.01, rho 1:1:1:1); the
+  plain CYB 3 row of ``finetune`` is their reference.
+* ``epochs``: baseline, TBYS 3 and CYB 3 pretrained for two epochs (seed 0 is enough to show the
+  trend), evaluated every 400 steps.
+
+Every run is evaluated on the whole held-out file (``valid.jsonl.gz``, rows of 256 real
+tokens) every 400 steps and at the end. Jobs run as separate processes, ``--per-gpu`` of them
+on each GPU; fine-tuning jobs wait for their base. Results go to ``OUT/summary.jsonl`` (one line
+per finished run) and, with ``--pack FILE``, into a ``.tar.gz`` of the run folders without
+weights after every finished run (so a killed job still returns what finished).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import itertools
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+SPLIT_DOC = 3500  # documents [0, SPLIT_DOC) pretrain the fine-tuning base; the rest fine-tune it
 
 SCALES = {
-    # one H100/H200: from-scratch llama on techdocs
-    "gpu": dict(hidden=384, layers=6, heads=6, block_len=256, batch=32, pre_steps=1200,
-                ft_steps=400, base_steps=1200, vocab=8192, eval_batches=40,
-                warmup=100, eval_tokens=100000, pause_init="mean"),
+    # one job of several on an H100/H200: a from-scratch llama on techdocs
+    "gpu": dict(hidden=384, layers=6, heads=6, block_len=256, batch=32, pre_steps=1600, epochs_steps=3200,
+                base_steps=1000, ft_steps=400, vocab=8192, eval_every=400, warmup=100),
     # a CPU smoke test of the whole pipeline
-    "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6,
-                      ft_steps=4, base_steps=6, vocab=300, eval_batches=2, warmup=2,
-                      eval_tokens=500, pause_init="mean"),
+    "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6, epochs_steps=8,
+                      base_steps=6, ft_steps=4, vocab=300, eval_every=3, warmup=2),
 }
 
 
@@ -53,20 +68,64 @@ def data_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "data" / "techdocs"
 
 
-def base_config(s: dict, out: Path, name: str, seed: int) -> dict:
-    d = data_dir()
+@dataclass
+class Job:
+    name: str
+    suite: str
+    label: str
+    seed: int
+    cfg: dict
+    needs: str | None = None  # the job whose final model this one starts from
+    analyse: bool = False  # also run `cyb eval` (latency, calibration, pause statistics)
+    cost: float = 1.0  # run time relative to a one-epoch baseline; long jobs start first
+    first: bool = False  # start before every other job (others wait for it)
+    row: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------- data
+
+
+def prepare_data(out: Path, s: dict, scale: str) -> dict:
+    """The BPE shared by every run and the two document ranges of the fine-tuning suites."""
+    from cyb.data.sources import iter_texts
+    from cyb.data.tokenizer import train_bpe_tokenizer
+
+    d = out / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    split = SPLIT_DOC if scale == "gpu" else 40
+    files = {"train": data_dir() / "train.jsonl.gz", "valid": data_dir() / "valid.jsonl.gz",
+             "base": d / "docs-base.jsonl.gz", "ft": d / "docs-finetune.jsonl.gz", "tokenizer": out / "tokenizer"}
+    # paths as the configs hold them: relative to the working directory (the repository root)
+    return_paths = {k: os.path.relpath(v) for k, v in files.items()}
+    if not files["ft"].is_file():
+        with gzip.open(files["base"], "wt") as a, gzip.open(files["ft"], "wt") as b:
+            for i, text in enumerate(iter_texts(files["train"])):
+                (a if i < split else b).write(json.dumps({"text": text}) + "\n")
+    if not (files["tokenizer"] / "tokenizer.json").is_file():
+        docs = list(itertools.islice(iter_texts(files["train"]), 2000))
+        train_bpe_tokenizer(docs, s["vocab"], files["tokenizer"])
+    return return_paths
+
+
+# ----------------------------------------------------------------------------------- jobs
+
+
+def config(s: dict, files: dict, out: Path, name: str, seed: int, method: dict, *, source: str = "train",
+           steps: int | None = None, base: str | None = None) -> dict:
+    model = ({"name_or_path": base} if base else
+             {"arch": "llama", "hidden_size": s["hidden"], "num_layers": s["layers"], "num_heads": s["heads"],
+              "max_position_embeddings": 8 * s["block_len"] * 4})
+    data = {"source": files[source], "valid_source": files["valid"], "block_len": s["block_len"], "shuffle": "corpus"}
+    if not base:
+        data["tokenizer"] = files["tokenizer"]
     return {
-        "model": {"arch": "llama", "hidden_size": s["hidden"], "num_layers": s["layers"],
-                  "num_heads": s["heads"], "max_position_embeddings": 8 * s["block_len"] * 4,
-                  "pause_init": s["pause_init"]},
-        "method": {"name": "baseline", "num_steps": 4},
-        "data": {"source": str(d / "train.jsonl.gz"), "valid_source": str(d / "valid.jsonl.gz"),
-                 "bpe_vocab_size": s["vocab"], "bpe_train_docs": 2000, "block_len": s["block_len"],
-                 "tokenizer": str(out / "tokenizer")},
-        "optim": {"lr": 1.0e-3, "warmup_steps": s["warmup"]},
-        "train": {"out_dir": str(out / name), "steps": s["pre_steps"], "batch_size": s["batch"],
-                  "eval_every": 0, "eval_batches": s["eval_batches"], "save_every": 0,
-                  "log_every": 20, "seed": seed, "progress": False},
+        "model": model,
+        "method": method,
+        "data": data,
+        "optim": {"lr": 3.0e-4 if base else 1.0e-3, "warmup_steps": s["warmup"]},
+        "train": {"out_dir": str(out / name), "steps": steps or s["pre_steps"], "batch_size": s["batch"],
+                  "eval_every": s["eval_every"], "eval_batches": 0, "save_every": 0, "log_every": 20,
+                  "seed": seed, "progress": False},
     }
 
 
@@ -74,131 +133,168 @@ def method(name: str, pauses: int = 3, **extra) -> dict:
     return {"name": name, "num_steps": pauses + 1, **extra}
 
 
-def ensure_tokenizer(s: dict, out: Path) -> None:
-    """Train the suite's BPE once so every run shares it."""
-    tok = out / "tokenizer"
-    if (tok / "tokenizer.json").is_file():
-        return
-    import itertools
-
-    from cyb.data.sources import iter_texts
-    from cyb.data.tokenizer import train_bpe_tokenizer
-
-    docs = itertools.islice(iter_texts(data_dir() / "train.jsonl.gz"), 2000)
-    train_bpe_tokenizer(docs, s["vocab"], tok)
+def plural(p: int) -> str:
+    return f"{p} pause{'s' * (p > 1)}"
 
 
-def run(cfg: dict, out: Path, label: str, summary: list, s: dict, *, analyse: bool = False) -> dict:
-    name = Path(cfg["train"]["out_dir"]).name
-    cfg_path = out / "configs" / f"{name}.yaml"
-    cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    cmd = [sys.executable, "-m", "cyb", "train", str(cfg_path)]
-    t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"name": name, "label": label, "command": "cyb train " + str(cfg_path.relative_to(out.parent)),
-           "seconds": round(time.time() - t0, 1), "returncode": proc.returncode,
-           "method": cfg["method"]}
-    (out / "logs").mkdir(exist_ok=True)
-    (out / "logs" / f"{name}.log").write_text(proc.stdout[-20000:] + proc.stderr[-20000:])
-    metrics_file = Path(cfg["train"]["out_dir"]) / "final_metrics.json"
-    if proc.returncode == 0 and metrics_file.is_file():
-        row["final"] = json.loads(metrics_file.read_text())
-        rows = [json.loads(x) for x in (Path(cfg["train"]["out_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        tps = [r["tokens_per_s"] for r in rows if r.get("split") == "train" and "tokens_per_s" in r]
-        row["tokens_per_s"] = sorted(tps)[len(tps) // 2] if tps else None
-        if analyse:
-            ev = subprocess.run([sys.executable, "-m", "cyb", "eval", cfg["train"]["out_dir"],
-                                 "--out", str(Path(cfg["train"]["out_dir"]) / "eval"),
-                                 "--tokens", str(s["eval_tokens"]), "--no-progress"],
-                                capture_output=True, text=True)
-            row["eval_returncode"] = ev.returncode
-            (out / "logs" / f"{name}.eval.log").write_text(ev.stdout[-20000:] + ev.stderr[-20000:])
-    summary.append(row)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    status = f"ppl {row['final'].get('ppl'):.3f}" if "final" in row else f"FAILED rc={proc.returncode}"
-    print(f"[{time.strftime('%H:%M:%S')}] {label:28s} {status} ({row['seconds']} s)", flush=True)
+def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[Job]:
+    jobs = []
+    if suite in ("pretrain", "epochs"):
+        steps = s["pre_steps"] if suite == "pretrain" else s["epochs_steps"]
+        tag = "" if suite == "pretrain" else "-2ep"
+        for label, m, cost in [("Baseline", method("baseline"), 1.0), ("TBYS 3 pauses", method("tbys"), 1.4),
+                               ("CYB 3 pauses", method("cyb"), 1.4)]:
+            name = f"pre-{m['name']}{tag}-s{seed}"
+            jobs.append(Job(name, suite, label, seed, config(s, files, out, name, seed, m, steps=steps),
+                            analyse=m["name"] == "cyb" and seed == 0, cost=cost * steps / s["pre_steps"]))
+        return jobs
+    base = f"base-s{seed}"
+    base_dir = str(out / base / "final")  # relative to the repository root, as every path
+    if suite == "finetune":
+        jobs.append(Job(base, suite, "Pretrained base, not fine-tuned", seed,
+                        config(s, files, out, base, seed, method("baseline"), source="base", steps=s["base_steps"]),
+                        cost=0.7, first=True))
+        plan = [("Baseline", method("baseline"), 0.25), ("Baseline 4xseq", method("baseline_nx", seq_multiplier=4), 1.0)]
+        plan += [(f"TBYS {plural(p)}", method("tbys", p), 0.2 + 0.12 * p) for p in (1, 2, 3)]
+        plan += [(f"CYB {plural(p)}", method("cyb", p), 0.2 + 0.12 * p) for p in (1, 2, 3)]
+    else:
+        plan = [("CYB w=1:1:1:1", method("cyb", omega=[1, 1, 1, 1]), 0.56),
+                ("CYB w=4:1:1:4", method("cyb", omega=[4, 1, 1, 4]), 0.56),
+                ("CYB gamma0=0.99", method("cyb", gamma0=0.99), 0.56),
+                ("CYB-VA rho=1:1:1:1", method("cyb_va", rho=[1, 1, 1, 1]), 0.56),
+                ("CYB-DP a=0.01 rho=1:1:1:1", method("cyb_dp", rho=[1, 1, 1, 1], alpha=0.01), 0.56)]
+    for label, m, cost in plan:
+        short = {"baseline": "base", "baseline_nx": "base4x"}.get(m["name"], m["name"])
+        suffix = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, list) else v}"
+                         for k, v in m.items() if k not in ("name", "num_steps", "seq_multiplier"))
+        name = f"ft-{short}-p{m['num_steps'] - 1}{suffix}-s{seed}"
+        jobs.append(Job(name, suite, label, seed,
+                        config(s, files, out, name, seed, m, source="ft", steps=s["ft_steps"], base=base_dir),
+                        needs=base, cost=cost,
+                        analyse=seed == 0 and m["name"].startswith("cyb") and m["num_steps"] == 4))
+    return jobs
+
+
+# ----------------------------------------------------------------------------------- running
+
+
+def final_row(job: Job, out: Path) -> dict:
+    run = out / job.name
+    row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
+           "command": f"cyb train {out / job.suite / 'configs' / job.name}.yaml"}
+    if (run / "final_metrics.json").is_file():
+        row["final"] = json.loads((run / "final_metrics.json").read_text())
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        tps = sorted(r["tokens_per_s"] for r in lines if r.get("split") == "train" and r.get("tokens_per_s"))
+        row["tokens_per_s"] = tps[len(tps) // 2] if tps else None
+        last = [r for r in lines if r.get("split") == "train"][-1:]
+        row["train_ppl"] = last[0].get("ppl") if last else None  # the last logging window's
+        row["curve"] = [{k: r.get(k) for k in ("step", "epoch", "ppl", "mean_steps", "targets")}
+                        for r in lines if r.get("split") == "valid"]
+        state = run / "final" / "training_state.json"
+        if state.is_file():
+            row["training_state"] = json.loads(state.read_text())
     return row
 
 
-def suite_pretrain(s, out, seed, summary):
-    for label, m in [("Baseline", method("baseline")), ("TBYS 3 pauses", method("tbys")),
-                     ("CYB 3 pauses", method("cyb"))]:
-        cfg = base_config(s, out, f"{m['name']}-p{m['num_steps'] - 1}-s{seed}", seed)
-        cfg["method"] = m
-        run(cfg, out, label, summary, s, analyse=m["name"] == "cyb")
+def launch(job: Job, out: Path, device: str, log_dir: Path) -> subprocess.Popen:
+    cfg_dir = out / job.suite / "configs"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = cfg_dir / f"{job.name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(job.cfg, sort_keys=False))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="4", RAYON_NUM_THREADS="4")
+    if device != "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = device
+    script = f"{sys.executable} -m cyb train {cfg_path}"
+    if job.analyse:
+        script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
+    log = open(log_dir / f"{job.name}.log", "w")
+    return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
-def _pretrain_base(s, out, seed, summary) -> str:
-    shared = out.parent / "finetune" / f"base-s{seed}" / "final"
-    if (shared / "model.safetensors").is_file():
-        return str(shared)  # the fine-tuning suite's base, when it ran in the same job
-    cfg = base_config(s, out, f"base-s{seed}", seed)
-    cfg["train"]["steps"] = s["base_steps"]
-    base_dir = Path(cfg["train"]["out_dir"]) / "final"
-    if not (base_dir / "model.safetensors").is_file():
-        run(cfg, out, "Pretrained base (no pauses)", summary, s)
-    return str(base_dir)
+def pack(out: Path, target: Path) -> None:
+    """Everything under ``out`` but weights, optimiser states and the data copies."""
+    tmp = target.with_name(target.name + ".tmp")
+    skip = (".safetensors", ".pt", ".jsonl.gz")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in sorted(out.rglob("*")):
+            if p.is_file() and not p.name.endswith(skip) and "/ckpt-" not in str(p):
+                tar.add(p, arcname=str(Path(out.name) / p.relative_to(out)))
+    tmp.replace(target)
 
 
-def _finetune(s, out, base: str, name: str, seed: int) -> dict:
-    cfg = base_config(s, out, name, seed)
-    cfg["model"] = {"name_or_path": base}
-    cfg["data"].pop("tokenizer")
-    cfg["train"]["steps"] = s["ft_steps"]
-    cfg["optim"] = {"lr": 3.0e-4, "warmup_steps": s["warmup"]}
-    return cfg
-
-
-def suite_finetune(s, out, seed, summary):
-    base = _pretrain_base(s, out, seed, summary)
-    plan = [("Baseline", method("baseline")),
-            ("Baseline 4xseq", method("baseline_nx", seq_multiplier=4))]
-    plan += [(f"TBYS {p} pause{'s' * (p > 1)}", method("tbys", p)) for p in (1, 2, 3)]
-    plan += [(f"CYB {p} pause{'s' * (p > 1)}", method("cyb", p)) for p in (1, 2, 3)]
-    for label, m in plan:
-        cfg = _finetune(s, out, base, f"ft-{m['name']}-p{m['num_steps'] - 1}-s{seed}", seed)
-        cfg["method"] = m
-        run(cfg, out, label, summary, s, analyse=m["name"] == "cyb" and m["num_steps"] == 4)
-
-
-def suite_hparams(s, out, seed, summary):
-    base = _pretrain_base(s, out, seed, summary)
-    rhos = {"0:0:0:1": [0.01, 0.01, 0.01, 0.97], "1:1:1:1": [1, 1, 1, 1], "4:1:1:4": [4, 1, 1, 4]}
-    plan = [("CYB w=0:0:0:1", method("cyb")),
-            ("CYB gamma0=0.99", method("cyb", gamma0=0.99)),
-            ("CYB w=1:1:1:1", method("cyb", omega=[1, 1, 1, 1])),
-            ("CYB w=4:1:1:4", method("cyb", omega=[4, 1, 1, 4]))]
-    plan += [(f"CYB-VA rho={k}", method("cyb_va", rho=v)) for k, v in rhos.items()]
-    dp_rhos = {"0:0:0:1": [0, 0, 0, 1], "1:1:1:1": [1, 1, 1, 1], "4:1:1:4": [4, 1, 1, 4]}
-    plan += [(f"CYB-DP a={a} rho={k}", method("cyb_dp", rho=v, alpha=a))
-             for a in (0.1, 0.01) for k, v in dp_rhos.items()]
-    for i, (label, m) in enumerate(plan):
-        cfg = _finetune(s, out, base, f"hp{i:02d}-{m['name']}-s{seed}", seed)
-        cfg["method"] = m
-        run(cfg, out, label, summary, s, analyse=i < 4)
-
-
-def suite_pretrain_init(s, out, seed, summary):
-    """TBYS and CYB pretrained with randomly drawn pause rows instead of the mean of the others."""
-    for label, m in [("TBYS 3 pauses, random pause rows", method("tbys")),
-                     ("CYB 3 pauses, random pause rows", method("cyb"))]:
-        cfg = base_config(s, out, f"{m['name']}-p{m['num_steps'] - 1}-randinit-s{seed}", seed)
-        cfg["method"] = m
-        cfg["model"]["pause_init"] = "random"
-        run(cfg, out, label, summary, s)
-
-
-SUITES = {"pretrain": suite_pretrain, "finetune": suite_finetune, "hparams": suite_hparams,
-          "pretrain_init": suite_pretrain_init}
+def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
+             unit_seconds: float = 0.0) -> list[dict]:
+    """Run ``jobs`` on ``slots`` (``"GPU/k"``), long ones first, each after the job it needs;
+    a job is started only if ``cost x unit_seconds`` fits before ``deadline``."""
+    done_names = set()
+    summary_path = out / "summary.jsonl"
+    if summary_path.is_file():  # a rerun skips what already finished
+        done_names = {json.loads(x)["name"] for x in summary_path.read_text().splitlines()
+                      if x.strip() and "final" in json.loads(x)}
+    needed = {j.needs for j in jobs if j.needs and j.name not in done_names}
+    done_names -= {n for n in needed if not (out / n / "final" / "model.safetensors").is_file()}  # weights gone
+    pending = sorted((j for j in jobs if j.name not in done_names), key=lambda j: (not j.first, -j.cost))
+    failed: set[str] = set()
+    running: dict[str, tuple[Job, subprocess.Popen, float]] = {}  # slot -> (job, process, start)
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    while pending or running:
+        for slot in slots:
+            if slot in running or not pending:
+                continue
+            left = deadline - time.time()
+            ready = [j for j in pending if (j.needs is None or j.needs in done_names)
+                     and j.cost * unit_seconds < left]  # one that cannot finish is not started
+            if not ready:
+                break
+            job = ready[0]
+            pending.remove(job)
+            running[slot] = (job, launch(job, out, slot.split("/")[0], log_dir), time.time())
+            print(f"[{time.time() - start:6.0f} s] start {job.name} on {slot}", flush=True)
+        for slot, (job, proc, t0) in list(running.items()):
+            if proc.poll() is None:
+                if time.time() > deadline:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+                else:
+                    continue
+            del running[slot]
+            row = final_row(job, out)
+            row["seconds"] = round(time.time() - t0, 1)
+            row["returncode"] = proc.returncode
+            if "final" in row:
+                done_names.add(job.name)
+            else:
+                failed.add(job.name)
+            with summary_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            ppl = f"ppl {row['final']['ppl']:.2f}" if "final" in row else f"FAILED rc={proc.returncode}"
+            print(f"[{time.time() - start:6.0f} s] {job.name:32s} {ppl} ({row['seconds']} s)", flush=True)
+            if pack_to is not None:
+                pack(out, pack_to)
+        # drop jobs whose base failed, and those that can no longer finish in time
+        pending = [j for j in pending if j.needs not in failed and j.cost * unit_seconds < deadline - time.time()]
+        time.sleep(1.0)
+    return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suites", nargs="+", choices=sorted(SUITES))
+    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs"))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
+    p.add_argument("--gpus", default="0", help="comma-separated GPU indices, or cpu")
+    p.add_argument("--per-gpu", type=int, default=1, help="jobs at a time on each GPU")
+    p.add_argument("--deadline", type=float, default=None, help="seconds from now after which running jobs "
+                   "are killed and no new job starts")
+    p.add_argument("--unit-seconds", type=float, default=0.0,
+                   help="expected seconds of a cost-1 job (a one-epoch baseline) under this load: jobs "
+                        "that would end after the deadline are not started")
+    p.add_argument("--pack", type=Path, default=None, help="write a .tar.gz of the results after every run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scale parameter, e.g. --set pre_steps=800")
     args = p.parse_args()
@@ -206,15 +302,22 @@ def main() -> int:
     for item in args.set:
         k, v = item.split("=", 1)
         s[k] = type(s[k])(v)
-    for suite in args.suites:
-        out = args.out / suite
-        out.mkdir(parents=True, exist_ok=True)
-        summary_file = out / "summary.json"
-        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else []
-        ensure_tokenizer(s, out)
-        for seed in (int(x) for x in args.seeds.split(",")):
-            SUITES[suite](s, out, seed, summary)
-        (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
+    out = Path(os.path.relpath(args.out.resolve()))
+    out.mkdir(parents=True, exist_ok=True)
+    files = prepare_data(out, s, args.scale)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    jobs = [j for suite in args.suites for seed in (seeds[:1] if suite == "epochs" else seeds)
+            for j in suite_jobs(suite, seed, s, files, out)]  # two epochs: the first seed shows the trend
+    if "hparams" in args.suites and "finetune" not in args.suites:  # hparams needs the bases
+        jobs += [j for seed in seeds for j in suite_jobs("finetune", seed, s, files, out) if j.name.startswith("base-")]
+    slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
+    (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
+    deadline = time.time() + args.deadline if args.deadline else float("inf")
+    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds)
+    ok = sum("final" in r for r in rows)
+    print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
+    if args.pack is not None:
+        pack(out, args.pack)
     return 0
 
 
