@@ -26,8 +26,10 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``epochs``: baseline, TBYS 3 and CYB 3 pretrained for two epochs (seed 0 is enough to show the
   trend), evaluated every 400 steps.
 
-Every run is evaluated on the whole held-out file (``valid.jsonl.gz``, rows of 256 real
-tokens) every 400 steps and at the end. Jobs run as separate processes, ``--per-gpu`` of them
+Every run is evaluated every 400 steps and at the end on the in-distribution part of the
+held-out file (``valid.jsonl.gz`` without the documents of sources that have no training
+document: the Jargon File, half of its text), in rows of 256 real tokens, and once more at the
+end on the whole held-out file (``cyb eval --data``). Jobs run as separate processes, ``--per-gpu`` of them
 on each GPU; fine-tuning jobs wait for their base. Results go to ``OUT/summary.jsonl`` (one line
 per finished run) and, with ``--pack FILE``, into a ``.tar.gz`` of the run folders without
 weights after every finished run (so a killed job still returns what finished).
@@ -95,16 +97,35 @@ def prepare_data(out: Path, s: dict, scale: str) -> dict:
     split = SPLIT_DOC if scale == "gpu" else 40
     files = {"train": data_dir() / "train.jsonl.gz", "valid": data_dir() / "valid.jsonl.gz",
              "base": d / "docs-base.jsonl.gz", "ft": d / "docs-finetune.jsonl.gz", "tokenizer": out / "tokenizer"}
-    # paths as the configs hold them: relative to the working directory (the repository root)
-    return_paths = {k: os.path.relpath(v) for k, v in files.items()}
+    files["valid_in"] = d / "valid-in-distribution.jsonl.gz"
     if not files["ft"].is_file():
         with gzip.open(files["base"], "wt") as a, gzip.open(files["ft"], "wt") as b:
             for i, text in enumerate(iter_texts(files["train"])):
                 (a if i < split else b).write(json.dumps({"text": text}) + "\n")
+    if not files["valid_in"].is_file():
+        write_in_distribution(files["train"], files["valid"], files["valid_in"])
     if not (files["tokenizer"] / "tokenizer.json").is_file():
         docs = list(itertools.islice(iter_texts(files["train"]), 2000))
         train_bpe_tokenizer(docs, s["vocab"], files["tokenizer"])
-    return return_paths
+    # paths as the configs hold them: relative to the working directory (the repository root)
+    return {k: os.path.relpath(v) for k, v in files.items()}
+
+
+def _source_of(record: dict) -> str:
+    return str(record.get("source", "")).split("/")[0]
+
+
+def write_in_distribution(train: Path, valid: Path, out: Path) -> None:
+    """The held-out documents whose source (the first part of their ``source`` field) also
+    has training documents. techdocs' held-out file is half one document (the Jargon File)
+    of a source that training never sees; scored alone, the whole file mostly measures transfer
+    to it."""
+    with gzip.open(train, "rt") as f:
+        seen = {_source_of(json.loads(line)) for line in f if line.strip()}
+    with gzip.open(valid, "rt") as f, gzip.open(out, "wt") as g:
+        for line in f:
+            if line.strip() and _source_of(json.loads(line)) in seen:
+                g.write(line)
 
 
 # ----------------------------------------------------------------------------------- jobs
@@ -115,7 +136,7 @@ def config(s: dict, files: dict, out: Path, name: str, seed: int, method: dict, 
     model = ({"name_or_path": base} if base else
              {"arch": "llama", "hidden_size": s["hidden"], "num_layers": s["layers"], "num_heads": s["heads"],
               "max_position_embeddings": 8 * s["block_len"] * 4})
-    data = {"source": files[source], "valid_source": files["valid"], "block_len": s["block_len"], "shuffle": "corpus"}
+    data = {"source": files[source], "valid_source": files["valid_in"], "block_len": s["block_len"], "shuffle": "corpus"}
     if not base:
         data["tokenizer"] = files["tokenizer"]
     return {
@@ -191,13 +212,17 @@ def final_row(job: Job, out: Path) -> dict:
         row["train_ppl"] = last[0].get("ppl") if last else None  # the last logging window's
         row["curve"] = [{k: r.get(k) for k in ("step", "epoch", "ppl", "mean_steps", "targets")}
                         for r in lines if r.get("split") == "valid"]
+        whole = run / "eval-whole-file" / "metrics.json"
+        if whole.is_file():
+            w = json.loads(whole.read_text())["perplexity"]
+            row["whole_file"] = {"ppl": w["ppl"], "tokens": w["tokens"]}
         state = run / "final" / "training_state.json"
         if state.is_file():
             row["training_state"] = json.loads(state.read_text())
     return row
 
 
-def launch(job: Job, out: Path, device: str, log_dir: Path) -> subprocess.Popen:
+def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) -> subprocess.Popen:
     cfg_dir = out / job.suite / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = cfg_dir / f"{job.name}.yaml"
@@ -206,8 +231,11 @@ def launch(job: Job, out: Path, device: str, log_dir: Path) -> subprocess.Popen:
     if device != "cpu":
         env["CUDA_VISIBLE_DEVICES"] = device
     script = f"{sys.executable} -m cyb train {cfg_path}"
-    if job.analyse:
+    if job.analyse:  # figures and analyses on the run's own held-out rows
         script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
+    # and the whole held-out file, Jargon File included
+    script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
+               f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
     log = open(log_dir / f"{job.name}.log", "w")
     return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -225,7 +253,7 @@ def pack(out: Path, target: Path) -> None:
 
 
 def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
-             unit_seconds: float = 0.0) -> list[dict]:
+             unit_seconds: float = 0.0, whole_valid: str = "") -> list[dict]:
     """Run ``jobs`` on ``slots`` (``"GPU/k"``), long ones first, each after the job it needs;
     a job is started only if ``cost x unit_seconds`` fits before ``deadline``."""
     done_names = set()
@@ -252,7 +280,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                 break
             job = ready[0]
             pending.remove(job)
-            running[slot] = (job, launch(job, out, slot.split("/")[0], log_dir), time.time())
+            running[slot] = (job, launch(job, out, slot.split("/")[0], log_dir, whole_valid), time.time())
             print(f"[{time.time() - start:6.0f} s] start {job.name} on {slot}", flush=True)
         for slot, (job, proc, t0) in list(running.items()):
             if proc.poll() is None:
@@ -313,7 +341,7 @@ def main() -> int:
     slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
-    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds)
+    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"])
     ok = sum("final" in r for r in rows)
     print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
     if args.pack is not None:
