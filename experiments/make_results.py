@@ -5,18 +5,21 @@
 Reads ``summary.jsonl`` written by ``experiments/run_suite.py`` (the newest finished row per
 run) and writes ``tables.md`` (one Markdown table per suite, mean and standard deviation over
 seeds, the command of each row) and ``curves.png`` (held-out perplexity against epochs) into
-the same folder. docs/results.md quotes them beside the reading of the numbers.
+the same folder, then puts each table into docs/results.md between its markers
+(``<!-- table:SUITE -->`` and ``<!-- end table -->``); the prose around them is written by hand.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT = HERE / "results" / "text"
+DOC = HERE.parent / "docs" / "results.md"
 REFERENCE = "TBYS 3 pauses"
 
 
@@ -35,7 +38,7 @@ def mean_sd(values: list[float], fmt: str = "{:.1f}") -> str:
         return ""
     if len(values) == 1:
         return fmt.format(values[0]) + " (1 seed)"
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(statistics.stdev(values))}"
 
 
 def by_label(rows: list[dict]) -> dict[str, list[dict]]:
@@ -55,35 +58,61 @@ def command_of(runs: list[dict]) -> str:
     return f"`{cmd}`"
 
 
-def table(rows: list[dict], reference: str | None = REFERENCE, extra: dict[str, list[dict]] | None = None,
-          order: list[str] | None = None) -> str:
-    """One line per method: held-out perplexity (mean ± sd over seeds, and per seed), relative
-    improvement of the mean against ``reference``, E[S], epochs, training perplexity (the last
-    logging window) and the command (``-sN`` = seed N)."""
+def paired(groups: dict[str, list[dict]], label: str, reference: str | None) -> str:
+    """Relative improvement over ``reference`` of the same seed, (ppl_ref - ppl) / ppl_ref in
+    percent as the paper's appendix F, mean ± sd over the seeds both have."""
+    if not reference or reference not in groups:
+        return ""
+    if label == reference:
+        return "---"
+    ref = {r["seed"]: r["final"]["ppl"] for r in groups[reference]}
+    vals = [(ref[r["seed"]] - r["final"]["ppl"]) / ref[r["seed"]] * 100 for r in groups[label] if r["seed"] in ref]
+    return mean_sd(vals, "{:+.1f}") + "%" if vals else ""
+
+
+def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"),
+          extra: dict[str, list[dict]] | None = None, order: list[str] | None = None) -> str:
+    """One line per method: held-out perplexity on the in-distribution part of the held-out
+    file (mean ± sd over seeds, and per seed), the relative improvement over each of
+    ``references`` paired by seed, perplexity on the whole held-out file, E[S] and the stop
+    distribution, epochs of training data, training perplexity of the last logged steps and
+    the command (``-sN`` = seed N)."""
     groups = {**(extra or {}), **by_label(rows)}
     labels = order or list(groups)
-    ref = groups.get(reference) if reference else None
-    ref_mean = statistics.mean(r["final"]["ppl"] for r in ref) if ref else None
-    head = ("| method | held-out ppl | per seed | rel. to " + (reference or "-") +
-            " | E[S] | stop distribution | epochs | train ppl | command |")
-    lines = [head, "|---|---:|---|---:|---:|---|---:|---:|---|"]
+    refs = [r for r in references if r in groups]
+    head = ("| method | held-out ppl | per seed | " + " | ".join(f"vs {r}" for r in refs) +
+            " | whole-file ppl | E[S] | stop distribution | epochs | train ppl | command |")
+    lines = [head, "|---|---:|---|" + "---:|" * len(refs) + "---:|---:|---|---:|---:|---|"]
     for label in labels:
         runs = groups.get(label)
         if not runs:
             continue
         ppl = [r["final"]["ppl"] for r in runs]
-        rel = "---" if label == reference else (
-            f"{(ref_mean - statistics.mean(ppl)) / ref_mean * 100:+.1f}%" if ref_mean else "")
+        whole = [r["whole_file"]["ppl"] for r in runs if r.get("whole_file")]
         steps = [r["final"]["mean_steps"] for r in runs if r["final"].get("mean_steps") is not None]
         dists = [r["final"]["stop_dist"] for r in runs if r["final"].get("stop_dist")]
         dist = " / ".join(f"{statistics.mean(col):.2f}" for col in zip(*dists)) if dists else ""
         epochs = [r["final"].get("epoch") for r in runs if r["final"].get("epoch") is not None]
         train = [r["train_ppl"] for r in runs if r.get("train_ppl")]
         lines.append(" | ".join([
-            f"| {label}", mean_sd(ppl), ", ".join(f"{x:.1f}" for x in ppl), rel,
+            f"| {label}", mean_sd(ppl), ", ".join(f"{x:.1f}" for x in ppl),
+            *[paired(groups, label, ref) for ref in refs], mean_sd(whole),
             mean_sd(steps, "{:.2f}") if steps else "", dist,
             f"{statistics.mean(epochs):.2f}" if epochs else "", f"{statistics.mean(train):.1f}" if train else "",
             command_of(runs)]) + " |")
+    return "\n".join(lines)
+
+
+def reproduction_table(rows: list[dict], earlier: Path) -> str:
+    """Whole-file perplexity of the pretraining runs here and in an earlier job of the same
+    configurations (which evaluated only on the whole file)."""
+    if not (earlier / "summary.jsonl").is_file():
+        return "(no earlier run)"
+    before = {r["name"]: r for r in load(earlier)}
+    lines = ["| run | whole-file ppl, earlier job | whole-file ppl, this job |", "|---|---:|---:|"]
+    for r in sorted((r for r in rows if r["suite"] == "pretrain" and r.get("whole_file")), key=lambda r: r["name"]):
+        b = before.get(r["name"], {}).get("final", {}).get("ppl")
+        lines.append(f"| {r['name']} | {'' if b is None else f'{b:.2f}'} | {r['whole_file']['ppl']:.2f} |")
     return "\n".join(lines)
 
 
@@ -108,7 +137,7 @@ def curves_figure(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     colours = {"Baseline": "tab:gray", "TBYS 3 pauses": "tab:orange", "CYB 3 pauses": "tab:blue"}
     for ax, suite, title in ((axes[0], "pretrain", "one epoch (3 seeds)"), (axes[1], "epochs", "two epochs (seed 0)")):
         for r in rows:
@@ -121,8 +150,9 @@ def curves_figure(rows: list[dict], path: Path) -> None:
         ax.set_title(f"pretraining, {title}")
         ax.set_xlabel("epochs of techdocs")
         ax.set_yscale("log")
+        ax.set_ylim(top=200)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out perplexity (whole valid file)")
+    axes[0].set_ylabel("held-out perplexity (in-distribution part)")
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -135,19 +165,26 @@ def main() -> None:
     suite = lambda name: [r for r in rows if r["suite"] == name]  # noqa: E731
     ft = suite("finetune")
     cyb3 = [dict(r, label="CYB w=0:0:0:1 (the CYB 3 pauses row above)") for r in ft if r["label"] == "CYB 3 pauses"]
-    parts = [
-        "## pretrain\n", table(suite("pretrain"), order=["Baseline", "TBYS 3 pauses", "CYB 3 pauses"]),
-        "\n\n## finetune\n", table(ft, order=["Pretrained base, not fine-tuned", "Baseline", "Baseline 4xseq",
+    tables = {
+        "pretrain": table(suite("pretrain"), order=["Baseline", "TBYS 3 pauses", "CYB 3 pauses"]),
+        "finetune": table(ft, order=["Pretrained base, not fine-tuned", "Baseline", "Baseline 4xseq",
                                               "TBYS 1 pause", "TBYS 2 pauses", "TBYS 3 pauses",
                                               "CYB 1 pause", "CYB 2 pauses", "CYB 3 pauses"]),
-        "\n\n## hparams\n", table(suite("hparams"), reference=cyb3[0]["label"] if cyb3 else None,
+        "hparams": table(suite("hparams"), references=(cyb3[0]["label"],) if cyb3 else (),
                                   extra=by_label(cyb3) if cyb3 else None,
                                   order=[cyb3[0]["label"]] + list(by_label(suite("hparams"))) if cyb3 else None),
-        "\n\n## epochs\n", table(suite("epochs"), order=["Baseline", "TBYS 3 pauses", "CYB 3 pauses"]), "\n\n", curve_table(rows), "\n",
-    ]
-    (folder / "tables.md").write_text("".join(parts))
+        "epochs": table(suite("epochs"), order=["Baseline", "TBYS 3 pauses", "CYB 3 pauses"]) + "\n\n" + curve_table(rows),
+        "reproduction": reproduction_table(rows, folder.parent / "text-whole-file"),
+    }
+    (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
+    if DOC.is_file():
+        text = DOC.read_text()
+        for key, value in tables.items():
+            text = re.sub(rf"(<!-- table:{key} -->\n).*?(\n<!-- end table -->)",
+                          lambda m: m.group(1) + value + m.group(2), text, flags=re.S)
+        DOC.write_text(text)
     curves_figure(rows, folder / "curves.png")
-    print(f"wrote {folder / 'tables.md'} and {folder / 'curves.png'}")
+    print(f"wrote {folder / 'tables.md'}, {folder / 'curves.png'} and the tables of {DOC}")
 
 
 if __name__ == "__main__":
