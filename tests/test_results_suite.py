@@ -1,0 +1,80 @@
+"""experiments/run_suite.py and make_results.py: the jobs of each suite, the data they read, and
+the tables (the GPU runs themselves are in experiments/results/text)."""
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cyb.config import RunConfig
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return _load("run_suite")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return _load("make_results")
+
+
+FILES = {k: f"data/{k}.jsonl.gz" for k in ("train", "valid", "valid_in", "base", "ft")} | {"tokenizer": "tok"}
+
+
+@pytest.mark.parametrize("name", ["pretrain", "finetune", "hparams", "epochs"])
+def test_every_job_is_a_valid_shuffled_run(suite, name, tmp_path):
+    s = suite.SCALES["gpu"]
+    jobs = suite.suite_jobs(name, 1, s, FILES, tmp_path)
+    assert jobs and len({j.name for j in jobs}) == len(jobs)
+    for job in jobs:
+        cfg = RunConfig.from_dict(job.cfg).validate()
+        assert cfg.data.shuffle == "corpus" and cfg.train.seed == 1 and job.name.endswith("-s1")
+        assert cfg.data.valid_source == FILES["valid_in"] and cfg.data.block_len == 256
+        assert cfg.train.eval_batches == 0  # the whole (in-distribution) held-out file
+        if job.needs:  # fine-tuning: from its base, on the documents the base never saw
+            assert cfg.model.name_or_path.endswith(f"{job.needs}/final") and cfg.data.source == FILES["ft"]
+    if name == "finetune":
+        base = [j for j in jobs if j.first]
+        assert len(base) == 1 and base[0].cfg["data"]["source"] == FILES["base"]
+        assert {j.label for j in jobs} >= {"Baseline 4xseq", "TBYS 1 pause", "CYB 3 pauses"}
+
+
+def test_in_distribution_held_out_drops_sources_without_training_documents(suite, tmp_path):
+    def write(path, records):
+        with gzip.open(path, "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+
+    write(tmp_path / "train.jsonl.gz", [{"text": "a", "source": "linux-docs/x"}, {"text": "b", "source": "perl-docs"}])
+    write(tmp_path / "valid.jsonl.gz", [{"text": "c", "source": "linux-docs/y"}, {"text": "d", "source": "jargon/j"},
+                                        {"text": "e", "source": "perl-docs"}])
+    suite.write_in_distribution(tmp_path / "train.jsonl.gz", tmp_path / "valid.jsonl.gz", tmp_path / "in.jsonl.gz")
+    with gzip.open(tmp_path / "in.jsonl.gz", "rt") as f:
+        assert [json.loads(x)["text"] for x in f] == ["c", "e"]
+
+
+def test_tables_pair_seeds_and_give_the_spread(results, tmp_path):
+    def row(label, seed, ppl, suite="finetune"):
+        return {"name": f"{label}-s{seed}", "suite": suite, "label": label, "seed": seed,
+                "command": f"cyb train x/{label}-s{seed}.yaml", "train_ppl": ppl * 0.8,
+                "final": {"ppl": ppl, "epoch": 0.5}, "whole_file": {"ppl": 2 * ppl}}
+
+    rows = [row("Baseline", 0, 50.0), row("Baseline", 1, 60.0), row("TBYS 3 pauses", 0, 55.0),
+            row("TBYS 3 pauses", 1, 66.0)]
+    text = results.table(rows)
+    line = next(x for x in text.splitlines() if x.startswith("| Baseline"))
+    assert "55.0 ± 7.1" in line and "+9.1 ± 0.0%" in line  # paired: 1 - 50/55 = 1 - 60/66
+    assert "`cyb train x/Baseline-sN.yaml`" in line and "| 0.50 |" in line
