@@ -136,3 +136,25 @@ def test_pause_table_layout():
     md = pause_table(stats)
     assert "| **Low variance** | isn, \u2423wasn | devices |" in md
     assert "| **High variance** | g | (none) |" in md
+
+
+def test_report_shows_steps_and_skips_a_stale_eval(copies, tmp_path):
+    """An eval of an earlier step of the model is not used; the note says so and what to do."""
+    run = tmp_path / "cyb"
+    shutil.copytree(copies["cyb"], run)
+    metrics = json.loads((run / "eval" / "metrics.json").read_text())
+    final = json.loads((run / "final_metrics.json").read_text())
+    assert metrics["target"]["step"] == final["step"]
+    fresh = load_run(run)
+    assert fresh.ppl_source == "eval" and fresh.step == final["step"] and fresh.warning is None
+    metrics["target"]["step"] = final["step"] - 4  # as after resuming the run past cyb eval
+    (run / "eval" / "metrics.json").write_text(json.dumps(metrics))
+    stale = load_run(run)
+    assert stale.ppl_source == "training" and stale.ppl == pytest.approx(final["ppl"])
+    assert f"step {final['step'] - 4}" in stale.warning and "rerun `cyb eval" in stale.warning
+    result = build_report([run, copies["baseline"]], tmp_path / "rep")
+    assert any("rerun `cyb eval" in n for n in result["notes"])
+    assert all(e["step"] == final["step"] for e in result["entries"])
+    only_training = build_report([copies["baseline"]], tmp_path / "rep2")
+    assert any("end of training" in n for n in only_training["notes"])
+    assert not any("different evaluations" in n for n in only_training["notes"])

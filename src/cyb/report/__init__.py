@@ -34,6 +34,8 @@ class RunSummary:
         ppl, tokens: perplexity and the tokens it was measured on; ``ppl_source`` is ``"eval"``
             (``cyb eval``) or ``"training"`` (held-out evaluation at the end of training).
         mean_steps: mean ``E[S]`` for models with dk (same source), else None.
+        step: optimiser steps of the evaluated model (None when unknown).
+        warning: why ``RUN/eval`` was not used (it belongs to an earlier step), else None.
         curves: ``{"train": [(step, loss)], "valid": [(step, loss)]}`` from ``metrics.jsonl``.
         eval_metrics: ``RUN/eval/metrics.json`` or None.
     """
@@ -46,6 +48,8 @@ class RunSummary:
     ppl_source: str
     tokens: int | None
     mean_steps: float | None
+    step: int | None = None
+    warning: str | None = None
     curves: dict = field(default_factory=dict)
     eval_metrics: dict | None = None
     eval_dir: Path | None = None
@@ -78,9 +82,14 @@ def load_run(path: str | os.PathLike, *, eval_dir: str = EVAL_DIR) -> RunSummary
     final = _read_json(p / "final_metrics.json") or {}
     ev_dir = p / eval_dir
     ev = _read_json(ev_dir / "metrics.json")
+    trained = final.get("step")
+    warning = _stale_eval(p, ev_dir, ev, trained)
+    if warning is not None:
+        ev = None
     if ev is not None:
         ppl, tokens, source = ev["perplexity"].get("ppl"), ev["perplexity"].get("tokens"), "eval"
         steps = (ev.get("latency") or {}).get("mean_steps")
+        trained = ev.get("target", {}).get("step", trained)
     elif final.get("ppl") is not None:
         ppl, tokens, source = final.get("ppl"), final.get("targets", final.get("tokens")), "training"
         steps = final.get("mean_steps")
@@ -95,8 +104,26 @@ def load_run(path: str | os.PathLike, *, eval_dir: str = EVAL_DIR) -> RunSummary
     return RunSummary(path=p, name=method_label(cfg.method), method=cfg.method.name,
                       num_steps=cfg.method.num_steps if cfg.method.uses_pauses else 1,
                       ppl=None if ppl is None else float(ppl), ppl_source=source, tokens=tokens,
-                      mean_steps=steps, curves=curves, eval_metrics=ev,
+                      mean_steps=steps, step=trained, warning=warning, curves=curves, eval_metrics=ev,
                       eval_dir=ev_dir if ev is not None else None)
+
+
+def _stale_eval(run: Path, ev_dir: Path, ev: dict | None, trained: int | None) -> str | None:
+    """Why ``ev_dir/metrics.json`` does not describe the run's final model, or None if it does:
+    it names another step, or (written before steps were recorded) is older than the run's
+    final metrics."""
+    if ev is None:
+        return None
+    ev_step = ev.get("target", {}).get("step")
+    if ev_step is not None and trained is not None and ev_step != trained:
+        return (f"{ev_dir}/metrics.json evaluated the model of step {ev_step}, but the run's final model is "
+                f"from step {trained}: its held-out evaluation at the end of training is used; rerun "
+                f"`cyb eval {run}`")
+    final = run / "final_metrics.json"
+    if ev_step is None and final.is_file() and final.stat().st_mtime > (ev_dir / "metrics.json").stat().st_mtime:
+        return (f"{ev_dir}/metrics.json is older than the run's final model (the run went on after cyb eval): "
+                f"its held-out evaluation at the end of training is used; rerun `cyb eval {run}`")
+    return None
 
 
 def _unique_names(runs: Sequence[RunSummary]) -> None:
@@ -131,9 +158,12 @@ def find_reference(runs: Sequence[RunSummary], name: str) -> RunSummary:
 
 def _notes(runs: Sequence[RunSummary], ref: RunSummary) -> list[str]:
     notes = [f"Relative improvement = (PPL_ref - PPL) / PPL_ref x 100% with reference {ref.name!r}."]
+    notes += [r.warning for r in runs if r.warning]
     sources = {r.ppl_source for r in runs}
     if sources == {"eval"}:
         notes.append("Perplexities from `cyb eval` (RUN/eval/metrics.json).")
+    elif sources == {"training"}:
+        notes.append("Perplexities from the held-out evaluation at the end of training (final_metrics.json).")
     else:
         by = ", ".join(f"{r.name}: {r.ppl_source}" for r in runs)
         notes.append("Perplexities come from different evaluations (eval = `cyb eval`, training = held-out "
@@ -141,6 +171,9 @@ def _notes(runs: Sequence[RunSummary], ref: RunSummary) -> list[str]:
     tokens = {r.tokens for r in runs if r.tokens is not None}
     if len(tokens) > 1:
         notes.append(f"The runs were evaluated on different numbers of tokens ({sorted(tokens)}).")
+    steps = {r.step for r in runs if r.step is not None}
+    if len(steps) > 1:
+        notes.append(f"The runs were trained for different numbers of steps ({sorted(steps)}).")
     notes.append("Mean steps: E[S] over tokens (steps 1..M) for models with <don't know>.")
     return notes
 
@@ -166,7 +199,7 @@ def build_report(paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     entries = [{"name": r.name, "path": str(r.path), "method": r.method, "ppl": r.ppl, "tokens": r.tokens,
-                "mean_steps": r.mean_steps, "source": r.ppl_source} for r in runs]
+                "step": r.step, "mean_steps": r.mean_steps, "source": r.ppl_source} for r in runs]
     usable_ref = ref.ppl is not None and math.isfinite(ref.ppl) and ref.ppl > 0
     headers, rows = tables.results_rows(entries, ref.name if usable_ref else None)
     for e in entries:

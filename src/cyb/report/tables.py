@@ -7,7 +7,7 @@ from typing import Sequence
 
 from ..analysis.perplexity import relative_improvement
 
-RESULT_HEADERS = ("Method", "Perplexity", "Rel. Improvement (%)", "Mean steps", "Eval tokens")
+RESULT_HEADERS = ("Method", "Perplexity", "Rel. Improvement (%)", "Mean steps", "Eval tokens", "Trained steps")
 
 
 def _cell(text) -> str:
@@ -43,8 +43,8 @@ def results_rows(entries: Sequence[dict], reference: str | None) -> tuple[tuple[
     """Rows of the appendix F table.
 
     Args:
-        entries: dicts with ``name``, ``ppl`` (float or None), optional ``mean_steps`` and
-            ``tokens``; in display order.
+        entries: dicts with ``name``, ``ppl`` (float or None), optional ``mean_steps``,
+            ``tokens`` and ``step`` (optimiser steps of the evaluated model); in display order.
         reference: the ``name`` of the reference entry (its improvement shows ``---``); None
             leaves the column empty.
 
@@ -79,7 +79,8 @@ def results_rows(entries: Sequence[dict], reference: str | None) -> tuple[tuple[
             imp_s = f"**{imp_s}**"
         steps = e.get("mean_steps")
         rows.append([e["name"], ppl_s, imp_s, "" if steps is None else f"{steps:.2f}",
-                     "" if e.get("tokens") is None else str(e["tokens"])])
+                     "" if e.get("tokens") is None else str(e["tokens"]),
+                     "" if e.get("step") is None else str(e["step"])])
     return RESULT_HEADERS, rows
 
 
