@@ -12,11 +12,12 @@ import reference as ref
 from cyb.layout import (
     IGNORE_INDEX,
     PauseVocab,
-    append_pauses,
     collapse,
     expand,
     expand_variable,
-    insert_random_pauses,
+    insert_pauses,
+    prompt_pause_slots,
+    random_pause_slots,
     next_token_labels,
     sample_pause_counts,
 )
@@ -322,11 +323,11 @@ def test_world_omega_in_cyb_loss_is_cyb_with_d_zero_at_the_last_step():
 # ------------------------------------------------------------------ original TBYS schemes
 
 
-def test_insert_random_pauses():
-    g = torch.Generator().manual_seed(5)
+def test_random_pause_slots_insert_pauses_between_real_tokens():
     ids = torch.arange(1, 13).view(2, 6)
     pid = 99
-    s = insert_random_pauses(ids, 4, pid, generator=g, keep_length=False)
+    gens = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    s = insert_pauses(ids, pid, lambda r, n, target: random_pause_slots(n, 4, gens[r]))
     assert s.input_ids.shape == (2, 10)
     assert s.position_ids.tolist() == [list(range(10))] * 2
     assert (s.attention_mask == 1).all()
@@ -342,32 +343,32 @@ def test_insert_random_pauses():
             assert int(s.labels[r, k]) == want
         # Every real token but the first is predicted exactly once, by the step before it.
         assert sorted(x for x in s.labels[r].tolist() if x != N) == ids[r, 1:].tolist()
-    again = insert_random_pauses(ids, 4, pid, generator=torch.Generator().manual_seed(5), keep_length=False)
+    again = insert_pauses(ids, pid, lambda r, n, t: random_pause_slots(n, 4, torch.Generator().manual_seed(5 + r)))
     assert torch.equal(again.input_ids, s.input_ids)
+    none = insert_pauses(ids, pid, lambda r, n, t: random_pause_slots(n, 0))
+    assert torch.equal(none.input_ids, ids)
+    with pytest.raises(ValueError, match="pauses must be >= 0"):
+        random_pause_slots(6, -1)
 
 
-def test_insert_random_pauses_keep_length():
-    ids = torch.arange(1, 9).view(1, 8)
-    s = insert_random_pauses(ids, 3, 99, generator=torch.Generator().manual_seed(2))
-    assert s.input_ids.shape == (1, 8) and s.labels.shape == (1, 8)
-    assert s.position_ids.tolist() == [list(range(8))]
-    assert int(s.labels[0, -1]) == N
-    s0 = insert_random_pauses(ids, 0, 99)
-    assert torch.equal(s0.input_ids, ids)
-    assert s0.labels.tolist() == [list(range(2, 9)) + [N]]
-    with pytest.raises(ValueError, match="num_pauses"):
-        insert_random_pauses(ids, -1, 99)
-
-
-def test_append_pauses():
-    prefix = rows([1, 2, 3], [4, 5, 6])
-    target = rows([7, 8], [9, 10])
-    s = append_pauses(prefix, target, 2, 99)
+def test_prompt_pause_slots_put_pauses_before_the_answer():
+    ids = rows([1, 2, 3, 7, 8], [4, 5, 6, 9, 10])
+    answer = torch.tensor([[0, 0, 0, 1, 1]] * 2)
+    s = insert_pauses(ids, 99, lambda r, n, target: prompt_pause_slots(target, 2), loss_mask=answer)
     assert s.input_ids.tolist() == [[1, 2, 3, 99, 99, 7, 8], [4, 5, 6, 99, 99, 9, 10]]
     assert s.position_ids.tolist() == [list(range(7))] * 2
-    # Labels only on the target; the last pause predicts target[0].
+    # Labels only on the answer; the last pause predicts its first token.
     assert s.labels.tolist() == [[N, N, N, N, 7, 8, N], [N, N, N, N, 9, 10, N]]
-    s0 = append_pauses(prefix, target, 0, 99)
+    s0 = insert_pauses(ids, 99, lambda r, n, target: prompt_pause_slots(target, 0), loss_mask=answer)
     assert s0.labels.tolist()[0] == [N, N, 7, 8, N]
-    with pytest.raises(ValueError, match="num_pauses"):
-        append_pauses(prefix, target, -2, 99)
+    with pytest.raises(ValueError, match="pauses must be >= 0"):
+        prompt_pause_slots(answer[0].bool(), -2)
+
+
+def test_insert_pauses_drops_padding_and_right_pads():
+    ids = rows([1, 2, 3, 0], [4, 5, 6, 7])
+    mask = rows([1, 1, 1, 0], [1, 1, 1, 1])
+    s = insert_pauses(ids, 99, lambda r, n, t: [1], attention_mask=mask)
+    assert s.input_ids.tolist() == [[1, 99, 2, 3, 0], [4, 99, 5, 6, 7]]
+    assert s.attention_mask.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert s.labels.tolist() == [[N, 2, 3, N, N], [N, 5, 6, 7, N]]

@@ -107,10 +107,9 @@ def build_model(cfg: RunConfig, tokenizer):
     """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch)."""
     from .model import PauseModel
 
-    me = cfg.method
-    pause_kw = dict(num_steps=me.num_steps if me.uses_pauses else 1, use_dk=me.uses_dk,
-                    psi_dk=me.psi_dk, method=me.name,
-                    position_scheme="advance" if me.name == "tbys_original" else me.position_scheme)
+    me, spec = cfg.method, cfg.method.spec
+    pause_kw = dict(num_steps=spec.model_steps(me.num_steps), use_dk=spec.has_dk,
+                    psi_dk=me.psi_dk, method=me.name, position_scheme=spec.position_scheme(me))
     # auto: float32 parameters (bf16 autocast on GPU), also for checkpoints stored in bf16
     dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
              "float16": torch.float16}[cfg.model.dtype]
@@ -317,7 +316,7 @@ def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
 
     from .data.packing import PackedBlocks
 
-    block_len = d.block_len * (cfg.method.seq_multiplier if cfg.method.name == "baseline_nx" else 1)
+    block_len = cfg.method.spec.context(cfg.method, d.block_len)
     train_texts, valid_texts = _train_source(cfg)
     what = f"data.source ({d.source}) yields no block of {block_len} tokens (data.block_len" + \
         (" x method.seq_multiplier)" if block_len != d.block_len else ")")

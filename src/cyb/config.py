@@ -18,9 +18,10 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
-METHODS = ("baseline", "baseline_nx", "tbys", "tbys_original", "cyb", "cyb_va", "cyb_dp")
-PAUSE_METHODS = ("tbys", "tbys_original", "cyb", "cyb_va", "cyb_dp")
-DK_METHODS = ("cyb", "cyb_va", "cyb_dp")
+from . import methods
+from .vectors import step_vector_problem
+
+METHODS = methods.NAMES
 ARCHES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 
 
@@ -65,8 +66,9 @@ class ModelConfig:
 class MethodConfig:
     name: str = "cyb"
     """Training method: baseline (no pauses), baseline_nx (no pauses, seq_multiplier x longer
-    context), tbys (Recipe 1 pauses, cross-entropy at the world's stop), tbys_original (random
-    pauses, advancing positions, one shared pause id), cyb, cyb_va, cyb_dp."""
+    context), tbys_original (random pauses, advancing positions, one shared pause id), tbys
+    (Recipe 1 pauses, cross-entropy at the world's stop), cyb, cyb_va (variational, desired stop
+    distribution rho), cyb_dp (CYB plus alpha KL(rho || s))."""
     num_steps: int = 4
     """M: steps per real token (the token and M-1 pauses). Baselines use 1."""
     position_scheme: str = "shared"
@@ -95,26 +97,17 @@ class MethodConfig:
     (M-1 pauses after the prompt of a synthetic task, the fine-tuning scheme)."""
 
     @property
+    def spec(self) -> "methods.MethodSpec":
+        """The method's :class:`~cyb.methods.MethodSpec` (layout, dk, losses, label)."""
+        return methods.spec(self.name)
+
+    @property
     def uses_pauses(self) -> bool:
-        return self.name in PAUSE_METHODS
+        return self.spec.uses_pauses
 
     @property
     def uses_dk(self) -> bool:
-        return self.name in DK_METHODS
-
-    @property
-    def steps(self) -> int:
-        """Steps per real token in the Recipe 1 layout (1 for methods without it)."""
-        return self.num_steps if self.name in ("tbys", "cyb", "cyb_va", "cyb_dp") else 1
-
-    @property
-    def gamma_vector(self) -> list[float] | None:
-        """gamma, or gamma0^(i-1) for i = 1..M when gamma0 is set, or None (no discount)."""
-        if self.gamma is not None:
-            return list(self.gamma)
-        if self.gamma0 is not None:
-            return [float(self.gamma0) ** i for i in range(self.num_steps)]
-        return None
+        return self.spec.has_dk
 
 
 @dataclass
@@ -318,47 +311,43 @@ def _validate_model(m: ModelConfig) -> None:
 
 def _validate_method(me: MethodConfig, d: DataConfig) -> None:
     _one_of(me.name, METHODS, "method.name")
+    spec = me.spec
     _need(me.num_steps >= 1, "method.num_steps", f"M must be >= 1, got {me.num_steps}")
-    if me.name in PAUSE_METHODS:
+    if spec.uses_pauses:
         _need(me.num_steps >= 2, "method.num_steps",
               f"{me.name} needs M >= 2 (at least one pause), got {me.num_steps}")
     _one_of(me.position_scheme, ("shared", "advance"), "method.position_scheme")
     for name in ("omega", "rho", "gamma"):
         vec = getattr(me, name)
-        if vec is None:
-            continue
-        _need(len(vec) == me.num_steps, f"method.{name}",
-              f"must have M = {me.num_steps} entries (method.num_steps), got {len(vec)}")
-        _need(all(math.isfinite(x) and x >= 0 for x in vec), f"method.{name}",
-              f"entries must be finite and >= 0, got {vec}")
-        if name == "gamma":
-            _need(all(x <= 1 for x in vec), "method.gamma", f"entries must lie in [0, 1], got {vec}")
-        _need(sum(vec) > 0, f"method.{name}", f"must have a positive entry, got {vec}")
+        if vec is not None:
+            problem = step_vector_problem(vec, me.num_steps, discount=name == "gamma")
+            _need(problem is None, f"method.{name}", f"{problem} (M = method.num_steps)")
     if me.gamma0 is not None:
         _need(0.0 <= me.gamma0 <= 1.0, "method.gamma0", f"must lie in [0, 1], got {me.gamma0}")
         _need(me.gamma is None, "method.gamma0", "set either method.gamma or method.gamma0, not both")
-    if me.name in ("cyb_va", "cyb_dp"):
+    if spec.needs_rho:
         _need(me.rho is not None, "method.rho",
               f"{me.name} needs rho, the desired stop distribution over the M steps (e.g. [1, 1, 1, 1])")
-    if me.name == "cyb_va":
+    if spec.rho_positive:
         _need(all(x > 0 for x in me.rho), "method.rho",
-              "cyb_va needs rho > 0 everywhere (KL(s || rho) is infinite at zeros; cyb_dp allows them)")
+              f"{me.name} needs rho > 0 everywhere (KL(s || rho) is infinite at zeros; cyb_dp allows them)")
     _need(math.isfinite(me.alpha) and me.alpha >= 0, "method.alpha", f"must be finite and >= 0, got {me.alpha}")
     if me.psi_dk is not None:
         _need(0.0 < me.psi_dk < 1.0, "method.psi_dk", f"must lie in (0, 1) or be null, got {me.psi_dk}")
     _need(me.recipe in (1, 2), "method.recipe", f"must be 1 or 2, got {me.recipe}")
     if me.recipe == 2:
-        _need(me.name in ("tbys", "cyb"), "method.recipe",
-              f"Recipe 2 (variable pauses) applies to tbys and cyb, not {me.name}")
+        allowed = [n for n in METHODS if methods.spec(n).recipe2]
+        _need(spec.recipe2, "method.recipe",
+              f"Recipe 2 (variable pauses) applies to {' and '.join(allowed)}, not {me.name}")
     _need(me.seq_multiplier >= 1, "method.seq_multiplier", f"must be >= 1, got {me.seq_multiplier}")
-    if me.name == "baseline_nx":
+    if spec.lengthens_context:
         _need(d.task is None, "method.name",
-              "baseline_nx lengthens packed text blocks (data.block_len x method.seq_multiplier); "
+              f"{me.name} lengthens packed text blocks (data.block_len x method.seq_multiplier); "
               "synthetic tasks have fixed rows: use baseline")
     _need(0.0 < me.random_pause_fraction <= 4.0, "method.random_pause_fraction",
           f"must lie in (0, 4], got {me.random_pause_fraction}")
     _one_of(me.tbys_scheme, ("random", "append"), "method.tbys_scheme")
-    if me.name == "tbys_original" and me.tbys_scheme == "append":
+    if spec.layout == "inserted" and me.tbys_scheme == "append":
         _need(d.task is not None, "method.tbys_scheme",
               "append puts the pauses after a prompt; it needs a synthetic task (data.task), "
               "text has no prompt: use random")

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from . import losses
 from .analysis import (calibration, latency_summary, method_label, pause_statistics,
                        perplexity_summary, relative_improvement)
 from .analysis.collect import collect_records
 from .analysis.eval_data import EvalData, resolve_data
 from .analysis.latency import expected_pauses
 from .analysis.records import TokenRecords
-from .config import METHODS, MethodConfig, RunConfig
+from . import methods
+from .config import MethodConfig, RunConfig
 from .model.settings import SETTINGS_FILE, TRAINING_STATE_FILE
 
 DEFAULT_TOKENS = 100_000
@@ -100,8 +100,7 @@ def training_state(model_dir: Path) -> dict:
 
 
 def _method_from_settings(settings) -> MethodConfig:
-    name = settings.method if settings.method in METHODS else (
-        "cyb" if settings.use_dk else ("tbys" if settings.num_steps > 1 else "baseline"))
+    name = settings.method if settings.method in methods.NAMES else methods.infer(settings.use_dk, settings.num_steps)
     return MethodConfig(name=name, num_steps=max(settings.num_steps, 1),
                         position_scheme=settings.position_scheme)
 
@@ -133,8 +132,8 @@ def method_of(target: EvalTarget, model) -> MethodConfig:
     if target.config is None:
         return _method_from_settings(model.settings)
     me = target.config.method
-    if me.name != "tbys_original" and me.steps != model.num_steps:
-        raise ValueError(f"{target.run_dir}/config.yaml has M = {me.steps} steps for {me.name}, but its "
+    if me.spec.model_steps(me.num_steps) != model.num_steps:
+        raise ValueError(f"{target.run_dir}/config.yaml has M = {me.spec.model_steps(me.num_steps)} steps for {me.name}, but its "
                          f"final model has M = {model.num_steps}: the folder mixes two runs")
     if me.uses_dk != model.settings.use_dk:
         raise ValueError(f"{target.run_dir}/config.yaml says method {me.name} but its final model "
@@ -142,12 +141,9 @@ def method_of(target: EvalTarget, model) -> MethodConfig:
     return me
 
 
-def training_omega_gamma(method: MethodConfig, num_steps: int):
+def training_omega_gamma(method: MethodConfig):
     """``(omega, gamma)`` the run was trained with (None where it used the default)."""
-    gamma = method.gamma
-    if gamma is None and method.gamma0 is not None:
-        gamma = losses.discount(method.gamma0, num_steps).tolist()
-    return method.omega, gamma
+    return method.omega, methods.discount_vector(method)
 
 
 # ------------------------------------------------------------------------------ analyses
@@ -175,8 +171,8 @@ def analyse(records: TokenRecords, method: MethodConfig, *, has_dk: bool, tokeni
     Keys: ``perplexity``; with dk also ``latency``, ``calibration``, ``pause_stats``.
     """
     omega, gamma = None, None
-    if method.name not in ("baseline", "baseline_nx", "tbys_original"):
-        omega, gamma = training_omega_gamma(method, records.num_steps)
+    if method.spec.layout == "blocks":
+        omega, gamma = training_omega_gamma(method)
     out = {"perplexity": perplexity_summary(records.log_t, records.log_d, records.log_not_d, has_dk=has_dk,
                                             omega=omega, gamma=gamma)}
     if has_dk:

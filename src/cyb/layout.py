@@ -19,9 +19,11 @@ stream, or appended after the prefix of a fine-tuning example.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
+
+from .vectors import check_step_vector
 
 IGNORE_INDEX = -100
 PositionScheme = Literal["shared", "advance"]
@@ -263,16 +265,8 @@ def collapse(x: torch.Tensor, num_steps: int) -> torch.Tensor:
 def normalise_distribution(name: str, values, num_steps: int) -> torch.Tensor:
     """Validate a distribution over steps ``1..M`` and return it normalised (float64, ``[M]``)."""
     t = torch.as_tensor(values, dtype=torch.float64).flatten()
-    if t.numel() != num_steps:
-        raise ValueError(f"{name} must have length M = {num_steps}, got {t.numel()}: {t.tolist()}")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} must be finite, got {t.tolist()}")
-    if bool((t < 0).any()):
-        raise ValueError(f"{name} must be non-negative, got {t.tolist()}")
-    total = float(t.sum())
-    if total <= 0:
-        raise ValueError(f"{name} must have a positive entry (it is all zero): {t.tolist()}")
-    return t / total
+    check_step_vector(name, t.tolist(), num_steps)
+    return t / float(t.sum())
 
 
 def sample_pause_counts(
@@ -412,7 +406,7 @@ def expand_variable(
 
 @dataclass
 class PausedSequence:
-    """A sequence with pauses inserted by the original TBYS data schemes (positions advance).
+    """A sequence with pauses inserted by :func:`insert_pauses` (positions advance).
 
     ``labels[k]`` is the target of position ``k``: the next *real* token when ``k`` is the last
     step before it, else ``IGNORE_INDEX`` (outputs leading up to the final pause are ignored).
@@ -424,75 +418,66 @@ class PausedSequence:
     labels: torch.Tensor
 
 
-def _labels_skipping_pauses(seq: torch.Tensor, is_pause: torch.Tensor, target_ok: torch.Tensor,
-                            ignore_index: int) -> torch.Tensor:
-    labels = torch.full_like(seq, ignore_index)
-    labels[:-1] = seq[1:]
-    ok = torch.zeros_like(is_pause)
-    ok[:-1] = ~is_pause[1:] & target_ok[1:]
-    return labels.masked_fill(~ok, ignore_index)
-
-
-def insert_random_pauses(
+def insert_pauses(
     ids: torch.Tensor,
-    num_pauses: int,
     pause_id: int,
+    slots_of: Callable[[int, int, torch.Tensor], Sequence[int] | torch.Tensor],
     *,
-    generator: torch.Generator | None = None,
-    keep_length: bool = True,
-    ignore_index: int = IGNORE_INDEX,
+    attention_mask: torch.Tensor | None = None,
+    loss_mask: torch.Tensor | None = None,
 ) -> PausedSequence:
-    """Original TBYS pretraining: insert ``num_pauses`` pauses at uniformly random places.
+    """The original TBYS layout: pauses inserted into each row, positions advancing over them.
 
-    Args:
-        ids: ``[B, L]`` real ids.
-        keep_length: truncate each row back to ``L`` (as a fixed-length data loader does).
+    ``slots_of(r, n, target)`` gives the indices, in the merged row of row ``r``'s ``n`` real
+    tokens and its pauses, that hold a pause; ``target`` is the row's ``[n]`` loss mask (all
+    True without ``loss_mask``). The output right before a real token predicts it when that
+    token is a target; outputs before a pause predict nothing. Rows keep all their real tokens
+    (padding, per ``attention_mask``, is dropped) and are right-padded to the longest.
+    See :func:`random_pause_slots` (pretraining) and :func:`prompt_pause_slots` (fine-tuning).
     """
-    if num_pauses < 0:
-        raise ValueError(f"num_pauses must be >= 0, got {num_pauses}")
-    b, length = ids.shape
-    total = length + num_pauses
     rows, labels = [], []
-    for r in range(b):
-        slots = torch.randperm(total - 1, generator=generator)[:num_pauses] + 1  # never first
+    for r in range(ids.shape[0]):
+        keep = attention_mask[r].bool() if attention_mask is not None else torch.ones_like(ids[r], dtype=torch.bool)
+        real = ids[r][keep]
+        target = loss_mask[r][keep].bool() if loss_mask is not None else torch.ones_like(real, dtype=torch.bool)
+        n = real.numel()
+        slots = torch.as_tensor(slots_of(r, n, target), dtype=torch.long)
+        total = n + slots.numel()
         is_pause = torch.zeros(total, dtype=torch.bool)
         is_pause[slots] = True
         seq = torch.full((total,), pause_id, dtype=ids.dtype)
-        seq[~is_pause] = ids[r].cpu()
-        lab = _labels_skipping_pauses(seq, is_pause, torch.ones_like(is_pause), ignore_index)
+        seq[~is_pause] = real
+        ok = torch.zeros(total, dtype=torch.bool)
+        ok[~is_pause] = target
+        lab = torch.full((total,), IGNORE_INDEX, dtype=torch.long)
+        lab[:-1] = torch.where(ok[1:], seq[1:], torch.full_like(seq[1:], IGNORE_INDEX))
         rows.append(seq)
         labels.append(lab)
-    seq_t = torch.stack(rows).to(ids.device)
-    lab_t = torch.stack(labels).to(ids.device)
-    if keep_length:
-        seq_t, lab_t = seq_t[:, :length], lab_t[:, :length].clone()
-        lab_t[:, -1] = ignore_index if num_pauses else lab_t[:, -1]
-    n = seq_t.shape[1]
-    pos = torch.arange(n, device=ids.device).expand(b, n).contiguous()
-    return PausedSequence(seq_t, pos, torch.ones_like(seq_t), lab_t)
+    width = max((len(s) for s in rows), default=0)
+    b = len(rows)
+    input_ids = torch.zeros((b, width), dtype=ids.dtype)
+    lab_t = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    for r, (s, lab) in enumerate(zip(rows, labels)):
+        input_ids[r, :len(s)], lab_t[r, :len(s)], mask[r, :len(s)] = s, lab, 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return PausedSequence(input_ids, pos, mask, lab_t)
 
 
-def append_pauses(
-    prefix_ids: torch.Tensor,
-    target_ids: torch.Tensor,
-    num_pauses: int,
-    pause_id: int,
-    *,
-    ignore_index: int = IGNORE_INDEX,
-) -> PausedSequence:
-    """Original TBYS fine-tuning: ``prefix + W' pauses + target``; loss on the target only.
+def random_pause_slots(n: int, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``k`` pause slots at uniformly random places of a row of ``n`` real tokens, never before
+    the first token (the pretraining scheme of the original TBYS)."""
+    if k < 0:
+        raise ValueError(f"the number of pauses must be >= 0, got {k}")
+    if not n or not k:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.randperm(n + k - 1, generator=generator)[:k] + 1
 
-    The output at the last pause predicts ``target[0]``; outputs inside the prefix and at
-    earlier pauses are ignored.  ``prefix_ids`` ``[B, P]`` and ``target_ids`` ``[B, T]``.
-    """
-    if num_pauses < 0:
-        raise ValueError(f"num_pauses must be >= 0, got {num_pauses}")
-    b = prefix_ids.shape[0]
-    pauses = torch.full((b, num_pauses), pause_id, dtype=prefix_ids.dtype, device=prefix_ids.device)
-    seq = torch.cat([prefix_ids, pauses, target_ids], dim=1)
-    n = seq.shape[1]
-    labels = torch.full_like(seq, ignore_index)
-    start = prefix_ids.shape[1] + num_pauses  # index of target[0]
-    labels[:, start - 1 : n - 1] = target_ids
-    pos = torch.arange(n, device=seq.device).expand(b, n).contiguous()
-    return PausedSequence(seq, pos, torch.ones_like(seq), labels)
+
+def prompt_pause_slots(target: torch.Tensor, k: int) -> list[int]:
+    """``k`` pause slots right after the prompt, before the first target token (the
+    fine-tuning scheme of the original TBYS: the last pause predicts the first answer token)."""
+    if k < 0:
+        raise ValueError(f"the number of pauses must be >= 0, got {k}")
+    first = int(target.nonzero()[0]) if bool(target.any()) else target.numel()
+    return list(range(first, first + k))

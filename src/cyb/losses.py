@@ -30,6 +30,8 @@ from typing import Sequence, Union
 
 import torch
 
+from .vectors import check_step_vector
+
 Dist = Union[Sequence[float], torch.Tensor, None]
 
 __all__ = [
@@ -76,25 +78,24 @@ def _as_float(values, like: torch.Tensor) -> torch.Tensor:
 
 
 def _check_dist(name: str, t: torch.Tensor, m: int) -> torch.Tensor:
-    if t.dim() == 0 or t.shape[-1] != m:
+    """Normalise a distribution over the last axis; one vector is checked by
+    :func:`~cyb.vectors.check_step_vector`, a batch of them (per-token world stops) here."""
+    if t.dim() <= 1:
+        check_step_vector(name, t.reshape(-1).tolist(), m)
+        return t / t.sum(-1, keepdim=True)
+    if t.shape[-1] != m:
         raise ValueError(f"{name} must have length M = {m} on its last axis, got shape {tuple(t.shape)}")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} must be finite")
-    if bool((t < 0).any()):
-        raise ValueError(f"{name} must be non-negative, got {t.tolist() if t.dim() == 1 else 'negative entries'}")
     total = t.sum(-1, keepdim=True)
-    if bool((total <= 0).any()):
-        raise ValueError(f"{name} must have a positive entry; it is all zero")
+    if not bool((torch.isfinite(t).all() & (t >= 0).all() & (total > 0).all())):
+        raise ValueError(f"{name} must be finite and non-negative with a positive entry in every row")
     return t / total
 
 
 def _check_gamma(g: torch.Tensor, m: int) -> torch.Tensor:
-    if g.dim() == 0 or g.shape[-1] != m:
-        raise ValueError(f"gamma must have length M = {m} on its last axis, got shape {tuple(g.shape)}")
-    if not bool(((g >= 0) & (g <= 1)).all()):
-        raise ValueError(f"gamma must lie in [0, 1], got {g.tolist() if g.dim() == 1 else 'values outside'}")
-    if bool((g.amax(-1) <= 0).any()):
-        raise ValueError("gamma must have a positive entry; with all gamma_i = 0 the loss is infinite")
+    if g.dim() <= 1:
+        check_step_vector("gamma", g.reshape(-1).tolist(), m, discount=True)
+    elif g.shape[-1] != m or not bool(((g >= 0) & (g <= 1)).all() & (g.amax(-1) > 0).all()):
+        raise ValueError(f"gamma must have length M = {m} with entries in [0, 1], not all zero, in every row")
     return torch.log(g)
 
 

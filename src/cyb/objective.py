@@ -21,9 +21,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import losses
+from . import losses, methods
 from .config import MethodConfig
-from .layout import IGNORE_INDEX, PauseVocab, collapse, expand, expand_variable, sample_pause_counts
+from .layout import (IGNORE_INDEX, PauseVocab, collapse, expand, expand_variable, insert_pauses,
+                     prompt_pause_slots, random_pause_slots, sample_pause_counts)
 from .readout import readout
 
 
@@ -53,26 +54,13 @@ class LossOutput:
 
 
 def loss_fn_for(method: MethodConfig, omega=None) -> Callable:
-    """The per-block training loss ``f(log_t, log_d, log_not_d) -> [...]`` of a method.
+    """The per-block training loss ``f(log_t, log_d, log_not_d) -> [...]`` of a method (its
+    :class:`~cyb.methods.MethodSpec`).
 
     Inputs are ``[..., M]``.  ``omega`` overrides the method's world stop distribution (Recipe 2
     passes a per-token one-hot).
     """
-    w = omega if omega is not None else method.omega
-    gamma = method.gamma_vector
-    name = method.name
-    if name in ("baseline", "baseline_nx", "tbys_original"):
-        return lambda lt, ld, lnd: losses.cross_entropy_loss(lt[..., -1])
-    if name == "tbys":
-        return lambda lt, ld, lnd: losses.tbys_loss(lt, omega=w)
-    if name == "cyb":
-        return lambda lt, ld, lnd: losses.cyb_loss(lt, ld, lnd, omega=w, gamma=gamma)
-    if name == "cyb_va":
-        return lambda lt, ld, lnd: losses.cyb_va_loss(lt, ld, lnd, rho=method.rho, gamma=gamma)
-    if name == "cyb_dp":
-        return lambda lt, ld, lnd: losses.cyb_dp_loss(
-            lt, ld, lnd, rho=method.rho, alpha=method.alpha, omega=w, gamma=gamma)
-    raise ValueError(f"method.name: unknown method {name!r}")
+    return methods.spec(method.name).train_loss(method, omega)
 
 
 def eval_loss_fn(method: MethodConfig, omega=None) -> Callable:
@@ -82,12 +70,7 @@ def eval_loss_fn(method: MethodConfig, omega=None) -> Callable:
     stops of Recipe 2); TBYS: the readout at the world's stop (the last step by default);
     baselines: plain cross-entropy.
     """
-    if method.uses_dk:
-        return lambda lt, ld, lnd: losses.cyb_loss(lt, ld, lnd, omega=omega)
-    if method.name == "tbys":
-        w = omega if omega is not None else method.omega
-        return lambda lt, ld, lnd: losses.tbys_loss(lt, omega=w)
-    return lambda lt, ld, lnd: losses.cross_entropy_loss(lt[..., -1])
+    return methods.spec(method.name).eval_loss(method, omega)
 
 
 def use_fused(impl: str, device: torch.device) -> bool:
@@ -147,44 +130,6 @@ def _generators(seeds: Sequence[int] | None, rows: int) -> list:
     return [torch.Generator().manual_seed(int(s)) for s in seeds]
 
 
-def paused_rows(ids, attention_mask, loss_mask, pause_id: int, pause_slots: Callable) -> Prepared:
-    """Original TBYS layout: pauses inserted into each row, positions advancing over them.
-
-    ``pause_slots(r, n, target)`` gives the indices (in the merged row of ``n`` real tokens
-    and the pauses) where row ``r`` gets a pause; ``target`` is its ``[n]`` loss mask.  The
-    output at the step right before a real token predicts it when that token is a target;
-    outputs before a pause predict nothing.  Rows keep all their real tokens and are right-padded.
-    """
-    rows, labels = [], []
-    for r in range(ids.shape[0]):
-        keep = attention_mask[r].bool() if attention_mask is not None else torch.ones_like(ids[r], dtype=torch.bool)
-        real = ids[r][keep]
-        target = loss_mask[r][keep].bool() if loss_mask is not None else torch.ones_like(real, dtype=torch.bool)
-        n = real.numel()
-        slots = torch.as_tensor(pause_slots(r, n, target), dtype=torch.long)
-        total = n + slots.numel()
-        is_pause = torch.zeros(total, dtype=torch.bool)
-        is_pause[slots] = True
-        seq = torch.full((total,), pause_id, dtype=ids.dtype)
-        seq[~is_pause] = real
-        ok = torch.zeros(total, dtype=torch.bool)
-        ok[~is_pause] = target
-        lab = torch.full((total,), IGNORE_INDEX, dtype=torch.long)
-        lab[:-1] = torch.where(ok[1:], seq[1:], torch.full_like(seq[1:], IGNORE_INDEX))
-        rows.append(seq)
-        labels.append(lab)
-    width = max((len(s) for s in rows), default=0)
-    b = len(rows)
-    input_ids = torch.zeros((b, width), dtype=ids.dtype)
-    lab_t = torch.full((b, width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    for r, (s, lab) in enumerate(zip(rows, labels)):
-        input_ids[r, :len(s)], lab_t[r, :len(s)], mask[r, :len(s)] = s, lab, 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    num_real = int(sum(int((s != pause_id).sum()) for s in rows))
-    return Prepared(input_ids, pos, mask, lab_t, int((lab_t != IGNORE_INDEX).sum()), num_real, "flat")
-
-
 class Objective:
     """Lays out a batch for a method, runs the model and returns the loss sum.
 
@@ -197,6 +142,7 @@ class Objective:
 
     def __init__(self, method: MethodConfig, vocab: PauseVocab, dk_bias: float = 0.0, impl: str = "auto"):
         self.method = method
+        self.spec = methods.spec(method.name)
         self.vocab = vocab
         self.dk_bias = dk_bias
         self.impl = impl
@@ -216,8 +162,8 @@ class Objective:
         loss_mask = batch.get("loss_mask")
         num_real = int(mask.sum()) if mask is not None else ids.numel()
         gens = _generators(seeds, ids.shape[0])
-        if self.method.name == "tbys_original":
-            return self._prepare_tbys_original(ids, mask, loss_mask, gens)
+        if self.spec.layout == "inserted":
+            return self._prepare_inserted(ids, mask, loss_mask, gens)
         if self.method.recipe == 2:
             omega = self._omega_or_last()
             counts = torch.cat([sample_pause_counts((1, ids.shape[1]), omega, generator=g) for g in gens])
@@ -230,22 +176,20 @@ class Objective:
         return Prepared(ex.input_ids, ex.position_ids, ex.attention_mask, ex.labels,
                         int(valid.sum()), num_real, "blocks", valid)
 
-    def _prepare_tbys_original(self, ids, mask, loss_mask, gens) -> Prepared:
+    def _prepare_inserted(self, ids, mask, loss_mask, gens) -> Prepared:
+        """The original TBYS: one shared pause id inserted after the prompt or at random."""
         pause_id = self.vocab.pause_ids[0]
         self.vocab.check_real_ids(ids, mask=mask)
         if self.method.tbys_scheme == "append":
             k = self.vocab.num_steps - 1
-
-            def slots(r, n, target):  # W' pauses right after the prompt (before the first target)
-                first = int(target.nonzero()[0]) if bool(target.any()) else n
-                return list(range(first, first + k))
+            slots = lambda r, n, target: prompt_pause_slots(target, k)  # noqa: E731
         else:
             frac = self.method.random_pause_fraction
-
-            def slots(r, n, target):  # uniformly random places, never before the first token
-                k = int(round(frac * n))
-                return (torch.randperm(n + k - 1, generator=gens[r])[:k] + 1) if n and k else []
-        return paused_rows(ids, mask, loss_mask, pause_id, slots)
+            slots = lambda r, n, target: random_pause_slots(n, int(round(frac * n)), gens[r])  # noqa: E731
+        ps = insert_pauses(ids, pause_id, slots, attention_mask=mask, loss_mask=loss_mask)
+        num_real = int(((ps.input_ids != pause_id) & ps.attention_mask.bool()).sum())
+        return Prepared(ps.input_ids, ps.position_ids, ps.attention_mask, ps.labels,
+                        int((ps.labels != IGNORE_INDEX).sum()), num_real, "flat")
 
     def _omega_or_last(self):
         m = self.vocab.num_steps
@@ -335,7 +279,7 @@ class Objective:
         sums = {"objective": loss_sum.detach().float(),
                 "nll": torch.where(valid, nll, zero).sum(),
                 "targets": num_targets}
-        if self.method.uses_dk:
+        if self.spec.has_dk:
             s = losses.stop_distribution(ld, lnd, terms.omega)
             s = torch.where(valid.unsqueeze(-1), s, torch.zeros_like(s))
             steps = torch.arange(1, s.shape[-1] + 1, dtype=s.dtype, device=s.device)

@@ -372,7 +372,7 @@ class Trainer:
         """Where training stands: ``step``, ``epochs`` over the training data (None while
         unknown) and ``real_tokens_seen`` (real input tokens of the optimiser steps so far)."""
         t = self.cfg.train
-        rows = self.cfg.data.block_len * (self.cfg.method.seq_multiplier if self.cfg.method.name == "baseline_nx" else 1)
+        rows = self.cfg.method.spec.context(self.cfg.method, self.cfg.data.block_len)
         return {"step": self.step, "epochs": self.train_data.epochs(),
                 "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows}
 

@@ -13,12 +13,12 @@ Every analysis is a pure function of per-real-token arrays collected on held-out
   2-D densities (appendix E).
 * :mod:`cyb.analysis.pause_stats`: median and variance of expected pauses per token string and
   the low/high median x variance table (Table 2).
-* :mod:`cyb.analysis.naming`: display names of methods and runs ("CYB 3 pauses").
+* display names of methods and runs ("CYB 3 pauses") come from :func:`cyb.methods.label`.
 """
 
 from .calibration import calibration, spearman
 from .latency import expected_pauses, latency_summary
-from .naming import method_label
+from ..methods import label as method_label
 from .pause_stats import pause_statistics, quadrant_table, token_pause_stats
 from .perplexity import perplexity_summary, relative_improvement
 from .records import Passage, RecordCollector, TokenRecords

@@ -17,7 +17,7 @@ import torch
 
 from ..config import MethodConfig
 from ..layout import collapse
-from ..objective import Objective
+from ..objective import Objective, use_fused
 from ..readout import readout
 from ..train import EVAL_SEED_STEP, row_seed
 from .records import RecordCollector, TokenRecords
@@ -97,8 +97,8 @@ def collect_records(
     vocab = model.vocab
     method = dataclasses.replace(method, recipe=1)
     objective = Objective(method, vocab, model.dk_bias, impl)
-    fused = impl == "fused" or (impl == "auto" and device.type == "cuda")
-    flat = method.name == "tbys_original"
+    fused = use_fused(impl, device)
+    flat = method.spec.layout == "inserted"
     has_dk = vocab.dk_id is not None
     collector = RecordCollector(1 if flat else vocab.num_steps, has_dk=has_dk,
                                 num_passages=0 if flat else num_passages, passage_tokens=passage_tokens)

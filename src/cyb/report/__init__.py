@@ -71,7 +71,7 @@ def load_run(path: str | os.PathLike, *, eval_dir: str = EVAL_DIR) -> RunSummary
     """
     from ..config import RunConfig
     from ..metrics_log import read_metrics
-    from ..analysis.naming import method_label
+    from ..methods import label as method_label
 
     p = Path(path).expanduser()
     if not p.exists():
