@@ -6,9 +6,11 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,248 @@ def test_metrics_truncation_drops_later_rows_and_a_partial_line(tmp_path):
     log.log("train", {"step": 3, "loss": 0.5})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------- damaged files
+
+
+from cyb.checkpoint import (MANIFEST, DamagedFileError, newest_good_checkpoint,  # noqa: E402
+                            verify_checkpoint)
+
+
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _flip(path: Path, at: float = 0.5) -> None:
+    """Change one byte in the middle, keeping the size."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_manifest_lists_every_file_and_verifies(tmp_path):
+    ckpt = _save(tmp_path, 3)
+    listed = json.loads((ckpt / MANIFEST).read_text())["files"]
+    assert sorted(listed) == ["data.json", "meta.json", "model.safetensors", "trainer.pt"]
+    assert listed["trainer.pt"]["size"] == (ckpt / "trainer.pt").stat().st_size
+    assert len(listed["trainer.pt"]["sha256"]) == 64
+    assert verify_checkpoint(ckpt) is True
+    _flip(ckpt / "model.safetensors", 0.9)  # in the data, not the header: loads, but differs
+    assert verify_checkpoint(ckpt, full=False) is True  # sizes only
+    with pytest.raises(DamagedFileError, match=r"model\.safetensors is damaged \(its sha256 differs"):
+        verify_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("damage", ["model_truncated", "trainer_truncated", "manifest_sizes",
+                                    "meta_garbled", "file_missing"])
+def test_load_checkpoint_names_the_damaged_file(tmp_path, damage):
+    ckpt = _save(tmp_path, 3)
+    if damage == "model_truncated":
+        _truncate(ckpt / "model.safetensors")
+        name, what = "model.safetensors", "truncated"
+    elif damage == "trainer_truncated":
+        _truncate(ckpt / "trainer.pt")
+        name, what = "trainer.pt", "truncated"
+    elif damage == "manifest_sizes":
+        manifest = json.loads((ckpt / MANIFEST).read_text())
+        manifest["files"]["data.json"]["size"] += 7
+        (ckpt / MANIFEST).write_text(json.dumps(manifest))
+        name, what = "data.json", "where the manifest says"
+    elif damage == "meta_garbled":
+        (ckpt / "meta.json").write_text('{"step": 3, "form')
+        name, what = "meta.json", "damaged"
+    else:
+        os.remove(ckpt / "data.json")
+        name, what = "data.json", "lacks data.json"
+    with pytest.raises(ValueError) as info:
+        load_checkpoint(list_checkpoints(tmp_path)[-1])
+    assert isinstance(info.value, DamagedFileError)
+    assert name in str(info.value) and what in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_checkpoints_without_a_manifest_are_checked_structurally(tmp_path, damage):
+    """Checkpoints written before manifests existed: the files must read back."""
+    ckpt = _save(tmp_path, 3)
+    os.remove(ckpt / MANIFEST)
+    assert verify_checkpoint(ckpt) is False  # intact, unverified
+    if damage == "truncated":
+        _truncate(ckpt / "trainer.pt")
+    else:  # one byte of the pickled record, the size unchanged: its CRC-32 no longer matches
+        with zipfile.ZipFile(ckpt / "trainer.pt") as z:
+            info = next(i for i in z.infolist() if i.filename.endswith("data.pkl"))
+        data = bytearray((ckpt / "trainer.pt").read_bytes())
+        name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26: info.header_offset + 30])
+        data[info.header_offset + 30 + name_len + extra_len + 5] ^= 0xFF
+        (ckpt / "trainer.pt").write_bytes(bytes(data))
+    with pytest.raises(DamagedFileError, match=r"trainer\.pt is damaged"):
+        verify_checkpoint(ckpt)
+    if damage == "truncated":
+        with pytest.raises(DamagedFileError, match=r"trainer\.pt is damaged \(not a readable"):
+            load_checkpoint(list_checkpoints(tmp_path)[-1])
+    _save(tmp_path, 1, keep_last=5)
+    _truncate(list_checkpoints(tmp_path)[0].path / "model.safetensors")  # the older one, no manifest
+    os.remove(list_checkpoints(tmp_path)[0].path / MANIFEST)
+    with pytest.raises(DamagedFileError, match=r"model\.safetensors is damaged \("):
+        verify_checkpoint(list_checkpoints(tmp_path)[0])
+
+
+def test_newest_good_checkpoint_skips_damaged_ones(tmp_path):
+    for step in (2, 4, 6):
+        _save(tmp_path, step, keep_last=5)
+    assert newest_good_checkpoint(tmp_path) == (list_checkpoints(tmp_path)[-1], [])
+    _truncate(tmp_path / "ckpt-00000006" / "trainer.pt")
+    _flip(tmp_path / "ckpt-00000004" / "model.safetensors", 0.9)
+    ckpt, skipped = newest_good_checkpoint(tmp_path)
+    assert ckpt.step == 2
+    assert [p.name for p, _ in skipped] == ["ckpt-00000006", "ckpt-00000004"]
+    assert skipped[0][1].startswith("trainer.pt is damaged (truncated")
+    assert "sha256" in skipped[1][1]
+    os.remove(tmp_path / "ckpt-00000002" / "model.safetensors")
+    ckpt, skipped = newest_good_checkpoint(tmp_path)
+    assert ckpt is None and len(skipped) == 3 and "model.safetensors is missing" in skipped[2][1]
+    assert newest_good_checkpoint(tmp_path / "nothing") == (None, [])
+
+
+def test_keep_last_never_removes_the_last_good_checkpoint(tmp_path):
+    _save(tmp_path, 5)
+    _save(tmp_path, 10)
+    _truncate(tmp_path / "ckpt-00000010" / "model.safetensors")
+    _save(tmp_path, 15, keep_last=2)  # the damaged one neither counts as kept nor stays
+    assert [c.step for c in list_checkpoints(tmp_path)] == [5, 15]
+    # resumed from 5 past a damaged 10, writing 7: the good 5 stays beside it
+    _save(tmp_path, 10, keep_last=5)
+    _truncate(tmp_path / "ckpt-00000010" / "trainer.pt")
+    shutil.rmtree(tmp_path / "ckpt-00000015")
+    _save(tmp_path, 7, keep_last=2)
+    assert [c.step for c in list_checkpoints(tmp_path)] == [5, 7]
+    _save(tmp_path, 9, keep_last=1)
+    assert [c.step for c in list_checkpoints(tmp_path)] == [9]
+
+
+def test_a_damaged_shard_is_found(tmp_path):
+    """Sharded checkpoints list every shard in the manifest (written by rank 0 once all are in)."""
+    from cyb.checkpoint import begin_checkpoint
+
+    tmp = begin_checkpoint(tmp_path, 4)
+    (tmp / "shards").mkdir()
+    (tmp / "shards" / ".metadata").write_bytes(b"m" * 100)
+    (tmp / "shards" / "__0_0.distcp").write_bytes(b"s" * 1000)
+    ckpt = save_checkpoint(tmp_path, 4, model_state=None, tmp=tmp, trainer_state={}, data_state={}, meta={})
+    assert "shards/__0_0.distcp" in json.loads((ckpt / MANIFEST).read_text())["files"]
+    assert verify_checkpoint(ckpt)
+    _truncate(ckpt / "shards" / "__0_0.distcp")
+    with pytest.raises(DamagedFileError, match=r"__0_0\.distcp is damaged \(truncated: 500 bytes"):
+        verify_checkpoint(ckpt)
+
+
+# ------------------------------------------------ resuming and loading models past damaged files
+
+TINY = {
+    "model": {"arch": "llama", "hidden_size": 32, "num_layers": 2, "num_heads": 2,
+              "max_position_embeddings": 128},
+    "method": {"name": "cyb", "num_steps": 3},
+    "data": {"task": "addition", "task_kwargs": {"digits": 2}, "num_train_examples": 64,
+             "num_valid_examples": 8},
+    "optim": {"lr": 1e-2, "warmup_steps": 2},
+    "train": {"steps": 4, "batch_size": 8, "log_every": 1, "eval_every": 0, "save_every": 2,
+              "keep_last": 5, "eval_batches": 1, "progress": False},
+}
+
+
+def _tiny_cfg(out_dir):
+    from cyb.config import RunConfig
+
+    cfg = json.loads(json.dumps(TINY))
+    cfg["train"]["out_dir"] = str(out_dir)
+    return RunConfig.from_dict(cfg).validate()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, one_thread):
+    """A finished 4-step run with checkpoints at steps 2 and 4 and its final/ model."""
+    from cyb.train import train
+
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    train(_tiny_cfg(out))
+    return out
+
+
+DAMAGES = {
+    "model_truncated": lambda c: _truncate(c / "model.safetensors"),
+    "trainer_truncated": lambda c: _truncate(c / "trainer.pt"),
+    "trainer_flipped": lambda c: _flip(c / "trainer.pt"),
+    "manifest_sizes": lambda c: (c / MANIFEST).write_text(json.dumps({"version": 1, "files": {
+        k: {**v, "size": v["size"] + 1} for k, v in json.loads((c / MANIFEST).read_text())["files"].items()}})),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_resume_falls_back_to_the_previous_checkpoint(tiny_run, tmp_path, capsys, damage):
+    from cyb.train import Trainer
+
+    out = tmp_path / "run"
+    shutil.copytree(tiny_run, out)
+    shutil.rmtree(out / "final")
+    DAMAGES[damage](out / "ckpt-00000004")
+    capsys.readouterr()
+    trainer = Trainer(_tiny_cfg(out))
+    assert trainer.step == 2
+    err = capsys.readouterr().err
+    assert f"warning: not resuming from {out / 'ckpt-00000004'}: " in err
+    assert ("trainer.pt" if "trainer" in damage else "data.json" if damage == "manifest_sizes"
+            else "model.safetensors") in err
+    assert f"resuming from the newest intact checkpoint, {out / 'ckpt-00000002'}" in err
+    if damage == "model_truncated":  # the run ends as the undamaged one did
+        trainer.run()
+        assert (out / "final" / "model.safetensors").read_bytes() == \
+            (tiny_run / "final" / "model.safetensors").read_bytes()
+        assert verify_checkpoint(list_checkpoints(out)[-1])
+
+
+def test_resume_refuses_when_every_checkpoint_is_damaged(tiny_run, tmp_path):
+    from cyb.train import Trainer
+
+    out = tmp_path / "run"
+    shutil.copytree(tiny_run, out)
+    for ckpt in list_checkpoints(out):
+        _truncate(ckpt.path / "trainer.pt")
+    with pytest.raises(ValueError, match=r"no checkpoint in .* can be resumed from .*ckpt-00000002: "
+                                         r"trainer\.pt is damaged"):
+        Trainer(_tiny_cfg(out))
+    assert all((c.path / "trainer.pt").exists() for c in list_checkpoints(out))  # nothing removed
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header", "missing", "config_json"])
+def test_a_damaged_saved_model_gives_one_error_naming_the_file(tiny_run, tmp_path, capsys, damage):
+    from cyb.cli import main
+    from cyb.model import PauseModel
+
+    final = tmp_path / "run" / "final"
+    shutil.copytree(tiny_run / "final", final)
+    shutil.copy(tiny_run / "config.yaml", final.parent / "config.yaml")
+    weights = final / "model.safetensors"
+    if damage == "truncated":
+        _truncate(weights, 0.9)
+        name, reason = weights, "incomplete metadata"
+    elif damage == "header":
+        weights.write_bytes((10**12).to_bytes(8, "little") + weights.read_bytes()[8:])
+        name, reason = weights, "header too large"
+    elif damage == "missing":
+        weights.unlink()
+        name, reason = final, "holds no weights"
+    else:
+        _truncate(final / "config.json")
+        name, reason = final / "config.json", "not valid JSON"
+    with pytest.raises(DamagedFileError) as info:
+        PauseModel.from_pretrained(final)
+    message = str(info.value)
+    assert str(name) in message and reason in message and "\n" not in message
+    if damage != "missing":
+        assert f"cyb train {final.parent / 'config.yaml'} --set train.out_dir={final.parent}" in message
+    capsys.readouterr()
+    assert main(["generate", str(final), "--prompt", "12+"]) == 2
+    assert capsys.readouterr().err.strip() == f"cyb generate: error: {message}"

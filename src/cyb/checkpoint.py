@@ -8,26 +8,39 @@ A checkpoint is a folder ``ckpt-<step>`` holding
 * ``trainer.pt``: optimiser (format ``full``) and scheduler state and RNG states, loaded with
   ``torch.load(weights_only=True)`` (no pickle of arbitrary objects),
 * ``data.json``: the data iterator's position,
-* ``meta.json``: step, format, metrics and config, written last.
+* ``meta.json``: step, format, metrics and config,
+* ``manifest.json``: every other file's relative path, size and sha256, written last.
 
 It is written into ``ckpt-<step>.tmp-<suffix>`` and renamed into place only when complete, so a
 process killed while writing leaves at worst a temporary folder that is ignored and removed.
 Both formats load at any world size.
+
+A checkpoint damaged afterwards (a disk that fills up or fails, a copy cut short, a file
+edited by hand) is found by :func:`verify_checkpoint`, which compares the files with the
+manifest; :func:`newest_good_checkpoint` picks the newest one that verifies, which is what
+training resumes from.  Checkpoints written before manifests existed are checked structurally
+instead (every file present, JSON that parses, a safetensors header that reads back, a
+``trainer.pt`` whose zip records all match their CRC-32); they count as intact but unverified.
+Every read error on loading becomes one :class:`DamagedFileError` (a ValueError) naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
 import shutil
 import signal
 import warnings
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 _NAME = re.compile(r"^ckpt-(\d+)$")
@@ -55,6 +68,95 @@ def _kill_if_injected(step: int) -> None:
     spec = fault("checkpoint_write")
     if spec is not None and (spec == "" or int(spec) == step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+MANIFEST = "manifest.json"
+#: What a damaged checkpoint file means for training, said after the reason.
+CHECKPOINT_ADVICE = ("the checkpoint cannot be resumed from; training resumes from the newest intact "
+                     "checkpoint instead (delete this one, or restore it from a copy)")
+
+
+class DamagedFileError(ValueError):
+    """A saved file that cannot be read back: missing, truncated, corrupted, or changed since it
+    was written.  ``path`` is the file, ``reason`` what is wrong with it; the message names both
+    and says what to do."""
+
+    def __init__(self, path, reason: str, advice: str = "", message: str | None = None):
+        self.path = Path(path)
+        self.reason = reason
+        if message is None:
+            message = f"{self.path} is damaged ({reason})" + (f": {advice}" if advice else "")
+        super().__init__(message)
+
+    def __reduce__(self):  # picklable, to pass between processes
+        return (type(self), (self.path, self.reason, "", str(self)))
+
+
+def _short(error: BaseException) -> str:
+    """A one-line reason from a reader's exception (safetensors, torch.load, json, zipfile)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    for prefix in ("Error while deserializing header: ",):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    if "PytorchStreamReader failed" in text:
+        text = text.split(". ")[0]
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return text if text else type(error).__name__
+
+
+def check_safetensors(path: str | Path, advice: str = "") -> None:
+    """Raise :class:`DamagedFileError` unless ``path`` is a safetensors file whose header reads
+    back and covers the whole file (cheap: reads the header only)."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # SafetensorError, OSError, ...
+        raise DamagedFileError(path, _short(e), advice) from e
+
+
+def check_zip(path: str | Path, advice: str = "", *, crc: bool = True) -> None:
+    """Raise :class:`DamagedFileError` unless ``path`` (a ``torch.save`` file) is a readable zip
+    archive; ``crc``: also read every record and compare it with its CRC-32."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip() if crc else None
+    except Exception as e:  # BadZipFile, OSError, EOFError, ...
+        raise DamagedFileError(path, f"not a readable torch.save archive: {_short(e)}", advice) from e
+    if bad is not None:
+        raise DamagedFileError(path, f"record {bad} does not match its CRC-32", advice)
+
+
+def _read(path: Path, reader, advice: str):
+    """``reader(path)``, with any read error turned into one :class:`DamagedFileError`."""
+    try:
+        return reader(path)
+    except DamagedFileError:
+        raise
+    except Exception as e:
+        raise DamagedFileError(path, _short(e), advice) from e
+
+
+def _read_json(path: Path, advice: str = CHECKPOINT_ADVICE):
+    return _read(path, lambda p: json.loads(p.read_text()), advice)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sha256_all(paths: list[Path]) -> list[str]:
+    """The sha256 of each file (hashlib releases the GIL: several files are hashed at once)."""
+    if len(paths) <= 1:
+        return [_sha256(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
+        return list(pool.map(_sha256, paths))
 
 
 @dataclass
@@ -180,7 +282,10 @@ def load_sharded_state(ckpt: "Checkpoint", module: torch.nn.Module, optimizer) -
     model_state, optim_state = get_state_dict(module, optimizer)
     state = {"model": model_state, "optim": optim_state}
     with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=str(ckpt.path / SHARDS), no_dist=_single_process())
+        try:
+            dcp.load(state, checkpoint_id=str(ckpt.path / SHARDS), no_dist=_single_process())
+        except Exception as e:  # a shard missing, cut short or unreadable
+            raise DamagedFileError(ckpt.path / SHARDS, _short(e), CHECKPOINT_ADVICE) from e
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
@@ -220,14 +325,136 @@ def save_checkpoint(
     _write_json(tmp / "data.json", data_state)
     _write_json(tmp / "meta.json", {**meta, "step": step, "format": fmt})
     _fsync_file(tmp / "meta.json")
+    write_manifest(tmp)
     _fsync_dir(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(run)
-    for old in list_checkpoints(run)[:-keep_last]:
-        shutil.rmtree(old.path, ignore_errors=True)
+    _remove_old(run, final, keep_last)
     return final
+
+
+def _remove_old(run: Path, newest: Path, keep_last: int) -> None:
+    """Keep ``newest`` and the newest ``keep_last - 1`` other checkpoints that are intact (a
+    quick check: files present, sizes as in the manifest); remove the rest, damaged ones
+    included, which could never be resumed from.  An intact older checkpoint is thus never
+    removed in favour of a damaged newer one."""
+    kept = 1
+    for old in reversed(list_checkpoints(run)):
+        if old.path == newest:
+            continue
+        if kept < keep_last:
+            try:
+                verify_checkpoint(old, full=False)
+            except DamagedFileError:
+                pass
+            else:
+                kept += 1
+                continue
+        shutil.rmtree(old.path, ignore_errors=True)
+
+
+def write_manifest(folder: str | Path) -> Path:
+    """Write ``folder/manifest.json``: the relative path, size and sha256 of every other file
+    under ``folder`` (call it once everything else is written)."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != MANIFEST)
+    digests = _sha256_all(files)
+    entries = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": d}
+               for p, d in zip(files, digests)}
+    path = folder / MANIFEST
+    _write_json(path, {"version": 1, "files": entries})
+    _fsync_file(path)
+    return path
+
+
+def _as_checkpoint(ckpt) -> Checkpoint:
+    if isinstance(ckpt, Checkpoint):
+        return ckpt
+    path = Path(ckpt)
+    m = _NAME.match(path.name)
+    return Checkpoint(path, int(m.group(1)) if m else -1)
+
+
+def verify_checkpoint(ckpt: Checkpoint | str | Path, *, full: bool = True) -> bool:
+    """Check a checkpoint's files; raise :class:`DamagedFileError` naming the first one that is
+    missing or damaged.
+
+    With a manifest: every listed file must be present with the listed size and, when ``full``,
+    the listed sha256 (this reads every file).  Without one (written before manifests
+    existed): the files must be present, ``meta.json``/``data.json`` must parse, the
+    safetensors header must read back and ``trainer.pt`` must be a readable zip archive (and,
+    when ``full``, match its CRC-32s); the shards of a sharded checkpoint are not checked.
+
+    Returns True when the checkpoint was checked against its manifest, False when it has none
+    (intact as far as can be told, but unverified).
+    """
+    ckpt = _as_checkpoint(ckpt)
+    path = ckpt.path
+    if not (path / "meta.json").is_file():
+        raise DamagedFileError(path / "meta.json", "missing", "",
+                               f"checkpoint {path} lacks meta.json: it is not a complete cyb checkpoint")
+    meta = _read_json(path / "meta.json")
+    if not isinstance(meta, dict):
+        raise DamagedFileError(path / "meta.json", "not a JSON object", CHECKPOINT_ADVICE)
+    sharded = meta.get("format", "full") == "sharded"
+    weights = f"{SHARDS}/.metadata" if sharded else "model.safetensors"
+    for name in (weights, "trainer.pt", "data.json", "meta.json"):
+        if not (path / name).is_file():
+            raise DamagedFileError(path / name, "missing", "",
+                                   f"checkpoint {path} lacks {name}: it is not a complete cyb checkpoint")
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        listed = _read_json(manifest)
+        listed = listed.get("files") if isinstance(listed, dict) else None
+        if not isinstance(listed, dict) or not all(
+                isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("sha256"), str)
+                for e in listed.values()):
+            raise DamagedFileError(manifest, "it does not list the files with their size and sha256",
+                                   CHECKPOINT_ADVICE)
+        names = sorted(listed)
+        for name in names:
+            f = path / name
+            if not f.is_file():
+                raise DamagedFileError(f, "missing: the manifest lists it", CHECKPOINT_ADVICE)
+            size, want = f.stat().st_size, listed[name]["size"]
+            if size != want:
+                what = "truncated" if size < want else "longer than written"
+                raise DamagedFileError(f, f"{what}: {size:,} bytes where the manifest says {want:,}",
+                                       CHECKPOINT_ADVICE)
+        if full:
+            for name, digest in zip(names, _sha256_all([path / n for n in names])):
+                if digest != listed[name]["sha256"]:
+                    raise DamagedFileError(path / name, "its sha256 differs from the manifest: the file "
+                                           "changed after it was written", CHECKPOINT_ADVICE)
+        return True
+    _read_json(path / "data.json")
+    if not sharded:
+        check_safetensors(path / "model.safetensors", CHECKPOINT_ADVICE)
+    check_zip(path / "trainer.pt", CHECKPOINT_ADVICE, crc=full)
+    return False
+
+
+def newest_good_checkpoint(run_dir: str | Path, *, full: bool = True
+                           ) -> tuple[Checkpoint | None, list[tuple[Path, str]]]:
+    """``(checkpoint, skipped)``: the newest checkpoint in ``run_dir`` that passes
+    :func:`verify_checkpoint` (None when none does), and ``(path, reason)`` of each newer one
+    that did not, newest first."""
+    skipped: list[tuple[Path, str]] = []
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(ckpt, full=full)
+        except DamagedFileError as e:
+            try:
+                name = e.path.relative_to(ckpt.path).as_posix()
+            except ValueError:
+                name = str(e.path)
+            skipped.append((ckpt.path, f"{name} is {e.reason}" if e.reason == "missing" else
+                            f"{name} is damaged ({e.reason})"))
+            continue
+        return ckpt, skipped
+    return None, skipped
 
 
 def checkpoint_format(ckpt: Checkpoint) -> str:
@@ -239,16 +466,19 @@ def load_checkpoint(ckpt: Checkpoint, map_location="cpu") -> tuple[dict | None, 
     """``(model_state, trainer_state, data_state, meta)`` of a checkpoint; ``model_state`` is
     None for a sharded one (load it with :func:`load_sharded_state` once the model is set up).
 
-    Weights load with safetensors and the trainer state with ``torch.load(weights_only=True)``;
-    a missing or unreadable file raises ValueError naming it.
+    Weights load with safetensors and the trainer state with ``torch.load(weights_only=True)``.
+    Files are checked against the manifest's sizes first (not its hashes: use
+    :func:`verify_checkpoint` or :func:`newest_good_checkpoint` for that); a missing or
+    unreadable file raises :class:`DamagedFileError` (a ValueError) naming it.
     """
-    sharded = checkpoint_format(ckpt) == "sharded"
-    weights = f"{SHARDS}/.metadata" if sharded else "model.safetensors"
-    for name in (weights, "trainer.pt", "data.json", "meta.json"):
-        if not (ckpt.path / name).is_file():
-            raise ValueError(f"checkpoint {ckpt.path} lacks {name}: it is not a complete cyb checkpoint")
-    model_state = None if sharded else load_file(str(ckpt.path / "model.safetensors"),
-                                                 device=str(map_location))
-    trainer_state = torch.load(ckpt.path / "trainer.pt", map_location=map_location, weights_only=True)
-    data_state = json.loads((ckpt.path / "data.json").read_text())
-    return model_state, trainer_state, data_state, ckpt.meta
+    verify_checkpoint(ckpt, full=False)
+    path = ckpt.path
+    meta = _read_json(path / "meta.json")
+    sharded = meta.get("format", "full") == "sharded"
+    model_state = None if sharded else _read(
+        path / "model.safetensors", lambda p: load_file(str(p), device=str(map_location)), CHECKPOINT_ADVICE)
+    trainer_state = _read(path / "trainer.pt",
+                          lambda p: torch.load(p, map_location=map_location, weights_only=True),
+                          CHECKPOINT_ADVICE)
+    data_state = _read_json(path / "data.json")
+    return model_state, trainer_state, data_state, meta

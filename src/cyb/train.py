@@ -237,13 +237,28 @@ class Trainer:
 
     # ------------------------------------------------------------------------- set-up
     def _checkpoint_to_resume(self):
-        ckpts = list_checkpoints(self.run_dir)
-        if not ckpts:
+        import sys
+
+        from .checkpoint import newest_good_checkpoint
+
+        if not list_checkpoints(self.run_dir):
             return None
         if not self.cfg.train.resume:
             raise ValueError(f"train.out_dir ({self.run_dir}) already holds checkpoints and train.resume "
                              "is false; use another train.out_dir, delete them, or resume")
-        ckpt = ckpts[-1]
+        # the first process reads (and hashes) the checkpoints; every process resumes from its pick
+        found = newest_good_checkpoint(self.run_dir) if self.info.is_main else None
+        ckpt, skipped = gather_objects(found, self.info)[0]
+        if self.info.is_main:
+            for path, reason in skipped:
+                print(f"warning: not resuming from {path}: {reason}", file=sys.stderr, flush=True)
+        if ckpt is None:
+            raise ValueError(f"no checkpoint in {self.run_dir} can be resumed from (all are damaged: "
+                             + "; ".join(f"{p.name}: {r}" for p, r in skipped) + "); restore one from a "
+                             "copy, or move them away to train this run afresh")
+        if skipped and self.info.is_main:
+            print(f"warning: resuming from the newest intact checkpoint, {ckpt.path}", file=sys.stderr,
+                  flush=True)
         check_resumable(ckpt.meta.get("config", {}), self.cfg, self.run_dir)
         return ckpt
 

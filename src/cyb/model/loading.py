@@ -1,10 +1,13 @@
-"""Finding the pieces of a saved model: its pause settings and its tokenizer."""
+"""Finding the pieces of a saved model: its pause settings and its tokenizer; checking that a
+saved folder's files read back before loading it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from .settings import SETTINGS_FILE
+from ..checkpoint import DamagedFileError, check_safetensors
+from .settings import SETTINGS_FILE, TRAINING_STATE_FILE
 
 _HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _CHAR_TOKENIZER_FILE = "char_tokenizer.json"
@@ -68,3 +71,59 @@ def save_tokenizer(tokenizer, directory) -> None:
         tokenizer.save(directory)
     else:
         raise TypeError(f"do not know how to save a {type(tokenizer).__name__}")
+
+
+#: What a damaged file of a saved model means, said after the reason.
+DAMAGE = "the file is truncated, corrupted or was not fully written"
+MODEL_ADVICE = f"{DAMAGE}; restore it from a copy or train the model again"
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "tf_model.h5", "flax_model.msgpack",
+                 "model.ckpt.index", *_WEIGHT_INDEXES)
+
+
+def model_advice(folder: Path) -> str:
+    """What to do about a damaged file in ``folder``: for the ``final/`` of a ``cyb train`` run,
+    running the run again writes it anew from the run's last checkpoint."""
+    folder = Path(folder)
+    run = folder.parent
+    if (folder / TRAINING_STATE_FILE).is_file() and (run / "config.yaml").is_file():
+        return (f"{DAMAGE}; `cyb train {run / 'config.yaml'} --set train.out_dir={run}` writes "
+                f"{folder.name}/ anew from the run's last checkpoint (or restore it from a copy)")
+    return MODEL_ADVICE
+
+
+def check_model_folder(name_or_path, hf_kwargs: dict | None = None) -> None:
+    """Raise :class:`~cyb.checkpoint.DamagedFileError` (a ValueError) naming the first file of a
+    local model folder that does not read back: a JSON file that does not parse, a safetensors
+    file whose header is cut short or corrupted, no ``config.json``, no weights, a weight file
+    listed in an index but missing.  Hub names (not local folders) are left alone.
+
+    Cheap: reads the JSON files and the headers of the weight files only.
+    """
+    path = Path(str(name_or_path)).expanduser()
+    if not path.is_dir():
+        return
+    folder = path / ((hf_kwargs or {}).get("subfolder") or "")
+    advice = model_advice(folder)
+    if not (folder / "config.json").is_file():
+        raise DamagedFileError(folder / "config.json", "missing", "", (
+            f"{folder} is not a saved model: it has no config.json"))
+    if "gguf_file" not in (hf_kwargs or {}) and not any(
+            (folder / name).is_file() for name in _WEIGHT_FILES) and not any(folder.glob("*.safetensors")):
+        raise DamagedFileError(folder / "model.safetensors", "missing", "", (
+            f"{folder} holds no weights (model.safetensors is missing): restore it from a copy or "
+            "train the model again"))
+    for f in sorted(folder.glob("*.json")):
+        try:
+            json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DamagedFileError(f, f"not valid JSON: {e}", advice) from e
+    for index in _WEIGHT_INDEXES:
+        if (folder / index).is_file():
+            data = json.loads((folder / index).read_text(encoding="utf-8"))
+            names = set((data.get("weight_map") or {}).values()) if isinstance(data, dict) else set()
+            for name in sorted(names):
+                if not (folder / name).is_file():
+                    raise DamagedFileError(folder / name, f"missing: {index} lists it", advice)
+    for f in sorted(folder.glob("*.safetensors")):
+        check_safetensors(f, advice)

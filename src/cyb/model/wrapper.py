@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
+from ..checkpoint import DamagedFileError, _short
 from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
 from ..readout import readout
 from . import hf
-from .loading import find_settings_file, load_tokenizer, save_tokenizer
+from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
+                      save_tokenizer)
 from .settings import DEFAULT, PauseSettings, agrees, check_agrees, resolve_arguments
 from .tokens import apply_plan, check_tokenizer, reserve_tokens
 
@@ -167,6 +170,10 @@ class PauseModel(torch.nn.Module):
         are used, and any argument given here must agree with them.  Any other model gets its
         pause/dk ids set up as in :meth:`from_hf` (``num_steps`` is then required).
 
+        A local folder's files are checked first (JSON parses, safetensors headers read back);
+        a damaged one raises :class:`~cyb.checkpoint.DamagedFileError` (a ValueError) naming it
+        and saying what to do.
+
         Args:
             tokenizer: default: the one saved with the model (Hugging Face or CharTokenizer),
                 or None when the folder has none.
@@ -183,6 +190,7 @@ class PauseModel(torch.nn.Module):
         from transformers import AutoModelForCausalLM
 
         hf.check_attention(attn_implementation)
+        check_model_folder(name_or_path, hf_kwargs)  # a damaged file: one error naming it
         settings_file = find_settings_file(name_or_path, hf_kwargs)
         saved = PauseSettings.load(settings_file) if settings_file is not None else None
         if saved is not None and reconfigure and num_steps is not None and not agrees(
@@ -199,10 +207,14 @@ class PauseModel(torch.nn.Module):
             )
         if tokenizer is None:
             tokenizer = load_tokenizer(name_or_path, hf_kwargs)
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            str(name_or_path), attn_implementation=attn_implementation,
-            **hf.dtype_kwargs(torch_dtype), **hf_kwargs,
-        )
+        try:
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                str(name_or_path), attn_implementation=attn_implementation,
+                **hf.dtype_kwargs(torch_dtype), **hf_kwargs,
+            )
+        except SafetensorError as e:  # a hub download cut short, or a file changed while loading
+            raise DamagedFileError(name_or_path, _short(e), model_advice(Path(str(name_or_path))),
+                                   f"the weights of {name_or_path} are damaged ({_short(e)}): {MODEL_ADVICE}") from e
         if saved is not None:
             return cls(hf_model, saved, tokenizer).eval()
         return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
