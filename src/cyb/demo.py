@@ -31,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from . import methods
+
 DEMO_METHODS = ("baseline", "tbys", "cyb")
 
 #: Task sizes per task name.  The default, 3-digit addition written most-significant digit
@@ -171,7 +173,7 @@ def run_config(s: DemoSettings, method: str):
 
     run_dir = Path(s.out_dir) / "runs" / method
     me = {"name": method, "num_steps": s.num_steps, "psi_dk": s.psi_dk}
-    if method == "cyb" and s.gamma0 is not None:
+    if methods.spec(method).has_dk and s.gamma0 is not None:
         me["gamma0"] = s.gamma0
     return RunConfig.from_dict({
         "model": {"arch": s.arch, "hidden_size": s.hidden_size, "num_layers": s.num_layers,
@@ -216,11 +218,11 @@ def write_initial_models(s: DemoSettings, directory: Path) -> dict[str, Path]:
         hf_model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
     paths = {}
     for method in s.methods:
-        pauses = method != "baseline"
+        spec = methods.spec(method)
         settings = PauseSettings(
-            num_steps=m if pauses else 1, pause_ids=pause_ids if pauses else (), vocab_size=rows,
-            dk_id=dk_id if method == "cyb" else None,
-            psi_dk=s.psi_dk if method == "cyb" else None, position_scheme="shared", method=method)
+            num_steps=spec.model_steps(m), pause_ids=pause_ids if spec.uses_pauses else (), vocab_size=rows,
+            dk_id=dk_id if spec.has_dk else None,
+            psi_dk=s.psi_dk if spec.has_dk else None, position_scheme="shared", method=method)
         paths[method] = PauseModel(hf_model, settings).save_pretrained(directory / method)
     return paths
 
@@ -390,7 +392,7 @@ def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test,
     _write_json(out / "settings.json", {"demo": s.to_dict(), "runs": configs})
     (out / "table.md").write_text(format_table(metrics) + "\n")
     plot_steps_per_position(metrics, out / "latency.png")
-    shaded = "cyb" if "cyb" in details else next(iter(details))
+    shaded = next((m for m in details if methods.spec(m).has_dk), next(iter(details)))
     (out / "examples.html").write_text(examples_html(
         test, details[shaded]["expected_steps"], details[shaded]["predictions"],
         num_steps=metrics["methods"][shaded]["num_steps"], method=shaded,

@@ -63,20 +63,19 @@ def pause_settings(method: str, vocab_size: int, num_steps: int):
     ``"baseline"``: ``M = 1``, no pauses; ``"tbys"``: ``M - 1`` pauses, no dk; ``"cyb"``: pauses
     and dk (prior 0.9).
     """
+    from ..methods import spec
     from ..model import PauseSettings
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method == "baseline":
-        return PauseSettings(num_steps=1, pause_ids=(), vocab_size=vocab_size, method="baseline")
+    s = spec(method)
+    if not s.uses_pauses:
+        return PauseSettings(num_steps=1, pause_ids=(), vocab_size=vocab_size, method=method)
     if num_steps < 2:
         raise ValueError(f"num_steps (M) must be >= 2 for {method}, got {num_steps}")
     pause_ids = tuple(range(vocab_size - num_steps, vocab_size - 1))
-    if method == "tbys":
-        return PauseSettings(num_steps=num_steps, pause_ids=pause_ids, vocab_size=vocab_size,
-                             method="tbys")
-    return PauseSettings(num_steps=num_steps, pause_ids=pause_ids, vocab_size=vocab_size,
-                         dk_id=vocab_size - 1, psi_dk=0.9, method="cyb")
+    dk = dict(dk_id=vocab_size - 1, psi_dk=0.9) if s.has_dk else {}
+    return PauseSettings(num_steps=num_steps, pause_ids=pause_ids, vocab_size=vocab_size, method=method, **dk)
 
 
 def wrap(hf_model, method: str, num_steps: int):

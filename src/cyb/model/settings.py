@@ -201,7 +201,9 @@ def resolve_arguments(num_steps, use_dk, psi_dk, position_scheme, method):
     psi_dk = DEFAULT_PSI_DK if psi_dk is DEFAULT else psi_dk
     position_scheme = "shared" if position_scheme is DEFAULT else position_scheme
     if method is None:
-        method = "cyb" if use_dk else ("tbys" if num_steps > 1 else "baseline")
+        from ..methods import infer
+
+        method = infer(use_dk, num_steps)
     # Checked here too, before any tokenizer or model is changed.
     if position_scheme not in POSITION_SCHEMES:
         raise ValueError(f"position_scheme must be one of {POSITION_SCHEMES}, got {position_scheme!r}")

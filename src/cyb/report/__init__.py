@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from .. import methods
+
 EVAL_DIR = "eval"
-GROUP_ORDER = ("baseline", "baseline_nx", "tbys_original", "tbys", "cyb", "cyb_va", "cyb_dp")
+GROUP_ORDER = methods.NAMES
 
 __all__ = ["EVAL_DIR", "RunSummary", "build_report", "default_reference", "find_reference", "load_run"]
 
@@ -142,8 +144,8 @@ def _order(runs: Sequence[RunSummary]) -> list[RunSummary]:
 
 def default_reference(runs: Sequence[RunSummary]) -> RunSummary:
     """The TBYS run with the most pauses (appendix F compares with TBYS 3 pauses), else the first."""
-    tbys = [r for r in runs if r.method == "tbys" and r.ppl is not None]
-    return max(tbys, key=lambda r: r.num_steps) if tbys else runs[0]
+    refs = [r for r in runs if r.method == methods.REFERENCE and r.ppl is not None]
+    return max(refs, key=lambda r: r.num_steps) if refs else runs[0]
 
 
 def find_reference(runs: Sequence[RunSummary], name: str) -> RunSummary:
