@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from . import runtime
+from .files import replace_dir
 from .config import RunConfig
 from .distributed import DistInfo, main_first
 
@@ -16,14 +18,9 @@ TOKENIZER_DIR = "tokenizer"
 
 
 def resolve_device(spec: str, info: DistInfo) -> torch.device:
-    """``auto`` -> this process's GPU when CUDA is available, else the CPU."""
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    if spec == "cuda" and info.enabled:
-        spec = f"cuda:{info.local_rank}"
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("train.device: CUDA was asked for but no GPU is available (use cpu or auto)")
-    return torch.device(spec)
+    """``train.device`` for this process (``auto``: its GPU when CUDA is available, else CPU)."""
+    return runtime.resolve_device(spec, local_rank=info.local_rank if info.enabled else None,
+                                  what="train.device")
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -68,8 +65,7 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
             tmp = run_dir / f"{TOKENIZER_DIR}.tmp-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, tmp)
-            shutil.rmtree(saved, ignore_errors=True)
-            os.replace(tmp, saved)
+            replace_dir(tmp, saved)
     return load_tokenizer(saved)
 
 

@@ -22,7 +22,6 @@ decoding produces it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Callable
 import torch
 
 from . import methods
+from .files import write_json_atomic
 
 DEMO_METHODS = ("baseline", "tbys", "cyb")
 
@@ -388,8 +388,8 @@ def format_table(metrics: dict) -> str:
 def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test, details: dict) -> None:
     """Write metrics.json, settings.json, table.md, latency.png and examples.html into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "metrics.json", metrics)
-    _write_json(out / "settings.json", {"demo": s.to_dict(), "runs": configs})
+    write_json_atomic(out / "metrics.json", metrics, indent=2)
+    write_json_atomic(out / "settings.json", {"demo": s.to_dict(), "runs": configs}, indent=2)
     (out / "table.md").write_text(format_table(metrics) + "\n")
     plot_steps_per_position(metrics, out / "latency.png")
     shaded = next((m for m in details if methods.spec(m).has_dk), next(iter(details)))
@@ -397,12 +397,6 @@ def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test,
         test, details[shaded]["expected_steps"], details[shaded]["predictions"],
         num_steps=metrics["methods"][shaded]["num_steps"], method=shaded,
         limit=s.num_examples_shown, title=f"{s.task} {s.task_kwargs}"))
-
-
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
 
 
 def plot_steps_per_position(metrics: dict, path: Path) -> None:

@@ -16,7 +16,6 @@ Results go to ``metrics.json`` in the output folder (default ``RUN/eval``), with
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from .analysis.eval_data import EvalData, resolve_data
 from .analysis.latency import expected_pauses
 from .analysis.records import TokenRecords
 from . import methods
+from .files import write_json_atomic, write_text_atomic
 from .config import MethodConfig, RunConfig
 from .model.settings import SETTINGS_FILE, TRAINING_STATE_FILE
 
@@ -241,23 +241,6 @@ def reference_perplexity(reference: str | os.PathLike, data: EvalData, *, batch_
 # ------------------------------------------------------------------------------ outputs
 
 
-def _jsonable(x):
-    """Replace nan/inf by None (strict JSON), recursively."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_outputs(metrics: dict, records: TokenRecords, tokenizer, out_dir: str | os.PathLike) -> dict:
     """Write ``metrics.json``, figures, ``shaded.html``, ``pause_stats.md`` and ``summary.txt``;
     returns ``{kind: file name}`` (also stored in ``metrics["files"]``)."""
@@ -275,20 +258,20 @@ def write_outputs(metrics: dict, records: TokenRecords, tokenizer, out_dir: str 
         passages = [list(zip(token_strings(tokenizer, p.token_ids), p.pauses)) for p in records.passages]
         note = ("Each token's background shows the expected number of pauses (E[S] - 1) the model took "
                 "to predict it, i.e. in the block of the token before; dotted tokens have no prediction.")
-        _write_text(out / "shaded.html", html.shaded_text_page(passages, float(m - 1), title=f"{name}: expected pauses",
+        write_text_atomic(out / "shaded.html", html.shaded_text_page(passages, float(m - 1), title=f"{name}: expected pauses",
                                                                note=note))
         files["shaded_text"] = "shaded.html"
         ps = metrics["pause_stats"]
         md = (f"# Pause statistics: {name}\n\n{tables.pause_table(ps)}\n## Highest median\n\n"
               f"{tables.token_stats_table(ps['highest_median'])}\n## Lowest median\n\n"
               f"{tables.token_stats_table(ps['lowest_median'])}")
-        _write_text(out / "pause_stats.md", md)
+        write_text_atomic(out / "pause_stats.md", md)
         files["pause_stats"] = "pause_stats.md"
     files["summary"] = "summary.txt"
     files["metrics"] = "metrics.json"
     metrics["files"] = files
-    _write_text(out / "summary.txt", format_summary(metrics) + "\n")
-    _write_text(out / "metrics.json", json.dumps(_jsonable(metrics), indent=1) + "\n")
+    write_text_atomic(out / "summary.txt", format_summary(metrics) + "\n")
+    write_json_atomic(out / "metrics.json", metrics)
     return files
 
 

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from .files import write_text_atomic
+
 
 def git_commit() -> str | None:
     """The commit of the cyb source tree, if it is a git checkout."""
@@ -69,9 +71,7 @@ class MetricsLogger:
             row = _parse(line) if line.strip() else None
             if row is not None and row.get("step", 0) <= step:
                 keep.append(line)
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        tmp.replace(self.path)
+        write_text_atomic(self.path, "".join(line + "\n" for line in keep))
 
     def close(self) -> None:
         if self._tb is not None:

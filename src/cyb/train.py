@@ -19,7 +19,7 @@ import os
 import random
 import shutil
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,7 +32,9 @@ from .config import RunConfig, resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
+from .files import replace_dir
 from .model.settings import TRAINING_STATE_FILE
+from .runtime import autocast
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .objective import Objective, Prepared, merge_sums, summarise
 
@@ -91,12 +93,6 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float, device: t
 def row_seed(seed: int, step: int, row: int) -> int:
     """Seed of the random layout of global row ``row`` at optimiser step ``step``."""
     return ((seed * 1_000_003 + step + 7) * 1_000_033 + row) % (2**62)
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 @contextmanager
@@ -298,7 +294,7 @@ class Trainer:
         sums: dict = {"real": sum(p.num_real for p in preps)}
         for i, prep in enumerate(preps):
             prep = prep.to(self.device, non_blocking=True)
-            with no_sync(self.wrapped, self.info, sync=i == len(preps) - 1), _autocast(self.device, self.cfg.train.precision):
+            with no_sync(self.wrapped, self.info, sync=i == len(preps) - 1), autocast(self.device, self.cfg.train.precision):
                 loss_sum, part = self.wrapped(prep)
                 (loss_sum * scale).backward()
             merge_sums(sums, part)
@@ -341,7 +337,7 @@ class Trainer:
         for b in self.valid_batches:
             batch, rows = _strip(b)
             prep = self.objective.prepare(batch, seeds=self._seeds(rows, EVAL_SEED_STEP))
-            with _autocast(self.device, self.cfg.train.precision):
+            with autocast(self.device, self.cfg.train.precision):
                 _, part = module(prep.to(self.device, non_blocking=True))
             merge_sums(sums, part)
         module.train()
@@ -407,8 +403,7 @@ class Trainer:
             with _quiet_hf_progress():
                 self.model.save_pretrained(tmp, state_dict=state)
             (tmp / TRAINING_STATE_FILE).write_text(json.dumps(self.training_state(), indent=2))
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            replace_dir(tmp, final)
         barrier(self.info)
         return final
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from contextlib import nullcontext
+
 from typing import Iterable
 
 import torch
@@ -19,20 +19,12 @@ from ..config import MethodConfig
 from ..layout import collapse
 from ..objective import Objective, use_fused
 from ..readout import readout
+from ..runtime import autocast
 from ..train import EVAL_SEED_STEP, row_seed
 from .records import RecordCollector, TokenRecords
 
 IMPLS = ("auto", "fused", "naive")
 PRECISIONS = ("auto", "bf16", "fp32")
-
-
-def autocast_for(device: torch.device, precision: str):
-    """bf16 autocast for ``"bf16"``, and for ``"auto"`` on CUDA (as in training); else none."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 def _block_terms(model, prep, vocab, dk_bias: float, fused: bool):
@@ -119,7 +111,7 @@ def collect_records(
             rows_seen += rows
             prep = objective.prepare({k: v.cpu() for k, v in batch.items()}, seeds=seeds).to(device)
             batch = {k: v.to(device) for k, v in batch.items()}
-            with autocast_for(device, precision):
+            with autocast(device, precision):
                 if flat:
                     hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
                     lt = readout(model.logits(hidden), prep.labels)[0]

@@ -30,7 +30,8 @@ import torch
 
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, random_ids
 from .models import real_ids_limit, wrap
-from .timing import Budget, environment, free_memory, guarded, median, resolve_device, sync
+from ..runtime import resolve_device
+from .timing import Budget, environment, free_memory, guarded, median, sync
 from .timing import write_json
 
 IMPLS = ("hf_eager", "cyb_eager", "cyb_graph")
@@ -223,7 +224,7 @@ def greedy_check(hf_model, cfg: DecodeBenchConfig, device) -> dict:
 def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     """Run the decode benchmark; returns (and writes to ``out`` after every row) the result."""
     cfg.validate()
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, what="--device")
     budget = Budget(cfg.budget_s)
     dtype = DTYPES[cfg.dtype]
     result = {"kind": "decode", "env": environment(device), "config": cfg.to_dict(),

@@ -12,17 +12,17 @@
 from __future__ import annotations
 
 import gc
-import json
 import math
 import os
 import platform
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Callable
 
 import torch
+
+from ..files import write_json_atomic
 
 GIB = float(2**30)
 
@@ -178,34 +178,6 @@ def environment(device: torch.device) -> dict:
 
 
 def write_json(path: str | os.PathLike | None, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (a temporary file renamed into place)."""
-    if path is None:
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(jsonable(data), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def jsonable(x):
-    """``x`` with non-finite floats as None and dtypes, devices and paths as strings."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, (torch.dtype, torch.device, Path)):
-        return str(x)
-    return x
-
-
-def resolve_device(spec: str | None) -> torch.device:
-    """``None``/``"auto"`` -> CUDA when available, else CPU; checks that CUDA exists if asked."""
-    if spec in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(spec)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device: CUDA was asked for but no GPU is available (use cpu or auto)")
-    return device
+    """Write ``data`` as strict JSON to ``path`` atomically (nothing when ``path`` is None)."""
+    if path is not None:
+        write_json_atomic(path, data)

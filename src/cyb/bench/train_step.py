@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..runtime import autocast
 from . import flops as flops_mod
 from .models import SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, num_params
 from .models import random_ids, real_ids_limit, wrap
@@ -145,9 +146,8 @@ def hf_last_step_labels(labels: torch.Tensor, num_steps: int) -> torch.Tensor:
 
 
 def _autocast(precision: str, device: torch.device):
-    if precision == "autocast":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """``"autocast"``: float32 parameters under bf16 autocast; bf16 and fp32 need none."""
+    return autocast(device, "bf16" if precision == "autocast" else "fp32")
 
 
 def _param_dtype(precision: str) -> torch.dtype:
@@ -400,10 +400,10 @@ def run(cfg: TrainBenchConfig, *, out=None, log=print) -> dict:
     oom / error / skipped) and, when ok, ``ms`` (median step), ``peak_gib``,
     ``real_tokens_per_s``, ``positions_per_s``, ``mfu``, ``first_loss``, ``loss``...
     """
-    from .timing import resolve_device
+    from ..runtime import resolve_device
 
     cfg.validate()
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, what="--device")
     budget = Budget(cfg.budget_s)
     result = {"kind": "train", "env": environment(device), "config": cfg.to_dict(),
               "flop_formula": flops_mod.FORMULA, "models": {}, "results": []}

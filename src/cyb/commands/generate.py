@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -82,20 +81,6 @@ def _check_model_dir(path: str) -> Path:
     return folder
 
 
-def _device(name: str | None):
-    import torch
-
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"--device {name!r} is not a torch device ({e})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    return device
-
-
 def _config(args):
     import math
 
@@ -130,11 +115,9 @@ def _write_json(path: str, payload: dict, results: list[dict]) -> None:
     """``payload`` plus ``"results"`` (one line per result), written atomically."""
     head = json.dumps(payload, indent=1)[:-2]  # without the closing "\n}"
     rows = ",\n".join("  " + json.dumps(r) for r in results)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(f'{head},\n "results": [\n{rows}\n ]\n}}\n', encoding="utf-8")
-    os.replace(tmp, target)
+    from ..files import write_text_atomic
+
+    write_text_atomic(path, f'{head},\n "results": [\n{rows}\n ]\n}}\n')
 
 
 def run(args) -> int:
@@ -142,7 +125,9 @@ def run(args) -> int:
         prompts = _prompts(args)
         cfg = _config(args)
         folder = _check_model_dir(args.model_dir)
-        device = _device(args.device)
+        from ..runtime import resolve_device
+
+        device = resolve_device(args.device, what="--device")
     except ValueError as e:
         return _fail(str(e))
 

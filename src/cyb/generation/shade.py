@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-WHITE = (255, 255, 255)
-DARK_BLUE = (8, 48, 107)
+from ..colours import is_light, pause_rgb
+
 RESET = "\x1b[0m"
 
 
@@ -21,8 +21,7 @@ def supports_truecolor(env=None) -> bool:
 
 def step_rgb(steps: int, num_steps: int) -> tuple[int, int, int]:
     """Colour of a token that used ``steps`` of ``num_steps`` (linear from white to dark blue)."""
-    f = 0.0 if num_steps <= 1 else min(max((steps - 1) / (num_steps - 1), 0.0), 1.0)
-    return tuple(round(w + (b - w) * f) for w, b in zip(WHITE, DARK_BLUE))  # type: ignore[return-value]
+    return pause_rgb(0.0 if num_steps <= 1 else (steps - 1) / (num_steps - 1))
 
 
 def _cube(rgb: tuple[int, int, int]) -> int:
@@ -32,8 +31,7 @@ def _cube(rgb: tuple[int, int, int]) -> int:
 
 def escape(rgb: tuple[int, int, int], truecolor: bool) -> str:
     """Background escape for ``rgb``, with black or white text, whichever reads better."""
-    light = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140
-    fg = "\x1b[30m" if light else "\x1b[97m"
+    fg = "\x1b[30m" if is_light(rgb) else "\x1b[97m"
     if truecolor:
         return f"\x1b[48;2;{rgb[0]};{rgb[1]};{rgb[2]}m{fg}"
     return f"\x1b[48;5;{_cube(rgb)}m{fg}"

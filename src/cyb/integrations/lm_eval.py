@@ -46,6 +46,7 @@ from ..decision import greedy_decision
 from ..layout import collapse, expand, left_pad
 from ..losses import cyb_loss
 from ..model import PauseModel
+from ..runtime import resolve_device
 from ..model import hf as _hf
 from ..readout import readout
 from .tasks import DATA_ENV, tasks_dir
@@ -193,7 +194,7 @@ class CybLM(LM):
         if model.tokenizer is None:
             raise ValueError(f"pretrained={pretrained!s} has no tokenizer saved with it; the harness "
                              "sends text")
-        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._device = resolve_device(device, what="device")
         self._model = model.to(self._device).eval()
         self._codec = _Codec(model.tokenizer, add_bos_token)
         limit = self._position_limit()

@@ -163,13 +163,9 @@ class PauseSettings:
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``<directory>/cyb_pause.json`` atomically and return its path."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / SETTINGS_FILE
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        from ..files import write_json_atomic
+
+        return write_json_atomic(Path(directory) / SETTINGS_FILE, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PauseSettings":

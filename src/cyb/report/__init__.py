@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import methods
+from ..files import write_json_atomic, write_text_atomic
 
 EVAL_DIR = "eval"
 GROUP_ORDER = methods.NAMES
@@ -239,7 +240,7 @@ def build_report(paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike 
     for r in pause_runs:
         md += [f"## Pause statistics: {r.name} (Table 2)\n", tables.pause_table(r.eval_metrics["pause_stats"],
                                                                                  per_cell=10)]
-    _write(out / "report.md", "\n".join(md))
+    write_text_atomic(out / "report.md", "\n".join(md))
     files["markdown"] = "report.md"
 
     body = []
@@ -263,25 +264,9 @@ def build_report(paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike 
                                      for c in ("low_median_high_variance", "high_median_high_variance"))]]
         body += [f"<h2>Pause statistics: {html.escape(r.name)} (Table 2)</h2>",
                  html.table_html(("", "Low median", "High median"), cells)]
-    _write(out / "report.html", html.page("cyb report", "\n".join(body)))
+    write_text_atomic(out / "report.html", html.page("cyb report", "\n".join(body)))
     files["html"] = "report.html"
     result = {"entries": entries, "reference": ref.name, "notes": notes, "files": files, "command": command}
-    _write(out / "report.json", json.dumps(_finite(result), indent=1) + "\n")
+    write_json_atomic(out / "report.json", result)
     files["json"] = "report.json"
     return result
-
-
-def _finite(x):
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

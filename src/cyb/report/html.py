@@ -8,8 +8,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-WHITE = (255, 255, 255)
-DARK_BLUE = (8, 48, 107)
+from ..colours import hex_colour, is_light, pause_rgb
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -38,16 +37,11 @@ def escape(text: str) -> str:
 def shade_color(value: float, max_value: float) -> str:
     """``#rrggbb`` from white (``value = 0``) to dark blue (``value = max_value``), linear in
     RGB and clipped; every channel is non-increasing in ``value``."""
-    if max_value <= 0 or not math.isfinite(value):
-        frac = 0.0
-    else:
-        frac = min(max(value / max_value, 0.0), 1.0)
-    rgb = [round(w + (b - w) * frac) for w, b in zip(WHITE, DARK_BLUE)]
-    return "#{:02x}{:02x}{:02x}".format(*rgb)
+    return hex_colour(pause_rgb(value / max_value if max_value > 0 else 0.0))
 
 
 def _text_color(value: float, max_value: float) -> str:
-    return "#ffffff" if max_value > 0 and math.isfinite(value) and value / max_value > 0.55 else "#000000"
+    return "#000000" if is_light(pause_rgb(value / max_value if max_value > 0 else 0.0)) else "#ffffff"
 
 
 def legend_html(max_value: float) -> str:

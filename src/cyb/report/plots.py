@@ -14,19 +14,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..files import save_atomic  # noqa: E402
+
 BLUE = "#3b75af"  # per-token expected pauses (paper Fig. 6, blue)
 PURPLE = "#7b4fa0"  # mean stop distribution (paper Fig. 6, purple)
 DPI = 120
 
 
 def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        return save_atomic(path, lambda tmp: fig.savefig(tmp, dpi=DPI, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def _latency_axes(ax_hist, ax_bars, latency: dict, title: str | None) -> None:

@@ -204,13 +204,9 @@ class CharTokenizer:
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``<directory>/char_tokenizer.json`` (atomically) and return its path."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / FILE_NAME
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        from ...files import write_json_atomic
+
+        return write_json_atomic(Path(directory) / FILE_NAME, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CharTokenizer":
