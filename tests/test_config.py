@@ -177,3 +177,18 @@ def test_shuffle_auto_resolves_by_source():
     assert resolved_shuffle(cfg.data) == "buffer"
     cfg.data.shuffle = "none"
     assert resolved_shuffle(cfg.data) == "none"
+
+
+def test_validation_is_done_once_per_state(monkeypatch):
+    import cyb.config as config
+
+    calls = []
+    real = config._validate_model
+    monkeypatch.setattr(config, "_validate_model", lambda m: (calls.append(1), real(m)))
+    cfg = RunConfig().validate()
+    cfg.validate()
+    assert len(calls) == 1
+    cfg.train.steps = 0  # changed after it passed: checked again
+    with pytest.raises(ConfigError, match="train.steps"):
+        cfg.validate()
+    assert len(calls) == 2

@@ -234,12 +234,20 @@ class RunConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "RunConfig":
-        """Raise :class:`ConfigError` naming the first bad field; return self."""
+        """Raise :class:`ConfigError` naming the first bad field; return self.
+
+        Checking a configuration that has not changed since it last passed is free, so
+        :meth:`load` and the trainer can both call it.
+        """
+        state = repr(self.to_dict())
+        if getattr(self, "_valid_state", None) == state:
+            return self
         _validate_model(self.model)
         _validate_method(self.method, self.data)
         _validate_data(self.data)
         _validate_optim(self.optim)
         _validate_train(self.train)
+        self._valid_state = state
         return self
 
     # ------------------------------------------------------------------ (de)serialisation
