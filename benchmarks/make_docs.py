@@ -48,7 +48,7 @@ NOTES = {
         "forward of M positions); tokens are read back to the host at every step; host clock.",
         "`hf_eager`: plain Hugging Face loop with a DynamicCache; `cyb_eager`: the library's "
         "decoder (`cyb.generation.decoders.FixedDecoder`); `cyb_graph`: static KV cache with the "
-        "decode step captured as a CUDA graph (`cyb.bench.static_decode`).",
+        "decode step captured as a CUDA graph (`cyb.generation.static`).",
         "`tokens = eager`: fraction of greedy tokens equal to `cyb_eager`'s in the same (bf16) run.",
     ],
     "loss": [

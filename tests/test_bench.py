@@ -21,7 +21,7 @@ import torch
 from cyb.bench import flops, targets
 from cyb.bench.decode import spread_weights
 from cyb.bench.models import SHAPE_TINY, build_hf_model, pause_settings, random_ids, wrap
-from cyb.bench.static_decode import StaticFixedDecoder
+from cyb.generation.static import StaticFixedDecoder
 from cyb.bench.tables import decode_table, loss_table, train_table
 from cyb.bench.timing import Budget, guarded, median, time_calls
 from cyb.cli import main

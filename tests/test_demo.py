@@ -119,7 +119,7 @@ def test_generate_from_prompt_text_matches_teacher_forced_scoring(quick_demo):
     from cyb.build import synthetic_sets
     from cyb.config import RunConfig
     from cyb.demo import score_model
-    from cyb.generate import generate
+    from cyb.generation import generate
     from cyb.model import PauseModel
 
     _, out, _ = quick_demo

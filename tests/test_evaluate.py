@@ -15,10 +15,10 @@ import torch
 from cyb import losses
 from cyb.analysis import (calibration, latency_summary, pause_statistics, perplexity_summary, quadrant_table,
                           relative_improvement, spearman, token_pause_stats)
-from cyb.analysis.eval_data import resolve_data
+from cyb.eval.data import resolve_data
 from cyb.cli import main
 from cyb.config import RunConfig
-from cyb.evaluate import evaluate, resolve_target
+from cyb.eval import evaluate, resolve_target
 from cyb.report import html
 
 METHODS = ("baseline", "tbys", "cyb")
@@ -330,10 +330,10 @@ def test_bare_model_on_text(runs, tmp_path):
 
 def test_collect_records_original_tbys_layout(runs):
     """tbys_original rows (random pauses, advancing positions): one readout per target."""
-    from cyb.analysis.collect import collect_records
-    from cyb.analysis.eval_data import resolve_data
+    from cyb.eval.collect import collect_records
+    from cyb.eval.data import resolve_data
     from cyb.config import MethodConfig
-    from cyb.evaluate import load_model, resolve_target
+    from cyb.eval import load_model, resolve_target
 
     target = resolve_target(runs["tbys"])
     model = load_model(target, device="cpu")

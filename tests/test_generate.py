@@ -17,7 +17,7 @@ import transformers
 
 from cyb.cli import main
 from cyb.data.synthetic import CharTokenizer
-from cyb.generate import GenerationConfig, GenerationResult, generate, stream
+from cyb.generation import GenerationConfig, GenerationResult, generate, stream
 from cyb.generation.shade import legend, step_rgb
 from cyb.generation.text import TextStream
 from cyb.layout import expand

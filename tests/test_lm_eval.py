@@ -23,7 +23,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from cyb.data.tokenizer import train_bpe_tokenizer  # noqa: E402
-from cyb.generate import generate  # noqa: E402
+from cyb.generation import generate  # noqa: E402
 from cyb.integrations.lm_eval import CybLM, tasks_dir  # noqa: E402
 from cyb.integrations.tasks import DATA_ENV, load_local, read_records  # noqa: E402
 from cyb.losses import cyb_loss  # noqa: E402

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from cyb.cli import main
-from cyb.evaluate import evaluate
+from cyb.eval import evaluate
 from cyb.report import build_report, load_run
 from cyb.report.tables import pause_table, results_rows, results_table
 from test_evaluate import make_tiny_runs

@@ -7,9 +7,8 @@
   and their pause settings (pause/dk ids at the top of the vocabulary).
 * :mod:`cyb.bench.train_step`: one optimiser step of each training method (baseline, TBYS with
   the Hugging Face loss or Liger, CYB naive or fused), eager or with compiled decoder layers.
-* :mod:`cyb.bench.static_decode`: a fixed-mode greedy decoder on a preallocated KV cache whose
-  decode step can be captured as a CUDA graph.
-* :mod:`cyb.bench.decode`: decode latency and throughput, M = 4 against M = 1.
+* :mod:`cyb.bench.decode`: decode latency and throughput, M = 4 against M = 1 (the library
+  decoder and the CUDA-graph decoder of :mod:`cyb.generation.static`).
 * :mod:`cyb.bench.loss`: runs ``benchmarks/bench_loss.py`` (readout + loss alone).
 * :mod:`cyb.bench.tables`: compact text tables of the results.
 

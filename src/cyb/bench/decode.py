@@ -8,7 +8,7 @@ CYB model: ``M - 1`` pauses, dk) and ``M = 1`` (no pauses).  Implementations:
   the last logits.  The reference for "eager HF per-step latency".
 * ``cyb_eager``: :class:`cyb.generation.decoders.FixedDecoder` (the library's decode loop:
   explicit positions and mask, ``DynamicCache``, sequential readout).
-* ``cyb_graph``: :class:`cyb.bench.static_decode.StaticFixedDecoder` (preallocated KV cache, the
+* ``cyb_graph``: :class:`cyb.generation.static.StaticFixedDecoder` (preallocated KV cache, the
   decode step captured as a CUDA graph on CUDA; on CPU it runs the same step eagerly and the row
   is called ``cyb_static``).
 
@@ -138,7 +138,7 @@ def _new_cache(hf_model):
 def cyb_loop(model, ids, mask, steps: int, *, static: bool, cuda_graph: bool | None = None) -> dict:
     """The library's fixed-mode decoder (``static=False``) or the static one."""
     from ..generation.decoders import FixedDecoder, StepReadout
-    from .static_decode import StaticFixedDecoder
+    from ..generation.static import StaticFixedDecoder
 
     device = ids.device
     if static:
@@ -195,7 +195,7 @@ def spread_weights(hf_model, seed: int = 0) -> None:
 
 def greedy_check(hf_model, cfg: DecodeBenchConfig, device) -> dict:
     """float32: static (graph on CUDA) vs library decoder, left-padded prompts, M and 1."""
-    from .static_decode import StaticFixedDecoder, greedy_tokens
+    from ..generation.static import StaticFixedDecoder, greedy_tokens
     from ..generation.decoders import FixedDecoder, StepReadout
 
     model32 = copy.deepcopy(hf_model).float().eval()

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..evaluate import evaluate, format_summary
+    from ..eval import evaluate, format_summary
 
     if args.tokens is not None and args.tokens < 0:
         print("cyb eval: --tokens must be >= 0 (0 = all the data)", file=sys.stderr)

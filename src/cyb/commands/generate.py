@@ -84,7 +84,7 @@ def _check_model_dir(path: str) -> Path:
 def _config(args):
     import math
 
-    from ..generate import GenerationConfig
+    from ..generation import GenerationConfig
 
     checks = [
         (args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
@@ -131,7 +131,7 @@ def run(args) -> int:
     except ValueError as e:
         return _fail(str(e))
 
-    from ..generate import stream
+    from ..generation import stream
     from ..generation.shade import legend, shade, supports_truecolor
     from ..model import PauseModel
 

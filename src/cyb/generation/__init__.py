@@ -1,9 +1,15 @@
-"""The parts of :mod:`cyb.generate`: decode loops, text streaming, terminal shading.
+"""Generation with pauses: the public API and its decoders.
 
+* :mod:`cyb.generation.api`: :func:`generate`, :func:`stream`, :class:`GenerationConfig`,
+  :class:`GenerationResult` (fixed or adaptive mode, greedy or sampled readout, batched prompts).
 * :mod:`cyb.generation.decoders`: the fixed (Recipe 1) and adaptive (Recipe 2) decode loops on
   :meth:`cyb.PauseModel.hidden_states` with a KV cache, and the per-block / per-step readout.
+* :mod:`cyb.generation.static`: a fixed-mode greedy decoder on a preallocated KV cache whose
+  step can be captured as a CUDA graph.
 * :mod:`cyb.generation.text`: prompt encoding, incremental detokenisation and stop strings.
 * :mod:`cyb.generation.shade`: ANSI background colours by steps used (``cyb generate --shade``).
-
-The public entry points live in :mod:`cyb.generate`.
 """
+
+from .api import GenerationConfig, GenerationResult, generate, stream
+
+__all__ = ["GenerationConfig", "GenerationResult", "generate", "stream"]

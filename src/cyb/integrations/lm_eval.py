@@ -24,7 +24,7 @@ continuation (the paper's downstream evaluation inserts pauses in prompt and res
   ``is_greedy``: the greedy sequential readout (:func:`cyb.decision.greedy_decision`) picks every
   continuation token.
 * ``loglikelihood_rolling``: the same summed over disjoint windows of ``max_length`` tokens.
-* ``generate_until``: :func:`cyb.generate.generate`, greedy sequential readout including dk
+* ``generate_until``: :func:`cyb.generation.generate`, greedy sequential readout including dk
   (fixed mode by default), with the request's stop strings and ``max_gen_toks``.
 """
 
@@ -383,7 +383,7 @@ class CybLM(LM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Continuation text of each ``(context, gen_kwargs)``, cut before the first stop string
         of ``until``; at most ``max_gen_toks`` tokens; EOS ends it too."""
-        from ..generate import generate
+        from ..generation import generate
 
         prepared = []
         for req in requests:
@@ -415,7 +415,7 @@ class CybLM(LM):
         return out  # type: ignore[return-value]
 
     def _generation_options(self, gen_kwargs) -> dict:
-        """A request's ``gen_kwargs`` as :class:`cyb.generate.GenerationConfig` fields."""
+        """A request's ``gen_kwargs`` as :class:`cyb.generation.GenerationConfig` fields."""
         kwargs = dict(gen_kwargs or {})
         until = kwargs.get("until")
         if until is None:

@@ -3,7 +3,7 @@
 ::
 
     from cyb import PauseModel
-    from cyb.generate import generate, stream
+    from cyb.generation import generate, stream
 
     model = PauseModel.from_pretrained("runs/cyb/final").eval()
     [res] = generate(model, "12+34=", max_new_tokens=8)
@@ -43,10 +43,10 @@ from typing import Callable, Iterator, Literal
 
 import torch
 
-from .generation.decoders import AdaptiveDecoder, FixedDecoder, StepOutput, StepReadout
-from .generation.text import TextStream, decode_fn, encode_prompt, split_prompts
-from .layout import left_pad
-from .model import hf as _hf
+from ..layout import left_pad
+from ..model import hf as _hf
+from .decoders import AdaptiveDecoder, FixedDecoder, StepOutput, StepReadout
+from .text import TextStream, decode_fn, encode_prompt, split_prompts
 
 MODES = ("fixed", "adaptive")
 STOP_REASONS = ("eos", "stop", "length")

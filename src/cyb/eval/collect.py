@@ -15,13 +15,13 @@ from typing import Iterable
 
 import torch
 
+from ..analysis.records import RecordCollector, TokenRecords
 from ..config import MethodConfig
 from ..layout import collapse
 from ..objective import Objective, use_fused
 from ..readout import readout
 from ..runtime import autocast
 from ..train import EVAL_SEED_STEP, row_seed
-from .records import RecordCollector, TokenRecords
 
 IMPLS = ("auto", "fused", "naive")
 PRECISIONS = ("auto", "bf16", "fp32")

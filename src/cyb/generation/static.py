@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ..generation.decoders import StepOutput, StepReadout
 from ..layout import expand
 from ..model import hf
+from .decoders import StepOutput, StepReadout
 
 
 class StaticKVCache:
@@ -82,7 +82,7 @@ def check_supported(model) -> None:
         sliding = bool(getattr(cfg, "sliding_window", None)) and getattr(cfg, "use_sliding_window", True)
     if sliding:
         raise ValueError("static decoding supports full-attention models only; this model has "
-                         "sliding-window layers (use cyb.generate)")
+                         "sliding-window layers (use cyb.generation)")
     impl = hf.attention_of(model.hf_model)
     if impl not in (None, "sdpa", "eager"):
         raise ValueError(f"static decoding needs sdpa or eager attention, got {impl!r}")

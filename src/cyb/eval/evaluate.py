@@ -1,7 +1,7 @@
 """Evaluate a trained pause model the way the paper does (``cyb eval``).
 
 :func:`evaluate` loads a run folder (its ``final/`` model and ``config.yaml``) or a saved model
-folder, runs it over held-out data batch by batch (:mod:`cyb.analysis.collect`) and computes:
+folder, runs it over held-out data batch by batch (:mod:`cyb.eval.collect`) and computes:
 
 * perplexity (the paper's evaluation loss of each method, the loss under the run's training
   ``omega``/``gamma``, per-step readouts) and the relative improvement over a reference
@@ -22,16 +22,16 @@ from pathlib import Path
 
 import torch
 
-from .analysis import (calibration, latency_summary, method_label, pause_statistics,
+from .. import methods
+from ..analysis import (calibration, latency_summary, method_label, pause_statistics,
                        perplexity_summary, relative_improvement)
-from .analysis.collect import collect_records
-from .analysis.eval_data import EvalData, resolve_data
-from .analysis.latency import expected_pauses
-from .analysis.records import TokenRecords
-from . import methods
-from .files import write_json_atomic, write_text_atomic
-from .config import MethodConfig, RunConfig
-from .model.settings import SETTINGS_FILE, TRAINING_STATE_FILE
+from ..analysis.latency import expected_pauses
+from ..analysis.records import TokenRecords
+from ..config import MethodConfig, RunConfig
+from ..files import write_json_atomic, write_text_atomic
+from ..model.settings import SETTINGS_FILE, TRAINING_STATE_FILE
+from .collect import collect_records
+from .data import EvalData, resolve_data
 
 DEFAULT_TOKENS = 100_000
 #: ``max_tokens`` default: a run's own held-out rows (the rows of its evaluations in training)
@@ -56,7 +56,7 @@ class EvalTarget:
     def name(self) -> str:
         if self.config is not None:
             return method_label(self.config.method)
-        from .model.settings import PauseSettings
+        from ..model.settings import PauseSettings
 
         s = PauseSettings.load(self.model_dir)
         return method_label(_method_from_settings(s))
@@ -111,9 +111,8 @@ def load_model(target: EvalTarget, *, device: str = "auto", dtype: str | None = 
     ``dtype``: ``"auto"``/None (the run's ``model.dtype``, else the checkpoint's default),
     ``"float32"``, ``"bfloat16"`` or ``"float16"``.
     """
-    from .build import resolve_device
-    from .distributed import DistInfo
-    from .model import PauseModel
+    from ..runtime import resolve_device
+    from ..model import PauseModel
 
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
@@ -121,7 +120,7 @@ def load_model(target: EvalTarget, *, device: str = "auto", dtype: str | None = 
     if dtype in (None, "auto") and cfg is not None:
         dtype = cfg.model.dtype
     attn = cfg.model.attn_implementation if cfg is not None else None
-    dev = resolve_device(device, DistInfo())
+    dev = resolve_device(device, what="--device")
     model = PauseModel.from_pretrained(target.model_dir, torch_dtype=DTYPES.get(dtype or "auto"),
                                        attn_implementation=attn)
     return model.to(dev).eval()
@@ -244,7 +243,7 @@ def reference_perplexity(reference: str | os.PathLike, data: EvalData, *, batch_
 def write_outputs(metrics: dict, records: TokenRecords, tokenizer, out_dir: str | os.PathLike) -> dict:
     """Write ``metrics.json``, figures, ``shaded.html``, ``pause_stats.md`` and ``summary.txt``;
     returns ``{kind: file name}`` (also stored in ``metrics["files"]``)."""
-    from .report import html, plots, tables
+    from ..report import html, plots, tables
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -374,7 +373,7 @@ def evaluate(
     if max_tokens == RUN_ROWS:
         max_tokens = None
         if data is None and target.config is not None and block_len in (None, spec.block_len):
-            from .build import held_out_rows
+            from ..build import held_out_rows
 
             spec.max_rows = held_out_rows(target.config)
         else:
