@@ -429,3 +429,48 @@ def test_techdocs_packs(tok):
     blocks = list(PackedBlocks(docs, tok, 128))
     assert torch.cat(blocks).tolist() == flat_stream(tok, list(docs()))[: 128 * len(blocks)]
     assert len(text_encoder(tok)(["x", "y"])) == 2
+
+
+# --------------------------------------------------------------------------- built-in corpus
+
+
+def test_builtin_python_docs_is_many_documents_in_a_fixed_order():
+    from cyb.data import sources
+
+    docs = list(iter_texts("builtin:python-docs"))
+    assert len(docs) > 3000 and all(d.strip() for d in docs)
+    assert len(set(docs)) == len(docs)  # each docstring once
+    assert sum(map(len, docs)) > 500_000
+    titles = [d.split("\n", 1)[0] for d in docs]
+    assert "json.dumps" in titles and "collections.OrderedDict" in titles
+    assert any(t.startswith("topic ") for t in titles)  # the reference topics of pydoc_data
+    heads = {t.split(".")[0] for t in titles}
+    assert not heads & {"torch", "numpy", "transformers", "cyb", "antigravity", "this", "tkinter", "idlelib"}
+    sources._python_docs.cache_clear()  # read again in a fresh interpreter: the same documents
+    assert list(iter_texts("builtin:python-docs")) == docs
+
+
+def test_builtin_python_docs_split_is_disjoint_and_complete():
+    docs = list(iter_texts("builtin:python-docs"))
+    train = list(iter_texts("builtin:python-docs@train"))
+    valid = list(iter_texts("builtin:python-docs", split="valid"))
+    assert set(train).isdisjoint(valid) and sorted(train + valid) == sorted(docs)
+    assert 0.02 < len(valid) / len(docs) < 0.1
+    kept = set(train)
+    assert train == [d for d in docs if d in kept]  # the corpus order, kept
+    factory = text_source("builtin:python-docs@valid")
+    assert list(factory()) == valid
+
+
+def test_builtin_errors():
+    with pytest.raises(ValueError, match="unknown built-in corpus 'builtin:nope'.*builtin:python-docs"):
+        text_source("builtin:nope")
+    with pytest.raises(ValueError, match="split must be one of"):
+        text_source("builtin:python-docs@test")
+
+
+def test_builtin_python_docs_packs(tok):
+    texts, valid = train_valid_sources("builtin:python-docs@train", "builtin:python-docs@valid")
+    blocks = list(itertools.islice(PackedBlocks(texts, tok, 64, epochs=1), 50))
+    assert len(blocks) == 50 and all(b.shape == (64,) for b in blocks)
+    assert next(iter(PackedBlocks(valid, tok, 64, epochs=1))).shape == (64,)

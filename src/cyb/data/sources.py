@@ -17,26 +17,55 @@ any other folder                         every supported file below it, in sorte
 a glob (``data/*.jsonl.gz``)             every supported file it matches, in sorted order
 ``hf:NAME[:CONFIG][@SPLIT]``             ``datasets.load_dataset(NAME, CONFIG, split=...,
                                          streaming=True)`` (needs the hub to be reachable)
+``builtin:python-docs[@train|@valid]``   a small English corpus every user has: the
+                                         documentation of the Python standard library
+                                         installed with the interpreter (see below)
 =======================================  ===================================================
 
-Everything streams: at most one document (one record batch for parquet) is in memory at a time.
-Empty documents are skipped. A source that yields no document at all raises ``ValueError``.
+Everything streams: at most one document (one record batch for parquet) is in memory at a time
+(``builtin:`` corpora excepted: a few MB, read once per process). Empty documents are skipped. A
+source that yields no document at all raises ``ValueError``.
+
+``builtin:python-docs`` needs no download and has no licence question beyond the interpreter's
+own (PSF): its documents are the docstrings of the standard library's modules, classes,
+functions and methods, each headed by its dotted name (``json.dumps``, then the docstring), and
+the reference topics of ``pydoc_data`` (what ``help("assert")`` shows).  A fresh
+``python -I -S`` (the standard library alone: no site-packages, nothing from the working
+folder) imports every module it can, skipping those with side effects (``antigravity``,
+``this``, ``idlelib``, ``tkinter``, ``turtle``, ``readline``...), test packages, private and
+``__main__`` modules and the codecs of ``encodings``; the order is fixed (modules, then
+attributes, by name) and each docstring is kept once.  The corpus is the same on every run with
+one Python build; other Python versions give slightly different ones.  ``@valid`` holds about
+5% of the documents, picked by a hash of their text, and ``@train`` the rest; without a split
+the source yields all of them.  With Python 3.11.7 it holds about 6,100 documents, 1.8 MB of
+text, and is read in about a second.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import glob as _glob
 import gzip
+import inspect
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 HUB_PREFIX = "hf:"
+BUILTIN_PREFIX = "builtin:"
+#: The built-in corpora, by name.
+BUILTIN_CORPORA = ("python-docs",)
+BUILTIN_SPLITS = ("train", "valid")
+#: Share of a built-in corpus's documents in its ``@valid`` split.
+BUILTIN_VALID_FRACTION = 0.05
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
 PARQUET_SUFFIXES = (".parquet",)
@@ -233,10 +262,148 @@ def list_files(spec: str | Path, split: str | None = None) -> list[Path]:
     return found
 
 
+# ------------------------------------------------------------------ built-in corpora
+
+
+def _python_docs_walk() -> list[list[str]]:
+    """``[[name, docstring], ...]`` of the standard library.  Runs in a fresh ``python -I -S``
+    (see :func:`_python_docs`); it imports modules, so do not call it in a process you care about."""
+    import importlib
+    import inspect
+    import io
+    import pkgutil
+    import sys
+    import warnings
+
+    skip = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "test", "lib2to3",
+            "distutils", "readline", "rlcompleter", "ensurepip", "pydoc_data", "encodings", "venv",
+            "site", "sitecustomize", "usercustomize"}
+
+    def wanted(name: str) -> bool:
+        parts = name.split(".")
+        return parts[0] not in skip and not any(
+            p.startswith("_") or p in ("test", "tests", "idle_test") or p.startswith("test_") for p in parts)
+
+    real_out, real_err = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = io.StringIO()  # a module that prints on import prints nowhere
+    modules: dict = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            queue = sorted(n for n in sys.stdlib_module_names if wanted(n))
+            while queue:
+                name = queue.pop(0)
+                if name in modules:
+                    continue
+                try:
+                    mod = importlib.import_module(name)
+                except (Exception, SystemExit):
+                    continue  # not built here (tkinter, curses, Windows modules...) or broken
+                modules[name] = mod
+                if hasattr(mod, "__path__"):
+                    try:
+                        subs = sorted(f"{name}.{m.name}" for m in pkgutil.iter_modules(mod.__path__))
+                    except Exception:
+                        subs = []
+                    queue.extend(sub for sub in subs if wanted(sub))
+    finally:
+        sys.stdout, sys.stderr = real_out, real_err
+
+    docs: list[list[str]] = []
+    seen_objects: set = set()
+    seen_texts: set = set()
+
+    def add(name: str, obj) -> None:
+        if id(obj) in seen_objects:
+            return
+        seen_objects.add(id(obj))
+        doc = getattr(obj, "__doc__", None)
+        text = inspect.cleandoc(doc).strip() if isinstance(doc, str) else ""
+        if len(text.split()) >= 2 and text not in seen_texts:  # not "Eq" (the ast node classes)
+            seen_texts.add(text)
+            docs.append([name, text])
+
+    for name in sorted(modules):
+        mod = modules[name]
+        add(name, mod)
+        members = vars(mod)
+        for attr in sorted(members):
+            obj = members[attr]
+            if attr.startswith("_") or not (inspect.isclass(obj) or inspect.isroutine(obj)):
+                continue
+            owner = getattr(obj, "__module__", None)
+            if owner != name and owner in modules:
+                continue  # documented with the module that defines it
+            add(f"{name}.{attr}", obj)
+            if inspect.isclass(obj):
+                for member in sorted(vars(obj)):
+                    if member.startswith("_") and member != "__init__":
+                        continue
+                    value = vars(obj)[member]
+                    if isinstance(value, (staticmethod, classmethod)):
+                        value = value.__func__
+                    if inspect.isroutine(value) or inspect.isdatadescriptor(value):
+                        add(f"{name}.{attr}.{member}", value)
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        topics = {}
+    for key in sorted(topics):
+        text = topics[key].strip()
+        if text and text not in seen_texts:
+            seen_texts.add(text)
+            docs.append([f"topic {key}", text])
+    return docs
+
+
+@functools.lru_cache(maxsize=1)
+def _python_docs() -> tuple[str, ...]:
+    """The documents of ``builtin:python-docs``, read once per process."""
+    code = ("import sys; sys.path = [p for p in sys.path if p]\n"  # nothing from the working folder
+            + inspect.getsource(_python_docs_walk)
+            + "\nimport json\nsys.stdout.write(json.dumps(_python_docs_walk()))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONHASHSEED"] = "0"
+    done = subprocess.run([sys.executable, "-S", "-s", "-B", "-X", "utf8", "-c", code], env=env,
+                          capture_output=True, text=True, encoding="utf-8", timeout=600)
+    if done.returncode != 0:
+        tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"reading the Python documentation for builtin:python-docs failed: {tail[0]}")
+    return tuple(f"{name}\n\n{text}" for name, text in json.loads(done.stdout))
+
+
+def _builtin_split(text: str) -> str:
+    score = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8,
+                                           person=b"cyb-split").digest(), "little") / 2.0**64
+    return "valid" if score < BUILTIN_VALID_FRACTION else "train"
+
+
+def _parse_builtin(spec: str, split: str | None) -> tuple[str, str | None]:
+    """``(corpus name, split or None)`` of ``builtin:NAME[@SPLIT]``; ValueError when unknown."""
+    name, _, at_split = spec[len(BUILTIN_PREFIX):].partition("@")
+    split = at_split or split
+    if name not in BUILTIN_CORPORA:
+        raise ValueError(f"unknown built-in corpus {spec!r}: the built-in corpora are "
+                         + ", ".join(f"{BUILTIN_PREFIX}{n}" for n in BUILTIN_CORPORA))
+    if split is not None and split not in BUILTIN_SPLITS:
+        raise ValueError(f"{spec!r}: split must be one of {BUILTIN_SPLITS} (@train, @valid), got {split!r}")
+    return name, split
+
+
+def _read_builtin(spec: str, split: str | None) -> Iterator[str]:
+    _, split = _parse_builtin(spec, split)
+    for text in _python_docs():
+        if split is None or _builtin_split(text) == split:
+            yield text
+
+
 def _iter_raw(
     spec: str | Path, text_field: str, split: str | None, paragraphs: bool
 ) -> Iterator[str]:
     s = str(spec)
+    if s.startswith(BUILTIN_PREFIX):
+        yield from _read_builtin(s, split)
+        return
     if s.startswith(HUB_PREFIX):
         yield from _read_hub(s, text_field, split)
         return
@@ -264,11 +431,12 @@ def iter_texts(
     """Yield the text of every document of ``spec``, in a fixed order, one at a time.
 
     Args:
-        spec: a file, folder, glob, saved ``datasets`` folder or ``hf:NAME[:CONFIG][@SPLIT]`` (see the
-            module docstring for how each is read).
+        spec: a file, folder, glob, saved ``datasets`` folder, ``hf:NAME[:CONFIG][@SPLIT]`` or
+            ``builtin:python-docs[@SPLIT]`` (see the module docstring for how each is read).
         text_field: the JSON field / parquet or data set column that holds the text.
         split: for a hub data set the split to stream (default ``"train"``); for a saved
-            DatasetDict the split to read (default ``"train"``, or the only one); for files,
+            DatasetDict the split to read (default ``"train"``, or the only one); for a built-in
+            corpus ``"train"`` or ``"valid"`` (default: all documents); for files,
             folders and globs only files with ``split`` as a word of their name are read.
         paragraphs: for ``.txt`` files, one document per blank-line separated paragraph
             instead of one per file.
@@ -299,7 +467,9 @@ def text_source(
 
     Checks at once that a local ``spec`` exists, so a typo fails before training starts.
     """
-    if not str(spec).startswith(HUB_PREFIX):
+    if str(spec).startswith(BUILTIN_PREFIX):
+        _parse_builtin(str(spec), split)
+    elif not str(spec).startswith(HUB_PREFIX):
         path = Path(str(spec)).expanduser()
         if not (path.is_dir() and _is_saved_dataset(path)):
             list_files(spec, split)
