@@ -1,6 +1,6 @@
 """Regenerate ``docs/benchmarks.md`` from the JSON results in ``benchmarks/results/``.
 
-Every ``*.json`` written by ``cyb bench loss|train|decode`` (or ``benchmarks/bench_loss.py``)
+Every ``*.json`` written by ``cyb bench loss|train|decode`` 
 becomes a section: the device and versions, the command that produced it, its table and, for
 the training and decode benchmarks, each target marked met or missed with its ratio.
 
@@ -53,7 +53,7 @@ NOTES = {
     ],
     "loss": [
         "Forward + backward of the readout and loss alone on random hidden states; `GiB` is the "
-        "peak memory beyond the inputs.  Methods: see `benchmarks/bench_loss.py`.",
+        "peak memory beyond the inputs.  Methods: see `cyb.bench.loss`.",
     ],
 }
 

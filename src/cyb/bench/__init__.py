@@ -9,7 +9,7 @@
   the Hugging Face loss or Liger, CYB naive or fused), eager or with compiled decoder layers.
 * :mod:`cyb.bench.decode`: decode latency and throughput, M = 4 against M = 1 (the library
   decoder and the CUDA-graph decoder of :mod:`cyb.generation.static`).
-* :mod:`cyb.bench.loss`: runs ``benchmarks/bench_loss.py`` (readout + loss alone).
+* :mod:`cyb.bench.loss`: the readout and loss alone, naive, fused, plain cross-entropy and Liger.
 * :mod:`cyb.bench.tables`: compact text tables of the results.
 
 Everything runs on CPU with tiny shapes (``quick=True``) so the code paths can be tested

@@ -138,7 +138,7 @@ def targets_for(result: dict) -> list[dict]:
 
 
 def result_kind(result: dict) -> str | None:
-    """``"loss"``, ``"train"`` or ``"decode"`` (loss results of ``benchmarks/bench_loss.py``
+    """``"loss"``, ``"train"`` or ``"decode"`` (loss results of :mod:`cyb.bench.loss`
     carry no kind: recognised by their rows)."""
     kind = result.get("kind")
     if kind:

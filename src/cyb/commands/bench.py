@@ -33,18 +33,27 @@ def _case(text: str) -> tuple[int, int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="bench", metavar="WHAT")
 
+    from ..bench.loss import CPU_SIZES, GPU_SIZES, METHODS
+
+    def sizes(key):
+        gpu, cpu = GPU_SIZES[key], CPU_SIZES[key]
+        show = lambda v: " ".join(map(str, v)) if isinstance(v, tuple) else str(v)  # noqa: E731
+        return f" (default: {show(gpu)} on CUDA, {show(cpu)} on the CPU)" + _OWN_DEFAULT
+
     loss = sub.add_parser("loss", formatter_class=_FMT,
                           help="readout + loss forward/backward: naive vs fused, plain CE, Liger",
-                          description="Runs benchmarks/bench_loss.py: forward + backward time and "
-                                      "peak extra memory of the readout and loss.")
+                          description="Forward + backward time and peak extra memory of the readout "
+                                      "and loss alone (see cyb.bench.loss). The default sizes are a GPU "
+                                      "grid on CUDA and a small grid on the CPU.")
     _common(loss)
-    loss.add_argument("--vocab", type=int, nargs="+", help="vocabulary sizes" + _OWN_DEFAULT)
-    loss.add_argument("--positions", type=int, nargs="+", help="positions N" + _OWN_DEFAULT)
-    loss.add_argument("--methods", nargs="+", help="methods of bench_loss.py" + _OWN_DEFAULT)
-    loss.add_argument("--hidden", type=int, help="hidden size H" + _OWN_DEFAULT)
-    loss.add_argument("--num-steps", type=int, help="M, rows per block" + _OWN_DEFAULT)
-    loss.add_argument("--dtype", help="bf16, fp16 or fp32" + _OWN_DEFAULT)
-    loss.add_argument("--repeats", type=int, help="timed runs per row" + _OWN_DEFAULT)
+    loss.add_argument("--vocab", type=int, nargs="+", help="vocabulary sizes" + sizes("vocab"))
+    loss.add_argument("--positions", type=int, nargs="+", help="positions N" + sizes("positions"))
+    loss.add_argument("--methods", nargs="+", choices=METHODS, metavar="METHOD",
+                      help=f"methods: {' '.join(METHODS)} (default: all)" + _OWN_DEFAULT)
+    loss.add_argument("--hidden", type=int, help="hidden size H" + sizes("hidden"))
+    loss.add_argument("--num-steps", type=int, help="M, rows per block (default 4)" + _OWN_DEFAULT)
+    loss.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="parameter dtype" + sizes("dtype"))
+    loss.add_argument("--repeats", type=int, help="timed runs per row" + sizes("repeats"))
     loss.add_argument("--chunk-blocks", type=int, help="fused_linear_loss chunk_blocks" + _OWN_DEFAULT)
     loss.add_argument("--skip-check", action="store_true", help="skip the fused == naive check")
 
@@ -118,26 +127,6 @@ def _given(args, names: dict) -> dict:
     return out
 
 
-def _loss_argv(args) -> list[str]:
-    argv = []
-    if args.quick:
-        from ..bench.loss import QUICK_ARGS
-
-        argv += QUICK_ARGS
-    elif args.device:
-        argv += ["--device", args.device]
-    for opt in ("vocab", "positions", "methods", "hidden", "num_steps", "dtype", "repeats",
-                "chunk_blocks"):
-        value = getattr(args, opt)
-        if value is None:
-            continue
-        flag = "--" + opt.replace("_", "-")
-        argv += [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
-    if args.skip_check:
-        argv.append("--skip-check")
-    return argv
-
-
 def run(args) -> int:
     if args.bench is None:
         print("cyb bench: choose what to benchmark: loss, train or decode (see cyb bench --help)",
@@ -151,7 +140,11 @@ def run(args) -> int:
     if args.bench == "loss":
         from ..bench import loss
 
-        result = loss.run(_loss_argv(args), out=args.out, command=command)
+        kw = _given(args, {"vocab": "vocab", "positions": "positions", "methods": "methods", "hidden": "hidden",
+                           "num_steps": "num_steps", "dtype": "dtype", "repeats": "repeats",
+                           "chunk_blocks": "chunk_blocks", "skip_check": "skip_check", "device": "device"})
+        cfg = loss.LossBenchConfig.quick(**kw) if args.quick else loss.LossBenchConfig(**kw)
+        result = loss.run(cfg, out=args.out)
     elif args.bench == "train":
         from ..bench import train_step
 
@@ -177,9 +170,8 @@ def run(args) -> int:
     if checks:
         result["targets"] = checks
     write_json(args.out, result)
-    if args.bench != "loss":  # the loss script prints its own table
-        print()
-        print(table_for(result))
+    print()
+    print(table_for(result))
     for c in checks:
         print(format_check(c))
     if args.out:
