@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cyb.build import build_model, synthetic_sets
+from cyb.build import build_model
+from cyb.data.streams import synthetic_sets
 from cyb.config import RunConfig
 from cyb.objective import Objective
 

@@ -25,18 +25,19 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .build import build_data, build_model, build_tokenizer, resolve_device
+from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
 from .config import RunConfig, resolved_shuffle
+from .data.streams import build_data
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
-from .model.settings import TRAINING_STATE_FILE
-from .runtime import autocast
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
+from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
+from .runtime import autocast
 
 #: Seed family of held-out rows (training rows use the step number).
 EVAL_SEED_STEP = -1
