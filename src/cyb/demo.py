@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from . import methods
-from .files import write_json_atomic
+from .files import write_json_atomic, write_text_atomic
 
 DEMO_METHODS = ("baseline", "tbys", "cyb")
 
@@ -391,91 +391,11 @@ def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test,
     write_json_atomic(out / "metrics.json", metrics, indent=2)
     write_json_atomic(out / "settings.json", {"demo": s.to_dict(), "runs": configs}, indent=2)
     (out / "table.md").write_text(format_table(metrics) + "\n")
-    plot_steps_per_position(metrics, out / "latency.png")
+    from .report import html, plots
+
+    plots.steps_per_position_figure(metrics, out / "latency.png")
     shaded = next((m for m in details if methods.spec(m).has_dk), next(iter(details)))
-    (out / "examples.html").write_text(examples_html(
+    write_text_atomic(out / "examples.html", html.task_examples_page(
         test, details[shaded]["expected_steps"], details[shaded]["predictions"],
         num_steps=metrics["methods"][shaded]["num_steps"], method=shaded,
         limit=s.num_examples_shown, title=f"{s.task} {s.task_kwargs}"))
-
-
-def plot_steps_per_position(metrics: dict, path: Path) -> None:
-    """PNG: mean steps per answer position for each method (E[S] for CYB; M for TBYS; 1 for
-    the baseline), with each method's accuracy at that position on a second panel."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
-    styles = {"baseline": ("tab:gray", ":"), "tbys": ("tab:orange", "--"), "cyb": ("tab:blue", "-")}
-    labels = None
-    for name, r in metrics["methods"].items():
-        steps, acc = r["per_position_steps"], r["per_position_accuracy"]
-        x = list(range(1, len(steps) + 1))
-        labels = [str(k) for k in x[:-1]] + ["eos"]
-        color, ls = styles.get(name, ("black", "-"))
-        ax.plot(x, steps, ls, color=color, marker="o", label=name)
-        ax2.plot(x, acc, ls, color=color, marker="o", label=name)
-    m = max(r["num_steps"] for r in metrics["methods"].values())
-    ax.set_ylim(0.8, m + 0.2)
-    ax.set_ylabel("mean steps per token (E[S])")
-    size = ", ".join(f"{k}={v}" for k, v in metrics["task_kwargs"].items())
-    ax.set_title(f"{metrics['task']} ({size}): steps per answer position")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    ax2.set_ylim(-0.02, 1.02)
-    ax2.set_ylabel("token accuracy")
-    ax2.set_xlabel("answer position")
-    ax2.grid(alpha=0.3)
-    if labels:
-        ax2.set_xticks(range(1, len(labels) + 1), labels)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-
-
-def examples_html(test, expected_steps: torch.Tensor, predictions: torch.Tensor, *, num_steps: int,
-                  method: str = "cyb", limit: int = 24, title: str = "") -> str:
-    """An HTML page of test examples whose answer characters are shaded by expected pauses.
-
-    ``expected_steps`` and ``predictions`` are ``[N, L]`` aligned with ``test.ids`` (see
-    :func:`score_model`); a character's shade is ``E[S] - 1`` (expected pauses) of the block
-    that predicts it, white at 0 and dark blue at ``num_steps - 1``.  Wrong greedy predictions
-    are underlined in red, with the predicted character in the tooltip.
-    """
-    from .report import html as rh
-
-    tok = test.tokenizer
-    max_pauses = num_steps - 1
-    rows = []
-    for i in range(min(limit, len(test))):
-        cells, all_ok = [], True
-        for j in test.loss_mask[i].nonzero().flatten().tolist():
-            target, pred = int(test.ids[i, j]), int(predictions[i, j])
-            text = "⏎" if target == tok.eos_id else tok.decode([target])
-            pauses = float(expected_steps[i, j]) - 1.0
-            tip = f"{pauses:.2f} expected pauses"
-            style = f"background:{rh.shade_color(pauses, max_pauses)};"
-            if pauses > 0.55 * max_pauses:
-                style += "color:#ffffff;"
-            if pred != target:
-                all_ok = False
-                guess = tok.decode([pred]) if 0 <= pred < tok.vocab_size else "?"
-                tip += f"; greedy predicted {guess!r}"
-                style += "border-bottom:3px solid #d62728;"
-            cell = (f'<span class="tok" data-pauses="{pauses:.4f}" title="{rh.escape(tip)}" '
-                    f'style="{style}">{rh.escape(text)}</span>')
-            cells.append(cell)
-        rows.append(f"<tr><td><code>{rh.escape(test.prompts[i])}</code></td>"
-                    f'<td class="answer">{"".join(cells)}</td><td>{"✓" if all_ok else "✗"}</td></tr>')
-    style = ("<style>td.answer { font-family: Menlo, Consolas, monospace; font-size: 1.15em; "
-             "text-align: left; letter-spacing: 0.1em; }</style>")
-    note = (f"Each answer character (⏎ = end of answer) is shaded by the expected number of pauses "
-            f"(E[S] - 1) {method} took before producing it, from white (0) to dark blue "
-            f"({max_pauses}); hover for the value. Red underline: the greedy answer at that character "
-            f"was wrong. Predictions are greedy with the correct prefix (teacher forcing), which is "
-            f"what greedy generation emits up to its first mistake.")
-    body = [style, rh.legend_html(max_pauses), f'<p class="note">{rh.escape(note)}</p>',
-            "<table><tr><th>prompt</th><th>answer</th><th>exact</th></tr>", *rows, "</table>"]
-    return rh.page(f"Where {method} pauses: {title}", "\n".join(body))

@@ -109,3 +109,45 @@ def image_html(path: str | Path, alt: str = "") -> str:
     """An ``<img>`` with the PNG embedded as a data URI (the page stays standalone)."""
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def task_examples_page(test, expected_steps, predictions, *, num_steps: int, method: str = "cyb",
+                       limit: int = 24, title: str = "") -> str:
+    """An HTML page of test examples whose answer characters are shaded by expected pauses.
+
+    ``expected_steps`` and ``predictions`` are ``[N, L]`` aligned with ``test.ids`` (see
+    :func:`cyb.demo.score_model`); a character's shade is ``E[S] - 1`` (expected pauses) of the block
+    that predicts it, white at 0 and dark blue at ``num_steps - 1``.  Wrong greedy predictions
+    are underlined in red, with the predicted character in the tooltip.
+    """
+    tok = test.tokenizer
+    max_pauses = num_steps - 1
+    rows = []
+    for i in range(min(limit, len(test))):
+        cells, all_ok = [], True
+        for j in test.loss_mask[i].nonzero().flatten().tolist():
+            target, pred = int(test.ids[i, j]), int(predictions[i, j])
+            text = "⏎" if target == tok.eos_id else tok.decode([target])
+            pauses = float(expected_steps[i, j]) - 1.0
+            tip = f"{pauses:.2f} expected pauses"
+            style = f"background:{shade_color(pauses, max_pauses)};color:{_text_color(pauses, max_pauses)};"
+            if pred != target:
+                all_ok = False
+                guess = tok.decode([pred]) if 0 <= pred < tok.vocab_size else "?"
+                tip += f"; greedy predicted {guess!r}"
+                style += "border-bottom:3px solid #d62728;"
+            cell = (f'<span class="tok" data-pauses="{pauses:.4f}" title="{escape(tip)}" '
+                    f'style="{style}">{escape(text)}</span>')
+            cells.append(cell)
+        rows.append(f"<tr><td><code>{escape(test.prompts[i])}</code></td>"
+                    f'<td class="answer">{"".join(cells)}</td><td>{"✓" if all_ok else "✗"}</td></tr>')
+    style = ("<style>td.answer { font-family: Menlo, Consolas, monospace; font-size: 1.15em; "
+             "text-align: left; letter-spacing: 0.1em; }</style>")
+    note = (f"Each answer character (⏎ = end of answer) is shaded by the expected number of pauses "
+            f"(E[S] - 1) {method} took before producing it, from white (0) to dark blue "
+            f"({max_pauses}); hover for the value. Red underline: the greedy answer at that character "
+            f"was wrong. Predictions are greedy with the correct prefix (teacher forcing), which is "
+            f"what greedy generation emits up to its first mistake.")
+    body = [style, legend_html(max_pauses), f'<p class="note">{escape(note)}</p>',
+            "<table><tr><th>prompt</th><th>answer</th><th>exact</th></tr>", *rows, "</table>"]
+    return page(f"Where {method} pauses: {title}", "\n".join(body))

@@ -21,6 +21,14 @@ PURPLE = "#7b4fa0"  # mean stop distribution (paper Fig. 6, purple)
 DPI = 120
 
 
+def _method_style(name: str) -> tuple[str, str]:
+    """Colour and line style of a method: dotted without pauses, dashed without dk."""
+    from ..methods import spec
+
+    s = spec(name)
+    return s.colour, ("-" if s.has_dk else "--" if s.uses_pauses else ":")
+
+
 def _save(fig, path: str | Path) -> Path:
     try:
         return save_atomic(path, lambda tmp: fig.savefig(tmp, dpi=DPI, bbox_inches="tight"))
@@ -140,5 +148,35 @@ def perplexity_bars(rows: Sequence[tuple[str, float]], path: str | Path, *, refe
         lo, hi = min(finite), max(finite)
         pad = (hi - lo) * 0.3 or hi * 0.05 or 1.0
         ax.set_xlim(max(0.0, lo - pad), hi + pad)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def steps_per_position_figure(metrics: dict, path: str | Path) -> Path:
+    """PNG: mean steps per answer position for each method (E[S] for CYB; M for TBYS; 1 for
+    the baseline), with each method's accuracy at that position on a second panel (the demo's
+    ``metrics.json``)."""
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
+    labels = None
+    for name, r in metrics["methods"].items():
+        steps, acc = r["per_position_steps"], r["per_position_accuracy"]
+        x = list(range(1, len(steps) + 1))
+        labels = [str(k) for k in x[:-1]] + ["eos"]
+        color, ls = _method_style(name)
+        ax.plot(x, steps, ls, color=color, marker="o", label=name)
+        ax2.plot(x, acc, ls, color=color, marker="o", label=name)
+    m = max(r["num_steps"] for r in metrics["methods"].values())
+    ax.set_ylim(0.8, m + 0.2)
+    ax.set_ylabel("mean steps per token (E[S])")
+    size = ", ".join(f"{k}={v}" for k, v in metrics["task_kwargs"].items())
+    ax.set_title(f"{metrics['task']} ({size}): steps per answer position")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax2.set_ylim(-0.02, 1.02)
+    ax2.set_ylabel("token accuracy")
+    ax2.set_xlabel("answer position")
+    ax2.grid(alpha=0.3)
+    if labels:
+        ax2.set_xticks(range(1, len(labels) + 1), labels)
     fig.tight_layout()
     return _save(fig, path)
