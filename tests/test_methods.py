@@ -1,0 +1,67 @@
+"""cyb.methods: one spec per method, and everything that asks it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cyb import methods
+from cyb.config import MethodConfig, RunConfig
+
+FIELDS = {f.name for f in dataclasses.fields(MethodConfig)}
+
+
+@pytest.mark.parametrize("name", methods.NAMES)
+def test_every_spec_is_consistent(name):
+    s = methods.spec(name)
+    assert s.name == name and s.layout in methods.LAYOUTS and s.label and s.colour and s.help
+    assert set(s.fields) <= FIELDS, set(s.fields) - FIELDS
+    assert s.model_steps(4) == (4 if s.uses_pauses else 1)
+    assert s.block_steps(4) == (4 if s.layout == "blocks" else 1)
+    assert not s.has_dk or s.layout == "blocks"
+    if s.needs_rho:
+        assert "rho" in s.fields
+    if s.recipe2:
+        assert "recipe" in s.fields
+
+
+@pytest.mark.parametrize("name", methods.NAMES)
+def test_losses_of_every_method_run_on_random_inputs(name):
+    me = MethodConfig(name=name, num_steps=3, rho=[1.0, 2.0, 1.0], gamma0=0.9 if methods.spec(name).has_dk else None)
+    g = torch.Generator().manual_seed(0)
+    lt = torch.log_softmax(torch.randn(5, 3, generator=g, dtype=torch.float64), -1)
+    d = torch.sigmoid(torch.randn(5, 3, generator=g, dtype=torch.float64))
+    for build in (methods.spec(name).train_loss, methods.spec(name).eval_loss):
+        out = build(me, None)(lt, d.log(), (-d).log1p())
+        assert out.shape == (5,) and torch.isfinite(out).all()
+
+
+def test_unknown_method_names_the_known_ones():
+    with pytest.raises(ValueError, match="unknown method 'cybb'; known: baseline, baseline_nx"):
+        methods.spec("cybb")
+
+
+def test_labels():
+    label = lambda **kw: methods.label(MethodConfig(**kw))  # noqa: E731
+    assert label(name="baseline") == "Baseline"
+    assert label(name="baseline_nx", seq_multiplier=4) == "Baseline 4x seq"
+    assert label(name="tbys", num_steps=2) == "TBYS 1 pause"
+    assert label(name="cyb", num_steps=4, gamma0=0.99) == "CYB 3 pauses (gamma0=0.99)"
+    assert label(name="cyb_va", rho=[1, 1, 1, 1]) == "CYB-VA 3 pauses (rho=1:1:1:1)"
+    assert label(name="tbys_original", tbys_scheme="append") == "TBYS (original) 3 pauses (append pauses)"
+    assert label(name="cyb", recipe=2, omega=[1, 1, 1, 1]) == "CYB 3 pauses (Recipe 2, omega=1:1:1:1)"
+
+
+def test_discount_vector_and_infer():
+    assert methods.discount_vector(MethodConfig(gamma0=0.5, num_steps=3)) == [1.0, 0.5, 0.25]
+    assert methods.discount_vector(MethodConfig(gamma=[1, 0.5, 0.5, 0.1])) == [1.0, 0.5, 0.5, 0.1]
+    assert methods.discount_vector(MethodConfig()) is None
+    assert [methods.infer(True, 4), methods.infer(False, 4), methods.infer(False, 1)] == ["cyb", "tbys", "baseline"]
+
+
+def test_config_asks_the_spec():
+    assert RunConfig.from_dict({"method": {"name": "cyb_dp", "rho": [0, 1, 1, 1]}}).validate().method.uses_dk
+    with pytest.raises(ValueError, match="Recipe 2 .* applies to tbys and cyb, not cyb_va"):
+        RunConfig.from_dict({"method": {"name": "cyb_va", "recipe": 2, "rho": [1, 1, 1, 1]}}).validate()
