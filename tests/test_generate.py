@@ -445,3 +445,26 @@ def test_cli_errors(saved, tmp_path, capsys):
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
     assert main(["generate", str(saved)]) == 2
     assert "no prompt given" in capsys.readouterr().err
+
+
+def test_shade_marks_line_breaks_on_their_colour():
+    from cyb.generation.shade import NEWLINE_MARK, shade
+
+    assert shade("", 2, 4, truecolor=True) == ""
+    two = shade("\n\n", 3, 4, truecolor=False)
+    assert two.count(NEWLINE_MARK) == 2 and two.count("\n") == 2
+    assert shade("ab", 2, 4, truecolor=True).endswith("ab\x1b[0m")
+    assert shade("a\nb", 2, 4, truecolor=True).split("\n")[0].endswith(NEWLINE_MARK + "\x1b[0m")
+
+
+def test_cli_generate_accepts_a_run_folder(saved, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("method: {name: cyb}\n")
+    assert main(["generate", str(run), "--prompt", "a"]) == 2
+    assert "training has not finished" in capsys.readouterr().err
+    shutil.copytree(saved, run / "final")
+    assert main(["generate", str(run), "--prompt", "12+", "--max-new-tokens", "3", "--device", "cpu"]) == 0
+    assert "12+" in capsys.readouterr().out

@@ -353,3 +353,11 @@ def test_corpus_order_is_only_used_when_asked_for_and_warned(tmp_path, capsys):
     cfg = tiny_cfg(tmp_path / "run", text=data, data={"shuffle": "none"}, train={"steps": 2, "progress": True})
     Trainer(cfg).run()
     assert "warning: data.shuffle = none" in capsys.readouterr().err
+
+
+def test_a_run_that_cannot_start_leaves_no_folder(tmp_path):
+    data = {"source": str(tmp_path / "missing.jsonl"), "valid_source": str(tmp_path / "missing.jsonl")}
+    cfg = tiny_cfg(tmp_path / "run", text={**data, "tokenizer": None})
+    with pytest.raises((ValueError, FileNotFoundError)):
+        Trainer(cfg)
+    assert not (tmp_path / "run").exists()

@@ -139,8 +139,8 @@ class DataConfig:
     shuffle_buffer: int = 10000
     """Blocks per shuffle window when data.shuffle is buffer (>= 2)."""
     task: str | None = None
-    """A synthetic task (addition, multiplication, three_sum, parity, variable_lookup ...)
-    instead of text."""
+    """A synthetic task instead of text: addition, multiplication, 3sum, parity or lookup
+    (cyb demo --help lists what each tests)."""
     task_kwargs: dict = field(default_factory=dict)
     """Size parameters of the synthetic task (e.g. {digits: 4})."""
     num_train_examples: int = 20000

@@ -183,10 +183,20 @@ class Trainer:
         ckpt = self._checkpoint_to_resume()
         torch.manual_seed(t.seed)
         random.seed(t.seed)
+        created = info.is_main and not self.run_dir.exists()
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         barrier(info)
+        try:
+            self._build(ckpt)
+        except BaseException:
+            if created:  # a run that never started leaves no folder behind (bad data, model, ...)
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
 
+    def _build(self, ckpt) -> None:
+        """Tokenizer, model, objective, wrappers, optimiser, data; then the checkpoint's state."""
+        cfg, t, info = self.cfg, self.cfg.train, self.info
         self.tokenizer = build_tokenizer(cfg, self.run_dir, info)
         self.model = model = build_model(cfg, self.tokenizer).to(self.device)
         restored = load_checkpoint(ckpt) if ckpt is not None else None

@@ -15,7 +15,8 @@ _SAMPLING_FLAGS = (("temperature", "--temperature"), ("top_k", "--top-k"), ("top
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dir", metavar="MODEL_DIR",
-                   help="a saved cyb model folder (written by `cyb train` or PauseModel.save_pretrained)")
+                   help="a saved cyb model folder (written by `cyb train` or PauseModel.save_pretrained), "
+                        "or a run folder of cyb train (its final/ model is used)")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt (repeat for several)")
     p.add_argument("--file", metavar="PATH", help="a text file with one prompt per line (blank lines skipped)")
@@ -71,6 +72,12 @@ def _check_model_dir(path: str) -> Path:
         raise ValueError(f"MODEL_DIR {path} does not exist")
     if not folder.is_dir():
         raise ValueError(f"MODEL_DIR {path} is not a folder")
+    if not (folder / SETTINGS_FILE).is_file() and (folder / "config.yaml").is_file():  # a run folder
+        if not (folder / "final" / SETTINGS_FILE).is_file():
+            raise ValueError(f"{path} is a run folder whose training has not finished (no final/ model yet); "
+                             "finish or resume it with cyb train, or give a saved model folder")
+        folder = folder / "final"
+        path = str(folder)
     if not (folder / SETTINGS_FILE).is_file():
         raise ValueError(
             f"{path} is not a saved cyb model: expected {SETTINGS_FILE} (the pause settings) beside a "

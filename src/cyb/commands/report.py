@@ -16,7 +16,7 @@ _OWN_DEFAULT = "%(default).0s"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders written by cyb train (and cyb eval)")
-    p.add_argument("--out", default="report", metavar="DIR", help="output folder")
+    p.add_argument("--out", default="runs/report", metavar="DIR", help="output folder")
     p.add_argument("--reference", default=None, metavar="NAME",
                    help="reference run for the relative improvement, by display name (e.g. 'TBYS 3 pauses') "
                         "or folder name; default: the TBYS run with the most pauses, else the first run" + _OWN_DEFAULT)

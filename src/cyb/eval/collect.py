@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 from typing import Iterable
 
@@ -99,7 +100,9 @@ def collect_records(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=max_tokens, desc=desc, unit="tok", dynamic_ncols=True)
+        # a bar on a terminal only: log files get no carriage-return noise
+        bar = tqdm(total=max_tokens, desc=desc, unit="tok", dynamic_ncols=True,
+                   disable=not getattr(sys.stderr, "isatty", lambda: False)())
     nll = 0.0
     model.eval()
     try:

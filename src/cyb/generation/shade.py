@@ -37,12 +37,18 @@ def escape(rgb: tuple[int, int, int], truecolor: bool) -> str:
     return f"\x1b[48;5;{_cube(rgb)}m{fg}"
 
 
+NEWLINE_MARK = "\u21b5"  # a line break is shown as this mark on its colour, then broken
+
+
 def shade(text: str, steps: int, num_steps: int, *, truecolor: bool) -> str:
-    """``text`` on the background of its step count (line breaks left unshaded)."""
+    """``text`` on the background of its step count; a line break shows as ``↵`` on that
+    background before the break, so tokens that are only line breaks stay visible."""
     if not text:
         return ""
     code = escape(step_rgb(steps, num_steps), truecolor)
-    return "\n".join(f"{code}{part}{RESET}" if part else "" for part in text.split("\n"))
+    parts = text.split("\n")
+    return "\n".join(f"{code}{part}{NEWLINE_MARK if i < len(parts) - 1 else ''}{RESET}"
+                     if part or i < len(parts) - 1 else "" for i, part in enumerate(parts))
 
 
 def legend(num_steps: int, *, truecolor: bool) -> str:

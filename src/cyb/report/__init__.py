@@ -181,7 +181,7 @@ def _notes(runs: Sequence[RunSummary], ref: RunSummary) -> list[str]:
     return notes
 
 
-def build_report(paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike = "report", *,
+def build_report(paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike = "runs/report", *,
                  reference: str | None = None, command: str | None = None, eval_dir: str = EVAL_DIR) -> dict:
     """Write ``report.md``, ``report.html`` (figures embedded), ``report.json`` and PNG figures
     into ``out_dir``; returns the report as a dict (``entries``, ``reference``, ``files``).

@@ -119,6 +119,10 @@ def training_curves(series: Sequence[tuple[str, dict]], path: str | Path) -> Pat
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, label=name, marker="o" if len(pts) < 12 else None, markersize=3)
+    if all(len(curves.get("valid") or []) < 2 for _, curves in series):
+        axes[1].text(0.5, 0.04, "held-out loss evaluated once per run (train.eval_every = 0 or a short run):\n"
+                     "see the table for the final values", transform=axes[1].transAxes, ha="center",
+                     va="bottom", fontsize=7, color="#555555")
     for ax, what in zip(axes, ("training loss", "held-out loss")):
         ax.set_xlabel("step")
         ax.set_ylabel(f"{what} (nats per real token)")
@@ -130,7 +134,8 @@ def training_curves(series: Sequence[tuple[str, dict]], path: str | Path) -> Pat
 
 
 def perplexity_bars(rows: Sequence[tuple[str, float]], path: str | Path, *, reference: str | None = None) -> Path:
-    """Perplexity per run as horizontal bars (paper Fig. 2 style); the reference is hatched."""
+    """Perplexity per run as horizontal bars from 0 (paper Fig. 2 style), each labelled with its
+    value; the reference is hatched."""
     names = [r[0] for r in rows]
     vals = [r[1] for r in rows]
     fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(rows) + 1.2))
@@ -145,9 +150,10 @@ def perplexity_bars(rows: Sequence[tuple[str, float]], path: str | Path, *, refe
     ax.set_xlabel("perplexity (lower is better)")
     finite = [v for v in vals if v == v and v != float("inf")]
     if finite:
-        lo, hi = min(finite), max(finite)
-        pad = (hi - lo) * 0.3 or hi * 0.05 or 1.0
-        ax.set_xlim(max(0.0, lo - pad), hi + pad)
+        ax.set_xlim(0.0, max(finite) * 1.15)
+    for i, v in enumerate(vals):
+        if v == v and v != float("inf"):
+            ax.text(v, i, f" {v:.4g}", va="center", fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
 
