@@ -116,6 +116,27 @@ def cyb_dp_loss(t, d, rho, alpha, omega=None, gamma=None):
     return cyb_loss(t, d, omega, gamma) + alpha * kl(_normalise(rho), s)
 
 
+def mean_step_ce(t):
+    """``(1/M) sum_i -log t_i``."""
+    return -sum(math.log(x) for x in t) / len(t)
+
+
+def cyb_anytime_loss(t, d, weight, omega=None, gamma=None):
+    """``l_CYB + weight (1/M) sum_i -log t_i``."""
+    return cyb_loss(t, d, omega, gamma) + weight * mean_step_ce(t)
+
+
+def cyb_decoupled_loss(t, d, omega=None, gamma=None):
+    """The value of decoupled CYB: ``(1/M) sum_i -log t_i + l_CYB`` (its gradient differs:
+    no gradient of the CYB term reaches ``t``)."""
+    return mean_step_ce(t) + cyb_loss(t, d, omega, gamma)
+
+
+def cyb_ponder_loss(t, d, tau, omega=None, gamma=None):
+    """``l_CYB + tau E[S]``."""
+    return cyb_loss(t, d, omega, gamma) + tau * expected_stop_step(d, omega)
+
+
 def per_token(fn, *tensors, **per_token_kwargs):
     """Apply ``fn(*lists, **kwargs)`` to every token: tensors ``[..., M]`` (broadcast together).
 

@@ -11,8 +11,11 @@ import torch.nn.functional as F
 
 import reference as ref
 from cyb.losses import (
+    cyb_anytime_loss,
+    cyb_decoupled_loss,
     cyb_dp_loss,
     cyb_loss,
+    cyb_ponder_loss,
     cyb_va_loss,
     discount,
     expected_stop_step,
@@ -343,6 +346,74 @@ def test_gradcheck_cyb_dp(m, omega_kind):
     _gradcheck(lambda lt, a, b, w: cyb_dp_loss(lt, a, b, rho=rho, alpha=0.4, omega=w), m, omega_kind, lead)
 
 
+@pytest.mark.parametrize("m", GRAD_STEPS)
+@pytest.mark.parametrize("omega_kind", GRAD_OMEGAS)
+def test_gradcheck_anytime_and_ponder(m, omega_kind):
+    _gradcheck(lambda lt, a, b, w: cyb_anytime_loss(lt, a, b, weight=0.3, omega=w, gamma=discount(0.8, m)),
+               m, omega_kind)
+    _gradcheck(lambda lt, a, b, w: cyb_ponder_loss(lt, a, b, tau=0.2, omega=w), m, omega_kind)
+
+
+# ------------------------------------------------------------------ recipes beyond the paper
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", STEPS)
+@pytest.mark.parametrize("omega_kind", OMEGAS)
+def test_new_recipes_match_reference(omega_kind, m, dtype):
+    for lead in LEADS:
+        log_t, log_d, log_not_d = make_inputs(lead, m, dtype, seed=m)
+        omega = make_omega(omega_kind, lead, m)
+        t, d = probs(log_t, log_d)
+        w = ref_kw("omega", omega)
+        for got, want in [
+            (cyb_anytime_loss(log_t, log_d, log_not_d, weight=0.25, omega=omega, gamma=discount(0.9, m)),
+             ref.per_token(ref.cyb_anytime_loss, t, d, weight=0.25, gamma=ref.discount(0.9, m), **w)),
+            (cyb_decoupled_loss(log_t, log_d, log_not_d, omega=omega),
+             ref.per_token(ref.cyb_decoupled_loss, t, d, **w)),
+            (cyb_ponder_loss(log_t, log_d, log_not_d, tau=0.3, omega=omega),
+             ref.per_token(ref.cyb_ponder_loss, t, d, tau=0.3, **w)),
+        ]:
+            assert got.dtype == dtype and got.shape == lead
+            torch.testing.assert_close(got.double(), want, **tol(dtype))
+
+
+def test_anytime_trains_every_step_even_when_cyb_does_not():
+    """With d = 0 at step 1 CYB reads out there only: later steps get no gradient; the anytime
+    term gives each step weight / M."""
+    m = 4
+    log_t = torch.log(torch.full((3, m), 0.3, dtype=torch.float64)).requires_grad_(True)
+    log_d = torch.full((3, m), -math.inf, dtype=torch.float64)
+    log_not_d = torch.zeros((3, m), dtype=torch.float64)
+    (g_cyb,) = torch.autograd.grad(cyb_loss(log_t, log_d, log_not_d).sum(), log_t)
+    assert torch.equal(g_cyb[:, 1:], torch.zeros(3, m - 1, dtype=torch.float64))
+    (g_any,) = torch.autograd.grad(cyb_anytime_loss(log_t, log_d, log_not_d, weight=0.2).sum(), log_t)
+    torch.testing.assert_close(g_any[:, 1:], torch.full((3, m - 1), -0.2 / m, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("omega_kind", ["default", "positive", "per_token"])
+def test_decoupled_gradients(omega_kind):
+    """t learns only from the per-step cross-entropy; d only from the CYB likelihood."""
+    m, lead = 4, (3, 2)
+    log_t, log_d, log_not_d = (x.requires_grad_(True) for x in make_inputs(lead, m, torch.float64, seed=5))
+    omega = make_omega(omega_kind, lead, m)
+    g_t, g_d, g_nd = torch.autograd.grad(cyb_decoupled_loss(log_t, log_d, log_not_d, omega=omega).sum(),
+                                         [log_t, log_d, log_not_d])
+    torch.testing.assert_close(g_t, torch.full_like(g_t, -1.0 / m))
+    w_d, w_nd = torch.autograd.grad(cyb_loss(log_t, log_d, log_not_d, omega=omega).sum(), [log_d, log_not_d])
+    torch.testing.assert_close(g_d, w_d)
+    torch.testing.assert_close(g_nd, w_nd)
+
+
+def test_new_recipe_arguments_are_checked():
+    log_t, log_d, log_not_d = make_inputs((2,), 3, torch.float64)
+    for bad in (-0.1, math.nan):
+        with pytest.raises(ValueError, match="aux_weight"):
+            cyb_anytime_loss(log_t, log_d, log_not_d, weight=bad)
+    with pytest.raises(ValueError, match="ponder_cost"):
+        cyb_ponder_loss(log_t, log_d, log_not_d, tau=math.inf)
+
+
 # --------------------------------------------------------------------------- reductions
 
 
@@ -434,6 +505,12 @@ def test_extremes_values_and_gradients_are_safe(omega, dtype):
                ref.per_token(ref.cyb_dp_loss, t, d, rho=f64(0.6, 0.0, 0.4), alpha=0.3, omega=omega)),
         "expected": (lambda: expected_stop_step(log_d, log_not_d, omega),
                      ref.per_token(ref.expected_stop_step, d, omega=omega)),
+        "anytime": (lambda: cyb_anytime_loss(log_t, log_d, log_not_d, weight=0.1, omega=omega),
+                    ref.per_token(ref.cyb_anytime_loss, t, d, weight=0.1, omega=omega)),
+        "decoupled": (lambda: cyb_decoupled_loss(log_t, log_d, log_not_d, omega=omega),
+                      ref.per_token(ref.cyb_decoupled_loss, t, d, omega=omega)),
+        "ponder": (lambda: cyb_ponder_loss(log_t, log_d, log_not_d, tau=-0.05, omega=omega),
+                   ref.per_token(ref.cyb_ponder_loss, t, d, tau=-0.05, omega=omega)),
     }
     for name, (fn, want) in cases.items():
         got = fn()

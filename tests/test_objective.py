@@ -38,6 +38,10 @@ CASES = {
     "cyb_no_prior": {"name": "cyb", "psi_dk": None},
     "cyb_va": {"name": "cyb_va", "rho": [1, 2, 1]},
     "cyb_dp": {"name": "cyb_dp", "rho": [0, 1, 1], "alpha": 0.1, "gamma": [1, 0.9, 0.5]},
+    "cyb_anytime": {"name": "cyb_anytime", "aux_weight": 0.3},
+    "cyb_decoupled": {"name": "cyb_decoupled", "omega": [1, 1, 2]},
+    "cyb_ponder": {"name": "cyb_ponder", "ponder_cost": -0.05, "gamma0": 0.9},
+    "cyb_anytime_recipe2": {"name": "cyb_anytime", "recipe": 2, "omega": [1, 2, 1]},
 }
 
 
@@ -96,7 +100,8 @@ def test_golden_losses_and_metrics_are_unchanged():
                 assert as_float(got[key][name]) == pytest.approx(as_float(value), rel=1e-6, abs=1e-9), (key, name)
 
 
-@pytest.mark.parametrize("case", ["tbys", "cyb", "cyb_va", "cyb_dp", "cyb_recipe2"])
+@pytest.mark.parametrize("case", ["tbys", "cyb", "cyb_va", "cyb_dp", "cyb_recipe2", "cyb_anytime", "cyb_decoupled",
+                                  "cyb_ponder"])
 def test_fused_and_naive_readouts_agree(case):
     naive, fused = compute(case, "naive"), compute(case, "fused")
     for key in ("loss_sum", "objective", "nll"):

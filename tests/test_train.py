@@ -75,6 +75,9 @@ METHODS = [
     ("cyb_va", {"rho": [1.0, 1.0, 2.0]}),
     ("cyb_dp", {"rho": [0.0, 1.0, 1.0], "alpha": 0.1}),
     ("cyb", {"recipe": 2, "omega": [1.0, 1.0, 1.0]}),
+    ("cyb_anytime", {"aux_weight": 0.2}),
+    ("cyb_decoupled", {}),
+    ("cyb_ponder", {"ponder_cost": -0.02}),
 ]
 
 

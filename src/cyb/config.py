@@ -68,7 +68,9 @@ class MethodConfig:
     """Training method: baseline (no pauses), baseline_nx (no pauses, seq_multiplier x longer
     context), tbys_original (random pauses, advancing positions, one shared pause id), tbys
     (Recipe 1 pauses, cross-entropy at the world's stop), cyb, cyb_va (variational, desired stop
-    distribution rho), cyb_dp (CYB plus alpha KL(rho || s))."""
+    distribution rho), cyb_dp (CYB plus alpha KL(rho || s)); beyond the paper: cyb_anytime (plus
+    aux_weight x every step's cross-entropy), cyb_decoupled (per-step cross-entropy for the
+    predictions, CYB for d alone), cyb_ponder (plus ponder_cost x E[S])."""
     num_steps: int = 4
     """M: steps per real token (the token and M-1 pauses). Baselines use 1."""
     position_scheme: str = "shared"
@@ -83,6 +85,11 @@ class MethodConfig:
     """Desired stop distribution for cyb_va / cyb_dp (ratios over steps 1..M)."""
     alpha: float = 0.01
     """cyb_dp: weight of KL(rho || s)."""
+    aux_weight: float = 0.1
+    """cyb_anytime: weight of the mean cross-entropy of every step's prediction, added to the
+    CYB loss so that every step keeps learning whatever d does (>= 0)."""
+    ponder_cost: float = 0.01
+    """cyb_ponder: cost per expected step, tau in l_CYB + tau E[S] (negative rewards pausing)."""
     psi_dk: float | None = 0.9
     """Prior probability of <don't know> (paper appendix); None = no prior offset."""
     recipe: int = 1
@@ -340,13 +347,16 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
         _need(all(x > 0 for x in me.rho), "method.rho",
               f"{me.name} needs rho > 0 everywhere (KL(s || rho) is infinite at zeros; cyb_dp allows them)")
     _need(math.isfinite(me.alpha) and me.alpha >= 0, "method.alpha", f"must be finite and >= 0, got {me.alpha}")
+    _need(math.isfinite(me.aux_weight) and me.aux_weight >= 0, "method.aux_weight",
+          f"must be finite and >= 0, got {me.aux_weight}")
+    _need(math.isfinite(me.ponder_cost), "method.ponder_cost", f"must be finite, got {me.ponder_cost}")
     if me.psi_dk is not None:
         _need(0.0 < me.psi_dk < 1.0, "method.psi_dk", f"must lie in (0, 1) or be null, got {me.psi_dk}")
     _need(me.recipe in (1, 2), "method.recipe", f"must be 1 or 2, got {me.recipe}")
     if me.recipe == 2:
         allowed = [n for n in METHODS if methods.spec(n).recipe2]
         _need(spec.recipe2, "method.recipe",
-              f"Recipe 2 (variable pauses) applies to {' and '.join(allowed)}, not {me.name}")
+              f"Recipe 2 (variable pauses) applies to {', '.join(allowed)}, not {me.name}")
     _need(me.seq_multiplier >= 1, "method.seq_multiplier", f"must be >= 1, got {me.seq_multiplier}")
     if spec.lengthens_context:
         _need(d.task is None, "method.name",

@@ -43,6 +43,10 @@ __all__ = [
     "cyb_va_loss",
     "cyb_dp_loss",
     "cross_entropy_loss",
+    "mean_step_cross_entropy",
+    "cyb_anytime_loss",
+    "cyb_decoupled_loss",
+    "cyb_ponder_loss",
     "discount",
 ]
 
@@ -317,3 +321,75 @@ def cyb_dp_loss(
     safe_log_rho = torch.where(present, log_rho, torch.zeros_like(log_rho))
     kl = torch.where(present, rho_p * (safe_log_rho - safe_log_s), torch.zeros_like(log_s)).sum(-1)
     return base + float(alpha) * kl
+
+
+# --------------------------------------------------------------------- beyond the paper
+
+
+def mean_step_cross_entropy(log_t: torch.Tensor) -> torch.Tensor:
+    """``(1/M) sum_i -log t_i``: the cross-entropy of every step's renormalised prediction,
+    averaged over the ``M`` steps, shape ``[...]``."""
+    if log_t.dim() < 1 or log_t.shape[-1] < 1:
+        raise ValueError(f"log_t needs a last axis of length M >= 1, got {tuple(log_t.shape)}")
+    return -log_t.to(_float_dtype(log_t)).mean(-1)
+
+
+def cyb_anytime_loss(
+    log_t: torch.Tensor,
+    log_d: torch.Tensor,
+    log_not_d: torch.Tensor,
+    *,
+    weight: float,
+    omega: Dist = None,
+    gamma: Dist = None,
+) -> torch.Tensor:
+    """CYB with an anytime auxiliary loss: ``l_CYB + weight (1/M) sum_i -log t_i``.
+
+    Under CYB alone a step's prediction ``t_i`` gets gradient only in proportion to
+    ``Pr(S = i)``: once ``d`` stops early, later steps stop learning. The auxiliary term trains
+    every step's prediction whatever ``d`` does.
+    """
+    _check_steps(log_t, log_d, log_not_d)
+    if not math.isfinite(float(weight)) or float(weight) < 0:
+        raise ValueError(f"weight (method.aux_weight) must be finite and >= 0, got {weight!r}")
+    base = cyb_loss(log_t, log_d, log_not_d, omega=omega, gamma=gamma)
+    return base + float(weight) * mean_step_cross_entropy(log_t).to(base.dtype)
+
+
+def cyb_decoupled_loss(
+    log_t: torch.Tensor,
+    log_d: torch.Tensor,
+    log_not_d: torch.Tensor,
+    *,
+    omega: Dist = None,
+    gamma: Dist = None,
+) -> torch.Tensor:
+    """Decoupled CYB: ``(1/M) sum_i -log t_i + l_CYB(t with no gradient, d)``.
+
+    The predictions learn by cross-entropy at every step, and ``d`` learns only when to stop:
+    the CYB likelihood of the current predictions, through which no gradient reaches ``t``.
+    The value is the sum of both terms (not a likelihood); report perplexity with
+    :func:`cyb_loss` and the model's own stopping.
+    """
+    _check_steps(log_t, log_d, log_not_d)
+    base = cyb_loss(log_t.detach(), log_d, log_not_d, omega=omega, gamma=gamma)
+    return mean_step_cross_entropy(log_t).to(base.dtype) + base
+
+
+def cyb_ponder_loss(
+    log_t: torch.Tensor,
+    log_d: torch.Tensor,
+    log_not_d: torch.Tensor,
+    *,
+    tau: float,
+    omega: Dist = None,
+    gamma: Dist = None,
+) -> torch.Tensor:
+    """CYB with a ponder cost (as in Adaptive Computation Time): ``l_CYB + tau E[S]``, the
+    expected number of steps under ``Pr(S | d, omega)``; ``tau < 0`` rewards pondering."""
+    _check_steps(log_t, log_d, log_not_d)
+    if not math.isfinite(float(tau)):
+        raise ValueError(f"tau (method.ponder_cost) must be finite, got {tau!r}")
+    base = cyb_loss(log_t, log_d, log_not_d, omega=omega, gamma=gamma)
+    return base + float(tau) * expected_stop_step(log_d, log_not_d, omega).to(base.dtype)
+

@@ -74,6 +74,21 @@ def _cyb_dp(method, omega) -> LossFn:
     return lambda lt, ld, lnd: dp(lt, ld, lnd, rho=method.rho, alpha=method.alpha, omega=w, gamma=gamma)
 
 
+def _cyb_anytime(method, omega) -> LossFn:
+    w, gamma, fn = _world(method, omega), discount_vector(method), _losses().cyb_anytime_loss
+    return lambda lt, ld, lnd: fn(lt, ld, lnd, weight=method.aux_weight, omega=w, gamma=gamma)
+
+
+def _cyb_decoupled(method, omega) -> LossFn:
+    w, gamma, fn = _world(method, omega), discount_vector(method), _losses().cyb_decoupled_loss
+    return lambda lt, ld, lnd: fn(lt, ld, lnd, omega=w, gamma=gamma)
+
+
+def _cyb_ponder(method, omega) -> LossFn:
+    w, gamma, fn = _world(method, omega), discount_vector(method), _losses().cyb_ponder_loss
+    return lambda lt, ld, lnd: fn(lt, ld, lnd, tau=method.ponder_cost, omega=w, gamma=gamma)
+
+
 def _own_stopping(method, omega) -> LossFn:
     """Perplexity of a dk model: gamma = 1 and its own stopping (the world's stops only where
     Recipe 2 imposes them)."""
@@ -160,6 +175,16 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("cyb_dp", "CYB-DP", "blocks", True, _cyb_dp, _own_stopping,
                fields=("omega", *_DISCOUNT, "rho", "alpha", "psi_dk", "position_scheme"), needs_rho=True,
                colour="tab:green", help="CYB plus alpha KL(rho || s)"),
+    # training recipes beyond the paper (docs/recipes.md compares them)
+    MethodSpec("cyb_anytime", "CYB-anytime", "blocks", True, _cyb_anytime, _own_stopping,
+               fields=("omega", *_DISCOUNT, "aux_weight", "psi_dk", "position_scheme", "recipe"), recipe2=True,
+               colour="tab:cyan", help="CYB plus aux_weight x the mean cross-entropy of every step"),
+    MethodSpec("cyb_decoupled", "CYB-decoupled", "blocks", True, _cyb_decoupled, _own_stopping,
+               fields=("omega", *_DISCOUNT, "psi_dk", "position_scheme", "recipe"), recipe2=True,
+               colour="tab:red", help="per-step cross-entropy for the predictions, CYB for d alone"),
+    MethodSpec("cyb_ponder", "CYB-ponder", "blocks", True, _cyb_ponder, _own_stopping,
+               fields=("omega", *_DISCOUNT, "ponder_cost", "psi_dk", "position_scheme", "recipe"), recipe2=True,
+               colour="tab:pink", help="CYB plus ponder_cost x E[S]"),
 )}
 
 #: Method names in the order of tables and figures.

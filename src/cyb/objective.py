@@ -284,6 +284,8 @@ class Objective:
             s = torch.where(valid.unsqueeze(-1), s, torch.zeros_like(s))
             steps = torch.arange(1, s.shape[-1] + 1, dtype=s.dtype, device=s.device)
             sums["stop_step"] = (s * steps).sum()
+            expected = (s * steps).sum(-1)  # E[S] per token
+            sums["stop_step_sq"] = (expected * expected).sum()
             sums["stop_dist"] = s.sum(dim=tuple(range(s.dim() - 1)))
         return sums
 
@@ -312,8 +314,9 @@ def summarise(sums: dict) -> dict:
     """Per-token metrics from (python) sums.
 
     ``objective``: mean training loss per target token; ``loss``: mean NLL used for
-    perplexity; ``ppl = exp(loss)``; with dk ``mean_steps`` (E[S]) and ``stop_dist``;
-    ``targets``: tokens counted.
+    perplexity; ``ppl = exp(loss)``; with dk ``mean_steps`` (E[S] averaged over tokens),
+    ``steps_std`` (its standard deviation over tokens) and ``stop_dist``; ``targets``: tokens
+    counted.
     """
     sums = sums_to_python(sums)
     n = max(sums.get("targets", 0), 1)
@@ -323,6 +326,8 @@ def summarise(sums: dict) -> dict:
     out["ppl"] = math.exp(min(out["loss"], 50.0))
     if "stop_step" in sums:
         out["mean_steps"] = sums["stop_step"] / n
+        if "stop_step_sq" in sums:
+            out["steps_std"] = math.sqrt(max(sums["stop_step_sq"] / n - out["mean_steps"] ** 2, 0.0))
         out["stop_dist"] = [x / n for x in sums["stop_dist"]]
     out["targets"] = int(sums.get("targets", 0))
     return out

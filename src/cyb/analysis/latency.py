@@ -27,7 +27,8 @@ def latency_summary(log_d: torch.Tensor, log_not_d: torch.Tensor, *, bins: int |
         bins: histogram bins over ``[0, M-1]`` expected pauses (default ``10 * (M-1)``).
 
     Returns:
-        ``{"mean_steps": E[S] averaged, "mean_pauses", "median_pauses",
+        ``{"mean_steps": E[S] averaged, "mean_pauses", "std_steps" (of E[S] over tokens),
+        "median_pauses",
         "stop_dist": [mean Pr(S=i), i=1..M], "pauses_hist": {"edges": [bins+1], "counts": [bins]},
         "tokens"}``.
     """
@@ -45,6 +46,7 @@ def latency_summary(log_d: torch.Tensor, log_not_d: torch.Tensor, *, bins: int |
     return {
         "mean_steps": float(pauses.mean()) + 1.0,
         "mean_pauses": float(pauses.mean()),
+        "std_steps": float(pauses.std(unbiased=False)),
         "median_pauses": float(pauses.median()),
         "stop_dist": s.mean(0).tolist(),
         "pauses_hist": {"edges": edges.tolist(), "counts": [int(c) for c in counts.round().tolist()]},
