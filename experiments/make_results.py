@@ -81,8 +81,8 @@ def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"
     labels = order or list(groups)
     refs = [r for r in references if r in groups]
     head = ("| method | held-out ppl | per seed | " + " | ".join(f"vs {r}" for r in refs) +
-            " | whole-file ppl | E[S] | stop distribution | epochs | train ppl | command |")
-    lines = [head, "|---|---:|---|" + "---:|" * len(refs) + "---:|---:|---|---:|---:|---|"]
+            " | whole-file ppl | E[S] | E[S] spread | stop distribution | epochs | train ppl | command |")
+    lines = [head, "|---|---:|---|" + "---:|" * len(refs) + "---:|---:|---:|---|---:|---:|---|"]
     for label in labels:
         runs = groups.get(label)
         if not runs:
@@ -90,6 +90,7 @@ def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"
         ppl = [r["final"]["ppl"] for r in runs]
         whole = [r["whole_file"]["ppl"] for r in runs if r.get("whole_file")]
         steps = [r["final"]["mean_steps"] for r in runs if r["final"].get("mean_steps") is not None]
+        spread = [r["final"]["steps_std"] for r in runs if r["final"].get("steps_std") is not None]
         dists = [r["final"]["stop_dist"] for r in runs if r["final"].get("stop_dist")]
         dist = " / ".join(f"{statistics.mean(col):.2f}" for col in zip(*dists)) if dists else ""
         epochs = [r["final"].get("epoch") for r in runs if r["final"].get("epoch") is not None]
@@ -97,7 +98,7 @@ def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"
         lines.append(" | ".join([
             f"| {label}", mean_sd(ppl), ", ".join(f"{x:.1f}" for x in ppl),
             *[paired(groups, label, ref) for ref in refs], mean_sd(whole),
-            mean_sd(steps, "{:.2f}") if steps else "", dist,
+            mean_sd(steps, "{:.2f}") if steps else "", mean_sd(spread, "{:.2f}") if spread else "", dist,
             f"{statistics.mean(epochs):.2f}" if epochs else "", f"{statistics.mean(train):.1f}" if train else "",
             command_of(runs)]) + " |")
     return "\n".join(lines)
@@ -159,9 +160,32 @@ def curves_figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def write_recipes(folder: Path, rows: list[dict]) -> None:
+    """The recipe comparison (``run_suite.py recipes``) into docs/recipes.md."""
+    order = ["Baseline", "TBYS 3 pauses", "CYB 3 pauses"] + [g for g in by_label(rows) if g.startswith("CYB-")]
+    tables = {"recipes": table([r for r in rows if r["suite"] == "recipes"],
+                               references=("CYB 3 pauses", "Baseline", "TBYS 3 pauses"), order=order)}
+    (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
+    _fill(HERE.parent / "docs" / "recipes.md", tables)
+    print(f"wrote {folder / 'tables.md'} and the tables of docs/recipes.md")
+
+
+def _fill(doc: Path, tables: dict) -> None:
+    """Put each table between its markers in ``doc``."""
+    if not doc.is_file():
+        return
+    text = doc.read_text()
+    for key, value in tables.items():
+        text = re.sub(rf"(<!-- table:{key} -->\n).*?(\n<!-- end table -->)",
+                      lambda m: m.group(1) + value + m.group(2), text, flags=re.S)
+    doc.write_text(text)
+
+
 def main() -> None:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
     rows = load(folder)
+    if folder.name == "recipes":
+        return write_recipes(folder, rows)
     suite = lambda name: [r for r in rows if r["suite"] == name]  # noqa: E731
     ft = suite("finetune")
     cyb3 = [dict(r, label="CYB w=0:0:0:1 (the CYB 3 pauses row above)") for r in ft if r["label"] == "CYB 3 pauses"]
@@ -177,12 +201,7 @@ def main() -> None:
         "reproduction": reproduction_table(rows, folder.parent / "text-whole-file"),
     }
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
-    if DOC.is_file():
-        text = DOC.read_text()
-        for key, value in tables.items():
-            text = re.sub(rf"(<!-- table:{key} -->\n).*?(\n<!-- end table -->)",
-                          lambda m: m.group(1) + value + m.group(2), text, flags=re.S)
-        DOC.write_text(text)
+    _fill(DOC, tables)
     curves_figure(rows, folder / "curves.png")
     print(f"wrote {folder / 'tables.md'}, {folder / 'curves.png'} and the tables of {DOC}")
 

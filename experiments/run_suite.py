@@ -25,6 +25,9 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   plain CYB 3 row of ``finetune`` is their reference.
 * ``epochs``: baseline, TBYS 3 and CYB 3 pretrained for two epochs (seed 0 is enough to show the
   trend), evaluated every 400 steps.
+* ``recipes``: the training recipes beyond the paper (``cyb_anytime``, ``cyb_decoupled``,
+  ``cyb_ponder``, CYB-VA with a geometric rho as in PonderNet) against baseline, TBYS 3 and
+  CYB 3, fine-tuned as ``finetune`` (docs/recipes.md).
 
 Every run is evaluated every 400 steps and at the end on the in-distribution part of the
 held-out file (``valid.jsonl.gz`` without the documents of sources that have no training
@@ -50,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from cyb import methods
 
 REPO = Path(__file__).resolve().parents[1]
 SPLIT_DOC = 3500  # documents [0, SPLIT_DOC) pretrain the fine-tuning base; the rest fine-tune it
@@ -171,7 +176,15 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
         return jobs
     base = f"base-s{seed}"
     base_dir = str(out / base / "final")  # relative to the repository root, as every path
-    if suite == "finetune":
+    if suite == "recipes":  # training recipes beyond the paper against the paper's methods
+        plan = [("Baseline", method("baseline"), 0.25), ("TBYS 3 pauses", method("tbys"), 0.56),
+                ("CYB 3 pauses", method("cyb"), 0.56),
+                ("CYB-anytime w=0.1", method("cyb_anytime", aux_weight=0.1), 0.56),
+                ("CYB-anytime w=0.3", method("cyb_anytime", aux_weight=0.3), 0.56),
+                ("CYB-decoupled", method("cyb_decoupled"), 0.56),
+                ("CYB-ponder tau=-0.05", method("cyb_ponder", ponder_cost=-0.05), 0.56),
+                ("CYB-VA rho=geometric(1/2)", method("cyb_va", rho=[0.5, 0.25, 0.125, 0.125]), 0.56)]
+    elif suite == "finetune":
         jobs.append(Job(base, suite, "Pretrained base, not fine-tuned", seed,
                         config(s, files, out, base, seed, method("baseline"), source="base", steps=s["base_steps"]),
                         cost=0.7, first=True))
@@ -186,13 +199,15 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
                 ("CYB-DP a=0.01 rho=1:1:1:1", method("cyb_dp", rho=[1, 1, 1, 1], alpha=0.01), 0.56)]
     for label, m, cost in plan:
         short = {"baseline": "base", "baseline_nx": "base4x"}.get(m["name"], m["name"])
+        if suite == "recipes":
+            short = "rc-" + short
         suffix = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, list) else v}"
                          for k, v in m.items() if k not in ("name", "num_steps", "seq_multiplier"))
         name = f"ft-{short}-p{m['num_steps'] - 1}{suffix}-s{seed}"
         jobs.append(Job(name, suite, label, seed,
                         config(s, files, out, name, seed, m, source="ft", steps=s["ft_steps"], base=base_dir),
                         needs=base, cost=cost,
-                        analyse=seed == 0 and m["name"].startswith("cyb") and m["num_steps"] == 4))
+                        analyse=seed == 0 and methods.spec(m["name"]).has_dk and m["num_steps"] == 4))
     return jobs
 
 
@@ -311,7 +326,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs"))
+    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes"))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
@@ -336,7 +351,7 @@ def main() -> int:
     seeds = [int(x) for x in args.seeds.split(",")]
     jobs = [j for suite in args.suites for seed in (seeds[:1] if suite == "epochs" else seeds)
             for j in suite_jobs(suite, seed, s, files, out)]  # two epochs: the first seed shows the trend
-    if "hparams" in args.suites and "finetune" not in args.suites:  # hparams needs the bases
+    if {"hparams", "recipes"} & set(args.suites) and "finetune" not in args.suites:  # they need the bases
         jobs += [j for seed in seeds for j in suite_jobs("finetune", seed, s, files, out) if j.name.startswith("base-")]
     slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))

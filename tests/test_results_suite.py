@@ -35,7 +35,7 @@ def results():
 FILES = {k: f"data/{k}.jsonl.gz" for k in ("train", "valid", "valid_in", "base", "ft")} | {"tokenizer": "tok"}
 
 
-@pytest.mark.parametrize("name", ["pretrain", "finetune", "hparams", "epochs"])
+@pytest.mark.parametrize("name", ["pretrain", "finetune", "hparams", "epochs", "recipes"])
 def test_every_job_is_a_valid_shuffled_run(suite, name, tmp_path):
     s = suite.SCALES["gpu"]
     jobs = suite.suite_jobs(name, 1, s, FILES, tmp_path)
