@@ -37,8 +37,8 @@ folder) imports every module it can, skipping those with side effects (``antigra
 attributes, by name) and each docstring is kept once.  The corpus is the same on every run with
 one Python build; other Python versions give slightly different ones.  ``@valid`` holds about
 5% of the documents, picked by a hash of their text, and ``@train`` the rest; without a split
-the source yields all of them.  With Python 3.11.7 it holds about 6,100 documents, 1.8 MB of
-text, and is read in about a second.
+the source yields all of them.  With Python 3.11.7 it holds 6,051 documents (5,781 + 270), 1.9
+MB of text (about 700,000 tokens of a 2,048-id BPE), read in under half a second.
 """
 
 from __future__ import annotations
