@@ -176,8 +176,8 @@ def _fill(doc: Path, tables: dict) -> None:
         return
     text = doc.read_text()
     for key, value in tables.items():
-        text = re.sub(rf"(<!-- table:{key} -->\n).*?(\n<!-- end table -->)",
-                      lambda m: m.group(1) + value + m.group(2), text, flags=re.S)
+        text = re.sub(rf"(<!-- table:{key} -->\n).*?(?=<!-- end table -->)",
+                      lambda m: m.group(1) + value + "\n", text, flags=re.S)
     doc.write_text(text)
 
 

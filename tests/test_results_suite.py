@@ -78,3 +78,14 @@ def test_tables_pair_seeds_and_give_the_spread(results, tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("| Baseline"))
     assert "55.0 ± 7.1" in line and "+9.1 ± 0.0%" in line  # paired: 1 - 50/55 = 1 - 60/66
     assert "`cyb train x/Baseline-sN.yaml`" in line and "| 0.50 |" in line
+
+
+def test_tables_go_between_their_markers_and_nothing_else_changes(results, tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# t\n\n<!-- table:a -->\n<!-- end table -->\n\ntext a\n\n<!-- table:b -->\nold\n<!-- end table -->\n\ntext b\n")
+    results._fill(doc, {"a": "| A |", "b": "| B |\n| 2 |"})
+    once = doc.read_text()
+    assert once == ("# t\n\n<!-- table:a -->\n| A |\n<!-- end table -->\n\ntext a\n\n<!-- table:b -->\n| B |\n| 2 |\n"
+                    "<!-- end table -->\n\ntext b\n")
+    results._fill(doc, {"a": "| A |", "b": "| B |\n| 2 |"})
+    assert doc.read_text() == once
