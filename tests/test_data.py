@@ -474,3 +474,11 @@ def test_builtin_python_docs_packs(tok):
     blocks = list(itertools.islice(PackedBlocks(texts, tok, 64, epochs=1), 50))
     assert len(blocks) == 50 and all(b.shape == (64,) for b in blocks)
     assert next(iter(PackedBlocks(valid, tok, 64, epochs=1))).shape == (64,)
+
+
+def test_a_damaged_tokenizer_folder_is_named(tmp_path, tok):
+    tok.save_pretrained(tmp_path / "tok")
+    path = tmp_path / "tok" / "tokenizer.json"
+    path.write_text(path.read_text()[: len(path.read_text()) // 2])
+    with pytest.raises(ValueError, match=r"tokenizer in .*tok cannot be read"):
+        load_tokenizer(tmp_path / "tok")

@@ -119,9 +119,11 @@ class MethodConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "../shared/data/techdocs/train.jsonl.gz"
+    source: str = "builtin:python-docs"
     """Training text: JSON lines (.jsonl/.jsonl.gz), .txt, parquet, a datasets folder, a hub
-    dataset name, a folder or a glob. Ignored when task is set."""
+    dataset (hf:NAME), a folder, a glob, or builtin:python-docs[@train|@valid] (the Python
+    standard library's documentation, a small English corpus every installation has). Ignored
+    when task is set."""
     valid_source: str | None = None
     """Held-out text; None = hold out valid_fraction of the training documents."""
     text_field: str = "text"

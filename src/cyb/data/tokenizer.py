@@ -34,6 +34,7 @@ def load_tokenizer(name_or_path: str | Path, *, local_files_only: bool = True, *
     Raises:
         FileNotFoundError: a path-like ``name_or_path`` that does not exist.
         OSError: a hub name that is not in the local cache (with ``local_files_only``).
+        ValueError: a local folder whose files cannot be read (damaged, truncated), naming it.
     """
     from transformers import AutoTokenizer
 
@@ -48,6 +49,12 @@ def load_tokenizer(name_or_path: str | Path, *, local_files_only: bool = True, *
     except OSError as e:
         hint = " (not in the local cache; pass local_files_only=False)" if local_files_only else ""
         raise OSError(f"cannot load tokenizer {s!r}{hint}: {e}") from e
+    except Exception as e:  # noqa: BLE001 (a damaged file fails in many ways inside tokenizers)
+        if not path.is_dir():
+            raise
+        raise ValueError(f"the tokenizer in {s} cannot be read ({type(e).__name__}: {str(e)[:120]}): a file "
+                         "in it is damaged or was not fully written; restore it, or delete the folder to "
+                         "train the tokenizer again") from None
 
 
 def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
