@@ -149,7 +149,7 @@ class DataConfig:
     """Blocks per shuffle window when data.shuffle is buffer (>= 2)."""
     task: str | None = None
     """A synthetic task instead of text: addition, multiplication, 3sum, parity or lookup
-    (cyb demo --help lists what each tests)."""
+    (data.task_kwargs sets its size)."""
     task_kwargs: dict = field(default_factory=dict)
     """Size parameters of the synthetic task (e.g. {digits: 4})."""
     num_train_examples: int = 20000

@@ -49,9 +49,10 @@ class Task(abc.ABC):
         """Longest prompt, in characters."""
 
     @property
-    @abc.abstractmethod
     def max_answer_len(self) -> int:
-        """Longest answer, in characters (``<eos>`` not included)."""
+        """Longest answer, in characters (``<eos>`` not included); 1 unless a task says more
+        (the yes/no and single-digit answers of parity, 3sum and lookup)."""
+        return 1
 
     @property
     def max_len(self) -> int:

@@ -84,10 +84,6 @@ class VariableLookup(Task):
         chars = statements * (self.name_len + 1) + self.num_chains + links * self.name_len
         return chars + (statements - 1) + self.name_len + 2  # commas, "?" name "="
 
-    @property
-    def max_answer_len(self) -> int:
-        return 1
-
     def describe(self) -> str:
         prompt, answer = self.example()
         return (

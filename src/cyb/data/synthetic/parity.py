@@ -35,10 +35,6 @@ class Parity(Task):
     def max_prompt_len(self) -> int:
         return self.length + 1
 
-    @property
-    def max_answer_len(self) -> int:
-        return 1
-
     def describe(self) -> str:
         prompt, answer = self.example()
         return (

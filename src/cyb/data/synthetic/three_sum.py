@@ -87,10 +87,6 @@ class ThreeSum(Task):
     def max_prompt_len(self) -> int:
         return self.n * (self.d + 1)
 
-    @property
-    def max_answer_len(self) -> int:
-        return 1
-
     def describe(self) -> str:
         prompt, answer = self.example()
         return (
