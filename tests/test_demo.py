@@ -133,3 +133,37 @@ def test_generate_from_prompt_text_matches_teacher_forced_scoring(quick_demo):
         results = generate(model, [test.prompts[i] for i in rows], max_new_tokens=1)
         assert all(r.prompt_ids[0] == test.ids[0, 0] for r in results)  # <bos>
         assert [r.token_ids[0] for r in results] == first, method
+
+
+def test_decoding_cost_counts_positions_per_mode():
+    from cyb.demo import decoding_cost, format_decoding
+
+    class Result:
+        def __init__(self, text, steps):
+            self.text, self.steps = text, steps
+
+    class Model:
+        num_steps = 4
+
+    class Data:
+        prompts = ["1+1=", "2+2="]
+        answers = ["2", "4"]
+
+    import cyb.generation as generation
+
+    calls = []
+
+    def fake_generate(model, prompts, mode, max_new_tokens):
+        calls.append((mode, max_new_tokens))
+        return [Result("2", [1, 2]), Result("5", [3, 1])]
+
+    original = generation.generate
+    generation.generate = fake_generate
+    try:
+        out = decoding_cost(Model(), Data())
+    finally:
+        generation.generate = original
+    assert calls == [("fixed", 2), ("adaptive", 2)]
+    assert out["fixed"]["positions_per_token"] == 4.0 and out["adaptive"]["positions_per_token"] == 7 / 4
+    assert out["fixed"]["exact_match"] == 0.5
+    assert "adaptive mode: exact match 50.0%, 1.75 positions per token" in format_decoding("cyb", out, 4)

@@ -302,6 +302,34 @@ def score_model(model, dataset, *, batch_size: int = 256) -> dict:
     }
 
 
+def decoding_cost(model, dataset, *, limit: int = 512, batch_size: int = 128) -> dict:
+    """Free-running greedy answers to the first ``limit`` prompts of ``dataset``, in fixed and
+    in adaptive mode (:mod:`cyb.generation`).
+
+    Returns ``{mode: {"exact_match", "positions_per_token", "seconds"}}``, where positions per
+    token counts the positions of the generated tokens that went through the network: ``M`` in
+    fixed mode, the steps actually taken in adaptive mode (``<eos>`` included, the prompt not).
+    """
+    from .generation import generate
+
+    prompts = dataset.prompts[:limit]
+    answers = dataset.answers[:limit]
+    longest = max(len(a) for a in answers) + 1
+    out = {}
+    for mode in ("fixed", "adaptive"):
+        t0 = time.perf_counter()
+        results = []
+        for s in range(0, len(prompts), batch_size):
+            results += generate(model, prompts[s:s + batch_size], mode=mode, max_new_tokens=longest)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(r.steps) for r in results)
+        used = sum(len(r.steps) * model.num_steps if mode == "fixed" else sum(r.steps) for r in results)
+        right = sum(r.text.strip() == a for r, a in zip(results, answers))
+        out[mode] = {"exact_match": right / max(len(results), 1), "positions_per_token": used / max(tokens, 1),
+                     "seconds": seconds}
+    return out
+
+
 # ------------------------------------------------------------------------------ pipeline
 
 
@@ -359,12 +387,17 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
         echo(f"    {method}: exact match {score['exact_match']:.1%}, token accuracy "
              f"{score['token_accuracy']:.1%}, steps/token {score['mean_steps']:.2f} "
              f"({train_s:.0f} s)")
+        if methods.spec(method).has_dk:
+            results[method]["decoding"] = decoding_cost(model, test)
     metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),
                "num_test_examples": len(test), "methods": results,
                "total_seconds": time.perf_counter() - start}
     write_report(out, s, metrics, configs, test, details)
     echo("")
     echo(format_table(metrics))
+    for name, r in results.items():
+        if "decoding" in r:
+            echo("\n" + format_decoding(name, r["decoding"], r["num_steps"]))
     echo(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
          f"total {metrics['total_seconds']:.0f} s")
     return metrics
@@ -383,6 +416,17 @@ def format_table(metrics: dict) -> str:
                     f"| {r['ppl']:.3f} | {r['mean_steps']:.2f} | {r['greedy_steps']:.2f} "
                     f"| {r['train_seconds']:.0f} |")
     return "\n".join(rows)
+
+
+def format_decoding(method: str, decoding: dict, num_steps: int) -> str:
+    """One line per mode: free-running exact match and network positions per generated token."""
+    lines = [f"{method} generating its answers token by token (greedy; M = {num_steps}):"]
+    for mode, d in decoding.items():
+        lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
+                     f"positions per token, {d['seconds']:.1f} s")
+    lines.append("  (adaptive mode feeds a pause only after <don't know>; a model trained with a pause after "
+                 "every token, Recipe 1, then reads contexts it never saw in training)")
+    return "\n".join(lines)
 
 
 def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test, details: dict) -> None:
