@@ -496,7 +496,7 @@ class Trainer:
                 if epoch_now is not None and math.floor(epoch_now) > epoch_before:
                     epoch_before = math.floor(epoch_now)
                     progress.write(f"note: step {self.step} completes epoch {epoch_before} of the training "
-                                   "data; from here on the model sees blocks it has seen before")
+                                   "data; from here on the model sees training data it has seen before")
                 if delay:
                     time.sleep(delay)
                 if self.step % max(t.log_every, 1) == 0 or self.step == t.steps:
