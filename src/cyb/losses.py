@@ -349,7 +349,6 @@ def cyb_anytime_loss(
     ``Pr(S = i)``: once ``d`` stops early, later steps stop learning. The auxiliary term trains
     every step's prediction whatever ``d`` does.
     """
-    _check_steps(log_t, log_d, log_not_d)
     if not math.isfinite(float(weight)) or float(weight) < 0:
         raise ValueError(f"weight (method.aux_weight) must be finite and >= 0, got {weight!r}")
     base = cyb_loss(log_t, log_d, log_not_d, omega=omega, gamma=gamma)
@@ -371,7 +370,6 @@ def cyb_decoupled_loss(
     The value is the sum of both terms (not a likelihood); report perplexity with
     :func:`cyb_loss` and the model's own stopping.
     """
-    _check_steps(log_t, log_d, log_not_d)
     base = cyb_loss(log_t.detach(), log_d, log_not_d, omega=omega, gamma=gamma)
     return mean_step_cross_entropy(log_t).to(base.dtype) + base
 
@@ -387,7 +385,6 @@ def cyb_ponder_loss(
 ) -> torch.Tensor:
     """CYB with a ponder cost (as in Adaptive Computation Time): ``l_CYB + tau E[S]``, the
     expected number of steps under ``Pr(S | d, omega)``; ``tau < 0`` rewards pondering."""
-    _check_steps(log_t, log_d, log_not_d)
     if not math.isfinite(float(tau)):
         raise ValueError(f"tau (method.ponder_cost) must be finite, got {tau!r}")
     base = cyb_loss(log_t, log_d, log_not_d, omega=omega, gamma=gamma)
