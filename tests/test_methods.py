@@ -65,3 +65,29 @@ def test_config_asks_the_spec():
     assert RunConfig.from_dict({"method": {"name": "cyb_dp", "rho": [0, 1, 1, 1]}}).validate().method.uses_dk
     with pytest.raises(ValueError, match="Recipe 2 .* applies to tbys, cyb, .*, not cyb_va"):
         RunConfig.from_dict({"method": {"name": "cyb_va", "recipe": 2, "rho": [1, 1, 1, 1]}}).validate()
+
+
+def test_gamma0_anneal_falls_linearly_from_one_to_gamma0():
+    me = MethodConfig(name="cyb", num_steps=3, gamma0=0.8, gamma0_anneal_steps=10)
+    base = [methods.at_step(me, s).gamma0 for s in (0, 1, 5, 10, 11, 1000)]
+    assert base == pytest.approx([1.0, 0.98, 0.9, 0.8, 0.8, 0.8])
+    assert methods.discount_vector(methods.at_step(me, 5)) == pytest.approx([1.0, 0.9, 0.81])
+    plain = MethodConfig(name="cyb", gamma0=0.8)
+    assert methods.at_step(plain, 3) is plain
+    assert "annealed over 10 steps" in methods.label(me)
+
+
+def test_objective_trains_with_the_discount_of_the_current_step():
+    from cyb import losses
+    from cyb.layout import PauseVocab
+    from cyb.objective import Objective
+
+    me = MethodConfig(name="cyb", num_steps=3, gamma0=0.5, gamma0_anneal_steps=4)
+    obj = Objective(me, PauseVocab(num_steps=3, pause_ids=(10, 11), dk_id=12, vocab_size=13))
+    g = torch.Generator().manual_seed(1)
+    lt = torch.log_softmax(torch.randn(6, 3, generator=g, dtype=torch.float64), -1)
+    d = torch.sigmoid(torch.randn(6, 3, generator=g, dtype=torch.float64))
+    for step, gamma0 in ((1, 0.875), (2, 0.75), (4, 0.5), (9, 0.5)):
+        obj.set_step(step)
+        want = losses.cyb_loss(lt, d.log(), (-d).log1p(), gamma=[1.0, gamma0, gamma0 ** 2])
+        torch.testing.assert_close(obj.train_loss(lt, d.log(), (-d).log1p()), want)

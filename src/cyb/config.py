@@ -81,6 +81,9 @@ class MethodConfig:
     """Discount per step, each in [0, 1]; None = no discount (or gamma0 if set)."""
     gamma0: float | None = None
     """Exponential discount gamma_i = gamma0^(i-1), in [0, 1]; excludes gamma."""
+    gamma0_anneal_steps: int = 0
+    """Optimiser steps over which the discount base falls linearly from 1 (no discount: every
+    step trained at full weight) to method.gamma0 (which must be set); 0 = gamma0 from step 1."""
     rho: list[float] | None = None
     """Desired stop distribution for cyb_va / cyb_dp (ratios over steps 1..M)."""
     alpha: float = 0.01
@@ -342,6 +345,10 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
     if me.gamma0 is not None:
         _need(0.0 <= me.gamma0 <= 1.0, "method.gamma0", f"must lie in [0, 1], got {me.gamma0}")
         _need(me.gamma is None, "method.gamma0", "set either method.gamma or method.gamma0, not both")
+    _need(me.gamma0_anneal_steps >= 0, "method.gamma0_anneal_steps", f"must be >= 0, got {me.gamma0_anneal_steps}")
+    if me.gamma0_anneal_steps > 0:
+        _need(me.gamma0 is not None, "method.gamma0_anneal_steps",
+              "anneals towards method.gamma0: set method.gamma0 (e.g. 0.9) too")
     if spec.needs_rho:
         _need(me.rho is not None, "method.rho",
               f"{me.name} needs rho, the desired stop distribution over the M steps (e.g. [1, 1, 1, 1])")

@@ -19,6 +19,7 @@ per-token loss`` on inputs ``[..., M]``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -43,6 +44,17 @@ def discount_vector(method) -> list[float] | None:
     if getattr(method, "gamma0", None) is not None:
         return _losses().discount(float(method.gamma0), method.num_steps).tolist()
     return None
+
+
+def at_step(method, step: int):
+    """The method section in force at optimiser step ``step`` (1-based): with
+    ``gamma0_anneal_steps = N > 0`` the discount base is ``1 - (1 - gamma0) min(1, step / N)``;
+    otherwise ``method`` itself."""
+    n = getattr(method, "gamma0_anneal_steps", 0)
+    if not n or method.gamma0 is None:
+        return method
+    frac = min(1.0, max(0, step) / n)
+    return dataclasses.replace(method, gamma0=1.0 - (1.0 - method.gamma0) * frac, gamma0_anneal_steps=0)
 
 
 def _world(method, omega):
@@ -154,7 +166,7 @@ class MethodSpec:
         return "advance" if self.positions == "advance" else method.position_scheme
 
 
-_DISCOUNT = ("gamma", "gamma0")
+_DISCOUNT = ("gamma", "gamma0", "gamma0_anneal_steps")
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("baseline", "Baseline", "none", False, _last_step_ce, _last_step_ce,
                colour="tab:gray", help="no pauses"),
@@ -231,6 +243,8 @@ def label(method) -> str:
     if s.has_dk:
         if method.gamma0 is not None:
             extras.append(f"gamma0={method.gamma0:g}")
+            if getattr(method, "gamma0_anneal_steps", 0):
+                extras.append(f"annealed over {method.gamma0_anneal_steps} steps")
         elif method.gamma is not None:
             extras.append(f"gamma={_ratio(method.gamma)}")
     if s.needs_rho and method.rho is not None:
@@ -238,4 +252,4 @@ def label(method) -> str:
     return text + (f" ({', '.join(extras)})" if extras else "")
 
 
-__all__ = ["LAYOUTS", "MethodSpec", "NAMES", "REFERENCE", "REGISTRY", "discount_vector", "infer", "label", "spec"]
+__all__ = ["LAYOUTS", "MethodSpec", "NAMES", "REFERENCE", "REGISTRY", "at_step", "discount_vector", "infer", "label", "spec"]

@@ -141,13 +141,21 @@ class Objective:
     """
 
     def __init__(self, method: MethodConfig, vocab: PauseVocab, dk_bias: float = 0.0, impl: str = "auto"):
-        self.method = method
+        self.method = self.base_method = method
         self.spec = methods.spec(method.name)
         self.vocab = vocab
         self.dk_bias = dk_bias
         self.impl = impl
         self.train_loss = loss_fn_for(method)
         self.eval_loss = eval_loss_fn(method)
+
+    def set_step(self, step: int) -> None:
+        """Use the method as it stands at optimiser step ``step`` (a scheduled discount,
+        :func:`cyb.methods.at_step`); a no-op for unscheduled methods."""
+        method = methods.at_step(self.base_method, step)
+        if method != self.method:
+            self.method = method
+            self.train_loss = loss_fn_for(method)
 
     # ------------------------------------------------------------------------------ layout
     def prepare(self, batch: dict, *, seeds: Sequence[int] | None = None) -> Prepared:

@@ -334,6 +334,7 @@ class Trainer:
         if self._iter is None:
             self._iter = iter(self.train_data)
         batches = [next(self._iter) for _ in range(self.accum)]
+        self.objective.set_step(self.step + 1)
         sums = self.accumulate(batches)
         return sums, self.optimizer_step()
 
