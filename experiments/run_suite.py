@@ -26,7 +26,8 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``epochs``: baseline, TBYS 3 and CYB 3 pretrained for two epochs (seed 0 is enough to show the
   trend), evaluated every 400 steps.
 * ``recipes``: the training recipes beyond the paper (``cyb_anytime``, ``cyb_decoupled``,
-  ``cyb_ponder``, CYB-VA with a geometric rho as in PonderNet) against baseline, TBYS 3 and
+  ``cyb_ponder`` at two costs, CYB-VA with a geometric rho as in PonderNet, CYB with gamma0 0.9
+  held or annealed from 1 over half the steps) against baseline, TBYS 3 and
   CYB 3, fine-tuned as ``finetune`` (docs/recipes.md).
 
 Every run is evaluated every 400 steps and at the end on the in-distribution part of the
@@ -183,7 +184,10 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
                 ("CYB-anytime w=0.3", method("cyb_anytime", aux_weight=0.3), 0.56),
                 ("CYB-decoupled", method("cyb_decoupled"), 0.56),
                 ("CYB-ponder tau=-0.05", method("cyb_ponder", ponder_cost=-0.05), 0.56),
-                ("CYB-VA rho=geometric(1/2)", method("cyb_va", rho=[0.5, 0.25, 0.125, 0.125]), 0.56)]
+                ("CYB-VA rho=geometric(1/2)", method("cyb_va", rho=[0.5, 0.25, 0.125, 0.125]), 0.56),
+                ("CYB gamma0=0.9", method("cyb", gamma0=0.9), 0.56),
+                ("CYB gamma0=0.9 annealed over half", method("cyb", gamma0=0.9, gamma0_anneal_steps=s["ft_steps"] // 2), 0.56),
+                ("CYB-ponder tau=-0.02", method("cyb_ponder", ponder_cost=-0.02), 0.56)]
     elif suite == "finetune":
         jobs.append(Job(base, suite, "Pretrained base, not fine-tuned", seed,
                         config(s, files, out, base, seed, method("baseline"), source="base", steps=s["base_steps"]),
