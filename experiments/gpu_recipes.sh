@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The job that made experiments/results/recipes (docs/recipes.md), from the repository root with
+# techdocs copied to .data/techdocs:
+#   bash experiments/gpu_recipes.sh [GPUS] [SECONDS]     (GPUS: e.g. 0,1,2,3; default every GPU)
+# Three jobs share each GPU; jobs that cannot finish within SECONDS (default 540) are not
+# started. Results (without weights) are packed into $OUT/recipes.tar.gz after every finished run.
+set -eu
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} CYB_DATA=$PWD/.data/techdocs PYTHONUNBUFFERED=1
+out=${OUT:-.}
+gpus=${1:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}
+res=experiments/results/recipes
+mkdir -p "$res"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$res/device.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$res/device.txt"
+python3 experiments/run_suite.py recipes --seeds 0,1,2 --out "$res" --gpus "$gpus" --per-gpu 3 \
+  --deadline "${2:-540}" --unit-seconds 140 --pack "$out/recipes.tar.gz" 2>&1 | tee "$res/driver.log"
