@@ -165,7 +165,17 @@ def _build_on(device):
     original = train_mod.build_model
 
     def build_here(cfg, tokenizer):
-        with torch.device(device):
+        try:
+            with torch.device(device):
+                return original(cfg, tokenizer)
+        except Exception as err:  # noqa: BLE001
+            from .timing import free_memory, is_oom
+
+            if is_oom(err):
+                raise
+            free_memory(torch.device(device))
+            print(f"note: building on {device} failed ({type(err).__name__}: {err}); building on the "
+                  "host", file=sys.stderr, flush=True)
             return original(cfg, tokenizer)
 
     train_mod.build_model = build_here
@@ -283,7 +293,9 @@ def run(cfg: MemoryBenchConfig, *, out=None, markdown=None, log=print) -> dict:
 
     cfg.validate()
     device = resolve_device(cfg.device if not cfg.quick else (cfg.device or "cpu"), what="--device")
-    result = {"kind": "memory", "env": environment(device), "config": cfg.to_dict(), "results": []}
+    # (this process never touches the GPU: a CUDA context here would take memory from the rows)
+    result = {"kind": "memory", "env": {**environment(resolve_device("cpu")), "device": str(device)},
+              "config": cfg.to_dict(), "results": []}
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text("")
