@@ -9,7 +9,8 @@
 # pairs are dealt out round-robin, largest model first. Writes to $OUT (default results/memory):
 # memory.jsonl (one row per pair), memory.md (the table for docs/training.md) and
 # memory.tar.gz (both, the logs of every GPU and the device list). About 6-8 minutes on one
-# 80 GB GPU, 2-3 minutes on four.
+# 80 GB GPU, 2-3 minutes on four. Then, in the repository:
+#   cyb bench memory --from memory.jsonl --fill-doc docs/training.md   # the table of the docs
 set -uo pipefail
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 py=${PYTHON:-python3}
@@ -51,18 +52,8 @@ wait
 echo "grid done in $(( $(date +%s) - start )) s on $n GPU(s)"
 
 cat "$work"/*.jsonl > "$work/memory.jsonl" 2>/dev/null
-$py - "$work" <<'PY'
-import json, sys
-from pathlib import Path
-from cyb.bench.memory import memory_table
-work = Path(sys.argv[1])
-rows = [json.loads(l) for l in (work / "memory.jsonl").read_text().splitlines() if l.strip()]
-device = (work / "device.txt").read_text().strip().splitlines()
-table = memory_table(rows)
-(work / "memory.md").write_text(table + "\n")
-print(table)
-print("\n".join(device))
-PY
+$py -m cyb bench memory --from "$work/memory.jsonl" --markdown "$work/memory.md"
+cat "$work/device.txt"
 cp "$work/memory.jsonl" "$work/memory.md" "$out/"
 tar -czf "$out/memory.tar.gz" -C "$work" memory.jsonl memory.md device.txt $(cd "$work" && ls gpu*.log)
 rm -rf "$work"

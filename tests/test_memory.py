@@ -209,5 +209,22 @@ def test_memory_table_marks_oom_and_skipped():
     assert "not run" in lines[3] and "OOM" in lines[4] and "| no |" in lines[4]
 
 
+def test_fill_doc_and_rows_from_a_file(tmp_path, capsys):
+    from cyb.bench.memory import fill_doc
+
+    rows = tmp_path / "m.jsonl"
+    rows.write_text(json.dumps({"shape": "gemma1-2b", "config": "full", "status": "oom", "estimate_gib": 45.8,
+                                "device_name": "GPU X", "gpu_memory_gib": 79.2, "torch": "2.11",
+                                "transformers": "5.17"}) + "\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text("# t\n\n<!-- table:memory -->\nold\n<!-- end table -->\n\nafter\n")
+    assert main(["bench", "memory", "--from", str(rows), "--fill-doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert "old" not in text and "GPU X (79.2 GiB)" in text and "| gemma1-2b |" in text
+    assert text.endswith("<!-- end table -->\n\nafter\n")
+    with pytest.raises(ValueError):
+        fill_doc(tmp_path / "m.jsonl", "x")
+
+
 def test_device_capacity_is_none_off_cuda():
     assert memory.device_capacity(torch.device("cpu")) is None

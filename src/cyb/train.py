@@ -277,9 +277,12 @@ class Trainer:
 
         from . import memory
 
-        capacity = memory.device_capacity(self.device)
-        if capacity is None or not self.cfg.train.memory_check:
+        if not self.cfg.train.memory_check:
             return
+        capacity = memory.device_capacity(self.device)
+        if capacity is None:
+            return
+        capacity = min(gather_objects(capacity, self.info))  # every process decides alike
         shape = memory.run_shape(self.cfg, len(self.tokenizer))
         if shape is None:
             if self.info.is_main:

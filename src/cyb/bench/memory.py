@@ -202,7 +202,8 @@ def measure(spec: dict) -> dict:
     device = resolve_device(spec["device"], what="--device")
     row = {k: spec[k] for k in ("shape", "config", "real_tokens", "num_steps", "micro_batch")}
     env = environment(device)
-    row["device_name"], row["gpu_memory_gib"] = env["device_name"], env.get("gpu_memory_gib")
+    row.update(device_name=env["device_name"], gpu_memory_gib=env.get("gpu_memory_gib"),
+               torch=env["torch"], transformers=env["transformers"])
     vocab = SHAPES[spec["shape"]]["vocab"]
     m = spec["num_steps"]
     with tempfile.TemporaryDirectory(prefix="cyb-membench-") as tmp:
@@ -318,7 +319,7 @@ def run(cfg: MemoryBenchConfig, *, out=None, markdown=None, log=print) -> dict:
                 with open(out, "a") as f:
                     f.write(json.dumps(row) + "\n")
     if markdown is not None:
-        Path(markdown).write_text(memory_table(result["results"]) + "\n")
+        Path(markdown).write_text(memory_markdown(result["results"]) + "\n")
     return result
 
 
@@ -365,6 +366,36 @@ def memory_table(rows: list[dict]) -> str:
     headers = ["model", "params", "fine-tuning", "trainable", "grad. ckpt", "estimate GiB",
                "peak allocated GiB", "peak reserved GiB", "real tok/s", "fits one GPU"]
     return markdown_table(headers, out)
+
+
+def memory_markdown(rows: list[dict], command: str = "bash experiments/memory_plan.sh") -> str:
+    """The table with a line saying where and how it was measured."""
+    devices = sorted({f"{r['device_name']} ({r['gpu_memory_gib']} GiB)" for r in rows
+                      if r.get("device_name") and r.get("gpu_memory_gib")})
+    versions = sorted({f"torch {r['torch']}, transformers {r['transformers']}" for r in rows if r.get("torch")})
+    where = ", ".join(devices) or "-"
+    head = (f"Measured on {where}" + (f" with {'; '.join(versions)}" if versions else "") +
+            f" by `{command}`: peak = `torch.cuda.max_memory_allocated` / `max_memory_reserved` over "
+            "the timed steps, estimate = `cyb.memory` as `cyb train` checks it.")
+    return head + "\n\n" + memory_table(rows)
+
+
+def fill_doc(doc, text: str, key: str = "memory") -> None:
+    """Put ``text`` between ``<!-- table:KEY -->`` and ``<!-- end table -->`` in ``doc``
+    (ValueError when the markers are missing)."""
+    import re
+
+    path = Path(doc)
+    old = path.read_text()
+    pattern = rf"(<!-- table:{key} -->\n).*?(?=<!-- end table -->)"
+    if not re.search(pattern, old, flags=re.S):
+        raise ValueError(f"{path} has no <!-- table:{key} --> ... <!-- end table --> markers")
+    path.write_text(re.sub(pattern, lambda m: m.group(1) + text.rstrip("\n") + "\n", old, flags=re.S))
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a JSON lines file written by :func:`run` (several files may be concatenated)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def _child_main(argv: list[str]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 HELP = "benchmark the loss, a training step, decoding or training memory (JSON results and a table)"
 
@@ -126,6 +127,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mem.add_argument("--steps", type=int, help="timed optimiser steps (default 3)" + _OWN_DEFAULT)
     mem.add_argument("--timeout-s", type=float,
                      help="limit per configuration in seconds (default 300)" + _OWN_DEFAULT)
+    mem.add_argument("--from", dest="from_jsonl", default=None, metavar="FILE.jsonl",
+                     help="measure nothing: read the rows of an earlier run (with --markdown / --fill-doc)")
+    mem.add_argument("--fill-doc", default=None, metavar="DOC.md",
+                     help="put the table between the <!-- table:memory --> and <!-- end table --> "
+                          "markers of this file (docs/training.md)")
     mem.add_argument("--set", dest="extra", action="append", metavar="KEY=VALUE",
                      help="a further configuration override for every row, e.g. --set "
                           "train.loss_impl=naive" + _OWN_DEFAULT)
@@ -229,11 +235,18 @@ def _run_memory(args, command: str) -> int:
     except ValueError as e:
         print(f"cyb bench memory: {e}", file=sys.stderr)
         return 2
-    print(f"# {command}")
-    result = memory.run(cfg, out=args.out, markdown=args.markdown)
-    print()
-    print(memory.memory_table(result["results"]))
-    for path in (args.out, args.markdown):
+    if args.from_jsonl:
+        rows = memory.read_rows(args.from_jsonl)
+        if args.markdown:
+            Path(args.markdown).write_text(memory.memory_markdown(rows) + "\n")
+    else:
+        print(f"# {command}")
+        rows = memory.run(cfg, out=args.out, markdown=args.markdown)["results"]
+        print()
+    print(memory.memory_table(rows))
+    if args.fill_doc:
+        memory.fill_doc(args.fill_doc, memory.memory_markdown(rows))
+    for path in (None if args.from_jsonl else args.out, args.markdown, args.fill_doc):
         if path:
             print(f"wrote {path}")
     return 0
