@@ -228,3 +228,52 @@ def test_fill_doc_and_rows_from_a_file(tmp_path, capsys):
 
 def test_device_capacity_is_none_off_cuda():
     assert memory.device_capacity(torch.device("cpu")) is None
+
+
+def _saved_bytes(arch: str, layers: int, float32: bool, **model):
+    """Bytes autograd saves in the decoder's forward under bf16 autocast (parameters and their
+    autocast copies left out), and the positions."""
+    from transformers import AutoModelForCausalLM
+
+    from cyb.model import PauseModel
+    from cyb.objective import Objective
+
+    # (no activation of 128 positions has the 2-D shape of a weight, whose bf16 copies are left out)
+    m = {"arch": arch, "hidden_size": 48, "num_layers": layers, "num_heads": 4, "num_kv_heads": 1,
+         "intermediate_size": 96, "dtype": "auto" if float32 else "bfloat16", **model}
+    cfg = cfg_of(model=m, block_len=32)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(hf_config_for(cfg, 300), attn_implementation="sdpa",
+                                          dtype=torch.float32 if float32 else torch.bfloat16)
+    pm = PauseModel.from_hf(hf, num_steps=4)
+    prep = Objective(cfg.method, pm.vocab, pm.dk_bias, "naive").prepare({"ids": torch.randint(3, 290, (1, 32))})
+    params = {p.untyped_storage().data_ptr() for p in pm.parameters()}
+    shapes = {tuple(p.shape) for p in pm.parameters() if p.dim() == 2}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        weight_copy = t.dtype == torch.bfloat16 and float32 and tuple(t.shape) in shapes
+        if st.data_ptr() not in params and not weight_copy:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        pm.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
+    return sum(seen.values()), prep.input_ids.numel(), cfg
+
+
+@pytest.mark.parametrize("float32", [False, True], ids=["bf16-weights", "fp32-weights-autocast"])
+@pytest.mark.parametrize("arch,model", [("llama", {}), ("llama", {"num_kv_heads": 4}),
+                                        ("gemma", {"head_dim": 16}), ("gemma3", {"head_dim": 16})])
+def test_activations_match_what_autograd_saves(arch, model, float32):
+    one, n, cfg = _saved_bytes(arch, 1, float32, **model)
+    three, _, _ = _saved_bytes(arch, 3, float32, **model)
+    shape = memory.run_shape(cfg, 300)
+    per_layer = (three - one) / 2 / n
+    formula = memory.activation_bytes_per_token(shape, 4 if float32 else 2, 2)
+    assert formula == pytest.approx(per_layer, rel=0.03)
+    # the whole decoder: blocks plus what lies outside them
+    e = memory.estimate(cfg, shape, device_type="cuda", triton=True)
+    outside = e.activations - shape.layers * n * formula
+    assert outside == pytest.approx(one - per_layer * n, rel=0.05)

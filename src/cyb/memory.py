@@ -17,9 +17,9 @@ What the training loop keeps (``cyb.train``):
   parameters instead (one block at a time, the root module's embedding and head for the whole
   step);
 * activations: per decoder block and position the tensors autograd saves (counted below, for
-  Llama/Gemma-style blocks with SDPA and an explicit mask, so no ``T x T`` scores but one
-  ``T x T`` mask); with ``model.gradient_checkpointing`` only each block's input plus one
-  block recomputed in backward;
+  Llama/Gemma-style blocks with causal SDPA: rows without padding need no ``T x T`` mask); with
+  ``model.gradient_checkpointing`` only each block's input plus one block recomputed in
+  backward;
 * the readout: the fused loss (CUDA default, :mod:`cyb.kernels.chunked`) holds two chunks of
   logits and a float32 ``[V, H]`` weight-gradient accumulator, never the full logits; the naive
   readout holds the full ``[N, V]`` logits and their gradient;
@@ -248,21 +248,31 @@ def _dtype_bytes(name: str) -> int:
 def activation_bytes_per_token(shape: ModelShape, param_bytes: int, compute_bytes: int) -> int:
     """Bytes autograd saves per position in one decoder block (no checkpointing).
 
-    Each norm: its float32 input (or copy), the normalised output in the residual dtype and
-    the (cast) input of the next matmul: ``H x (4 + p + a)``.  Attention (``a`` bytes each):
-    the q/k/v outputs, the rotate-half copies and rotated q/k, the keys and values repeated for
-    grouped-query attention (SDPA with a mask gets them expanded), the attention output and the
-    transposed copy the output projection reads; its log-sum-exp in float32.  MLP: gate, up,
-    activation and product, ``4 x I``.
+    ``p``: parameter (residual stream) bytes, ``a``: compute bytes (2 under bf16 autocast).
+    Norms: Llama-style (``x.float()``, normalise, ``weight * x.to(dtype)``) save the float32
+    input and the normalised input in the residual dtype, ``H x (4 + p)``; Gemma-style
+    (``(1 + weight) * norm(x.float())``) two float32 tensors, ``8 H``; then the next matmuls'
+    input, ``a H``, or one bf16 cast per matmul when autocast casts a float32 residual stream
+    (Gemma 2/3 add two norms after attention and MLP, and Gemma 3 / Qwen 3 per-head norms on
+    queries and keys). Attention (SDPA,
+    causal, grouped-query heads not repeated): rotated queries, keys, values and the output,
+    ``a x (2 q + 2 kv)``, and a float32 log-sum-exp per head. MLP: gate, activation, up and
+    their product, ``a x 4 I``.
     """
     h, q, kv, i = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
     p, a = param_bytes, compute_bytes
-    norms = shape.norms_per_layer * h * (4 + p + a)
-    attn = (q + 2 * kv) + 2 * (q + kv) + 2 * q
-    if kv < q:
-        attn += 2 * q
-    qk_norm = (q + kv) * (4 + 2 * a) if shape.model_type in _QK_NORM else 0
-    return norms + a * attn + 4 * shape.heads + qk_norm + a * 4 * i
+    # the matmul inputs after the two norms: one tensor, or under autocast with float32
+    # weights a bf16 cast per consumer (q, k, v; gate, up)
+    casts = 2 if p == a else 5
+    if shape.model_type.startswith("gemma"):
+        norms = 2 * 8 * h + casts * a * h + (2 * 8 * h if shape.norms_per_layer == 4 else 0)
+        qk_norm = 8 * (q + kv)
+    else:
+        norms = 2 * (4 + p) * h + casts * a * h
+        qk_norm = (4 + p) * (q + kv)
+    if shape.model_type not in _QK_NORM:
+        qk_norm = 0
+    return norms + qk_norm + a * (2 * q + 2 * kv) + 4 * shape.heads + a * 4 * i
 
 
 def _readout_bytes(shape: ModelShape, n: int, *, fused: bool, triton: bool, head_trainable: bool,
@@ -359,12 +369,9 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         activations = shape.layers * tokens * shape.hidden * p + layer_act
     else:
         activations = shape.layers * layer_act
-    # outside the blocks: embedding output (Gemma scales it: a copy), final norm, rotary
-    # tables, the [B, 1, T, T] boolean mask and its additive form for SDPA (two for models
-    # with sliding-window layers)
-    masks = 2 if shape.model_type in _FOUR_NORMS else 1
-    activations += tokens * shape.hidden * (2 * p + 4 + p + a) + 2 * tokens * shape.head_dim * a
-    activations += masks * micro * n_pos * n_pos * (1 + a)
+    # outside the blocks: the final norm, the rotary tables (residual dtype) and the token ids
+    final_norm = 8 if shape.model_type.startswith("gemma") else 4 + p
+    activations += tokens * (final_norm * shape.hidden + 2 * shape.head_dim * p + 12)
     workspace = tokens * (2 * shape.intermediate * a + 2 * shape.q_dim * a + 2 * shape.hidden * 4)
 
     if triton is None:
