@@ -65,6 +65,8 @@ class ModelShape:
     vocab: int
     tied: bool
     model_type: str = "llama"
+    sliding_window: int | None = None
+    sliding_layers: int = 0
 
     @classmethod
     def from_hf_config(cls, config, vocab: int | None = None) -> "ModelShape":
@@ -75,12 +77,16 @@ class ModelShape:
         c = text_config(config)
         heads = int(c.num_attention_heads)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        window = getattr(c, "sliding_window", None)
+        kinds = getattr(c, "layer_types", None)
+        sliding = (sum(k == "sliding_attention" for k in kinds) if kinds else int(c.num_hidden_layers)) if window else 0
         return cls(hidden=int(c.hidden_size), layers=int(c.num_hidden_layers), heads=heads,
                    kv_heads=int(getattr(c, "num_key_value_heads", None) or heads),
                    head_dim=int(head_dim), intermediate=int(c.intermediate_size),
                    vocab=int(vocab if vocab is not None else c.vocab_size),
                    tied=bool(getattr(config, "tie_word_embeddings", getattr(c, "tie_word_embeddings", True))),
-                   model_type=str(getattr(c, "model_type", "llama")))
+                   model_type=str(getattr(c, "model_type", "llama")),
+                   sliding_window=int(window) if window else None, sliding_layers=sliding)
 
     @property
     def q_dim(self) -> int:
@@ -369,6 +375,14 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         activations = shape.layers * tokens * shape.hidden * p + layer_act
     else:
         activations = shape.layers * layer_act
+    if shape.sliding_window and n_pos > shape.sliding_window and shape.sliding_layers:
+        # sliding-window layers need a [B, 1, T, T] mask (boolean, and its additive form for
+        # SDPA), and SDPA with a mask gets keys and values repeated for every query head
+        activations += micro * n_pos * n_pos * (1 + a)
+        repeated = 1 if m.gradient_checkpointing else shape.sliding_layers
+        activations += repeated * tokens * a * 2 * (shape.q_dim - shape.kv_dim)
+        notes.append(f"{shape.sliding_layers} sliding-window layers (window {shape.sliding_window} < "
+                     f"{n_pos} positions): a {n_pos} x {n_pos} mask per row")
     # outside the blocks: the final norm, the rotary tables (residual dtype) and the token ids
     final_norm = 8 if shape.model_type.startswith("gemma") else 4 + p
     activations += tokens * (final_norm * shape.hidden + 2 * shape.head_dim * p + 12)
