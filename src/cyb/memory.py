@@ -349,7 +349,9 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         trainable = lora_trainable(shape, rank, targets, new_rows) if rank > 0 else total
     adapters_fp32 = rank > 0  # LoRA adapters are kept in float32
     grad_bytes = 4 if adapters_fp32 else p
-    head_trainable = rank == 0
+    # with LoRA the pause/dk rows stay trainable, so the readout may still need its float32
+    # output-weight gradient (counted: the safe side)
+    head_trainable = rank == 0 or cfg.method.uses_pauses
 
     shard = world_size if sharded else 1
     weights = -(-total * p // shard)
