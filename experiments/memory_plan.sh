@@ -9,7 +9,8 @@
 # pairs are dealt out round-robin, largest model first. Writes to $OUT (default results/memory):
 # memory.jsonl (one row per pair), memory.md (the table for docs/training.md) and
 # memory.tar.gz (both, the logs of every GPU and the device list). About 6-8 minutes on one
-# 80 GB GPU, 2-3 minutes on four. Then, in the repository:
+# 80 GB GPU, 2-3 minutes on four; no pair starts after MEMORY_PLAN_BUDGET_S (420) seconds, so
+# the run stays under 10 minutes (late pairs are recorded as skipped). Then, in the repository:
 #   cyb bench memory --from memory.jsonl --fill-doc docs/training.md   # the table of the docs
 set -uo pipefail
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -24,6 +25,8 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$w
 $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
     >> "$work/device.txt" 2>&1
 
+start=$(date +%s)
+budget=${MEMORY_PLAN_BUDGET_S:-420}  # no new pair starts after this many seconds (each <= 240 s)
 pairs=()
 # MEMORY_PLAN_SHAPES / MEMORY_PLAN_ARGS: other shapes / options (a CPU smoke test of this
 # script: MEMORY_PLAN_SHAPES=tiny MEMORY_PLAN_ARGS=--quick bash experiments/memory_plan.sh 1)
@@ -37,12 +40,16 @@ run_gpu() {  # run_gpu GPU PAIR...: the pairs one after another on that GPU
     local gpu=$1; shift
     for pair in "$@"; do
         local shape=${pair%%:*} config=${pair##*:}
+        if (( $(date +%s) - start > budget )); then  # keep the whole run inside the limit
+            echo "{\"shape\": \"$shape\", \"config\": \"$config\", \"status\": \"skipped\", \"reason\": \"time budget of ${budget}s spent\"}" \
+                > "$work/$shape-$config.jsonl"
+            continue
+        fi
         CUDA_VISIBLE_DEVICES=$gpu $py -m cyb bench memory --shapes "$shape" --configs "$config" \
             --timeout-s 240 --out "$work/$shape-$config.jsonl" ${MEMORY_PLAN_ARGS:-}
     done > "$work/gpu$gpu.log" 2>&1
 }
 
-start=$(date +%s)
 for ((g = 0; g < n; g++)); do
     mine=()
     for ((i = g; i < ${#pairs[@]}; i += n)); do mine+=("${pairs[i]}"); done
