@@ -26,7 +26,7 @@ $py -c "import torch, transformers; print('torch', torch.__version__, 'transform
     >> "$work/device.txt" 2>&1
 
 start=$(date +%s)
-budget=${MEMORY_PLAN_BUDGET_S:-420}  # no new pair starts after this many seconds (each <= 240 s)
+budget=${MEMORY_PLAN_BUDGET_S:-420}  # no new pair starts after this many seconds (each <= 170 s)
 pairs=()
 # MEMORY_PLAN_SHAPES / MEMORY_PLAN_ARGS: other shapes / options (a CPU smoke test of this
 # script: MEMORY_PLAN_SHAPES=tiny MEMORY_PLAN_ARGS=--quick bash experiments/memory_plan.sh 1)
@@ -46,7 +46,7 @@ run_gpu() {  # run_gpu GPU PAIR...: the pairs one after another on that GPU
             continue
         fi
         CUDA_VISIBLE_DEVICES=$gpu $py -m cyb bench memory --shapes "$shape" --configs "$config" \
-            --timeout-s 240 --out "$work/$shape-$config.jsonl" ${MEMORY_PLAN_ARGS:-}
+            --timeout-s 170 --out "$work/$shape-$config.jsonl" ${MEMORY_PLAN_ARGS:-}
     done > "$work/gpu$gpu.log" 2>&1
 }
 
