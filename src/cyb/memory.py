@@ -394,9 +394,9 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         from .kernels.chunked import triton_available
 
         triton = device_type == "cuda" and triton_available()
+    # (Recipe 1 blocks and no-pause rows go through the fused loss, Recipe 2 and inserted pauses
+    # through the chunked fused readout: both hold chunks of logits, counted alike)
     fused = t.loss_impl == "fused" or (t.loss_impl == "auto" and device_type == "cuda")
-    if cfg.method.spec.layout != "blocks" or cfg.method.recipe == 2:
-        fused = False  # the fused loss reads Recipe 1 blocks only (others: chunked readout)
     readout = _readout_bytes(shape, tokens, fused=fused, triton=triton, head_trainable=head_trainable,
                              param_bytes=p, compute_bytes=a, device_type=device_type)
     if rank > 0:
@@ -447,7 +447,7 @@ def suggestions(est: MemoryEstimate, cfg) -> list[str]:
     if not est.sharded:
         out.append("torchrun --nproc_per_node=N ... --set train.distributed=fsdp (weights, gradients "
                    "and AdamW state divided over N GPUs)")
-    if not est.fused_readout and cfg.method.spec.layout == "blocks" and cfg.method.recipe == 1:
+    if not est.fused_readout:
         out.append("--set train.loss_impl=fused (no full logits)")
     return out
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 #: Model shapes (``model.*`` fields of a from-scratch run, plus the vocabulary with the pause
