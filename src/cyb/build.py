@@ -79,10 +79,11 @@ def hf_config_for(cfg: RunConfig, vocab_size: int, tokenizer=None):
               num_key_value_heads=m.num_kv_heads or heads,
               max_position_embeddings=m.max_position_embeddings,
               tie_word_embeddings=m.tie_embeddings)
-    if m.arch in ("gemma", "gemma2", "gemma3", "qwen3"):
-        kw["head_dim"] = m.hidden_size // heads
+    head_dim = m.head_dim or m.hidden_size // heads
+    if m.head_dim is not None or m.arch in ("gemma", "gemma2", "gemma3", "qwen3"):
+        kw["head_dim"] = head_dim
     if m.arch in ("gemma2", "gemma3"):
-        kw["query_pre_attn_scalar"] = m.hidden_size // heads
+        kw["query_pre_attn_scalar"] = head_dim
     if m.arch == "mistral":
         kw["sliding_window"] = None
     if tokenizer is not None:

@@ -44,6 +44,9 @@ class ModelConfig:
     """From scratch: attention heads."""
     num_kv_heads: int | None = None
     """From scratch: key/value heads (grouped-query attention); None = num_heads."""
+    head_dim: int | None = None
+    """From scratch: width of each attention head; None = hidden_size / num_heads (Gemma 3
+    4B, for one, has 8 heads of 256 at hidden size 2560)."""
     intermediate_size: int | None = None
     """From scratch: MLP width; None = 4 x hidden_size."""
     max_position_embeddings: int = 8192
@@ -234,6 +237,11 @@ class TrainConfig:
     """Also log to TensorBoard (needs the tensorboard package)."""
     progress: bool = True
     """Show progress: a bar on a terminal, else one line per log step."""
+    memory_check: bool = True
+    """On a GPU, estimate the peak memory per process before building the model (cyb.memory:
+    weights, gradients, AdamW state, activations, readout, FSDP sharding) and refuse to start
+    when it exceeds the GPU's free memory, printing the breakdown and ways to fit; false starts
+    anyway (the estimate may be off). `cyb train CONFIG --estimate-memory` prints it."""
 
 
 @dataclass
@@ -314,8 +322,13 @@ def _validate_model(m: ModelConfig) -> None:
     _one_of(m.arch, ARCHES, "model.arch")
     for name in ("hidden_size", "num_layers", "num_heads", "max_position_embeddings"):
         _need(getattr(m, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(m, name)}")
-    _need(m.hidden_size % m.num_heads == 0, "model.hidden_size",
-          f"must be a multiple of model.num_heads ({m.num_heads}), got {m.hidden_size}")
+    if m.head_dim is None:
+        _need(m.hidden_size % m.num_heads == 0, "model.hidden_size",
+              f"must be a multiple of model.num_heads ({m.num_heads}) unless model.head_dim is set, "
+              f"got {m.hidden_size}")
+    else:
+        _need(m.head_dim >= 2 and m.head_dim % 2 == 0, "model.head_dim",
+              f"must be an even number >= 2 (rotary halves) or null, got {m.head_dim}")
     if m.num_kv_heads is not None:
         _need(m.num_kv_heads >= 1 and m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
               f"must divide model.num_heads ({m.num_heads}), got {m.num_kv_heads}")

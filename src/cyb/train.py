@@ -198,6 +198,7 @@ class Trainer:
         """Tokenizer, model, objective, wrappers, optimiser, data; then the checkpoint's state."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
         self.tokenizer = build_tokenizer(cfg, self.run_dir, info)
+        self._check_memory()
         self.model = model = build_model(cfg, self.tokenizer).to(self.device)
         restored = load_checkpoint(ckpt) if ckpt is not None else None
         if restored is not None and restored[0] is not None:  # full weights go in before any sharding
@@ -268,6 +269,32 @@ class Trainer:
                   flush=True)
         check_resumable(ckpt.meta.get("config", {}), self.cfg, self.run_dir)
         return ckpt
+
+    def _check_memory(self) -> None:
+        """On a GPU, refuse (MemoryPlanError) a run whose estimated peak memory per process
+        exceeds the free memory (``train.memory_check``); say the estimate when it fits."""
+        import sys
+
+        from . import memory
+
+        if not self.cfg.train.memory_check:
+            return
+        capacity = memory.device_capacity(self.device)
+        if capacity is None:
+            return
+        capacity = min(gather_objects(capacity, self.info))  # every process decides alike
+        shape = memory.run_shape(self.cfg, len(self.tokenizer))
+        if shape is None:
+            if self.info.is_main:
+                print("note: no memory estimate (the model's config.json is not available locally)",
+                      file=sys.stderr, flush=True)
+            return
+        est = memory.estimate(self.cfg, shape, world_size=self.info.world_size,
+                              device_type=self.device.type)
+        memory.check_fits(est, capacity, self.cfg)
+        if self.info.is_main:
+            print(f"memory estimate: {est.peak / memory.GIB:.1f} GiB per GPU of {capacity / memory.GIB:.1f} "
+                  "GiB free (cyb train --estimate-memory shows the breakdown)", file=sys.stderr, flush=True)
 
     def _check_positions(self) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)

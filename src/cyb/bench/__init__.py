@@ -1,4 +1,4 @@
-"""Benchmarks behind ``cyb bench loss|train|decode``.
+"""Benchmarks behind ``cyb bench loss|train|decode|memory``.
 
 * :mod:`cyb.bench.timing`: CUDA-event timing, warm-up, median of repeats, peak memory, OOM
   handling, the environment record, atomic JSON output, a wall-clock budget.
@@ -10,6 +10,9 @@
 * :mod:`cyb.bench.decode`: decode latency and throughput, M = 4 against M = 1 (the library
   decoder and the CUDA-graph decoder of :mod:`cyb.generation.static`).
 * :mod:`cyb.bench.loss`: the readout and loss alone, naive, fused, plain cross-entropy and Liger.
+* :mod:`cyb.bench.memory`: peak memory and tokens/s of ``cyb train`` on real-size shapes (full
+  fine-tuning or LoRA, with or without gradient checkpointing), one process per configuration,
+  beside the estimate of :mod:`cyb.memory`.
 * :mod:`cyb.bench.tables`: compact text tables of the results.
 
 Everything runs on CPU with tiny shapes (``quick=True``) so the code paths can be tested

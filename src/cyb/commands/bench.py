@@ -1,12 +1,13 @@
-"""``cyb bench loss|train|decode [--quick] [--out FILE.json] [...]``."""
+"""``cyb bench loss|train|decode|memory [--quick] [--out FILE] [...]``."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
-HELP = "benchmark the loss, a training step or decoding (JSON results and a table)"
+HELP = "benchmark the loss, a training step, decoding or training memory (JSON results and a table)"
 
 _FMT = argparse.ArgumentDefaultsHelpFormatter
 # Help texts that explain their own default end with this: it renders as nothing, and its
@@ -96,6 +97,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--budget-s", type=float,
                         help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
 
+    from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
+
+    mem = sub.add_parser("memory", formatter_class=_FMT,
+                         help="peak GPU memory and tokens/s of fine-tuning 2-8 B shapes, full or LoRA, "
+                              "with or without gradient checkpointing, beside cyb.memory's estimate",
+                         description="Each (shape, configuration) runs a few optimiser steps of "
+                                     "cyb train (CYB, M = 4, 2048 real tokens, micro-batch 1, bf16) in "
+                                     "a fresh process on random weights, and records the peak memory "
+                                     "(allocated and reserved), real tokens/s and the estimate that "
+                                     "cyb train checks; a run out of memory is recorded as oom (see "
+                                     "cyb.bench.memory). Split the grid over GPUs with --shapes / "
+                                     "--configs and CUDA_VISIBLE_DEVICES (experiments/memory_plan.sh).")
+    mem.add_argument("--quick", action="store_true",
+                     help="the tiny shape on the CPU, one warm-up and one timed step (a smoke run)")
+    mem.add_argument("--out", default=None, metavar="FILE.jsonl",
+                     help="write one JSON line per configuration here")
+    mem.add_argument("--markdown", default=None, metavar="FILE.md", help="write the Markdown table here")
+    mem.add_argument("--device", default=None,
+                     help="cuda or cpu (default: cuda when available; cpu with --quick)" + _OWN_DEFAULT)
+    mem.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), metavar="SHAPE",
+                     help=f"model shapes: {' '.join(SHAPES)} (default: {' '.join(GPU_SHAPES)})" + _OWN_DEFAULT)
+    mem.add_argument("--configs", nargs="+", choices=tuple(CONFIGS), metavar="CONFIG",
+                     help=f"configurations: {' '.join(CONFIGS)} (default: all)" + _OWN_DEFAULT)
+    mem.add_argument("--real-tokens", type=int, help="real tokens per row (default 2048)" + _OWN_DEFAULT)
+    mem.add_argument("--num-steps", type=int, help="M (default 4)" + _OWN_DEFAULT)
+    mem.add_argument("--micro-batch", type=int, help="rows per micro-batch (default 1)" + _OWN_DEFAULT)
+    mem.add_argument("--warmup", type=int, help="untimed optimiser steps (default 3)" + _OWN_DEFAULT)
+    mem.add_argument("--steps", type=int, help="timed optimiser steps (default 3)" + _OWN_DEFAULT)
+    mem.add_argument("--timeout-s", type=float,
+                     help="limit per configuration in seconds (default 300)" + _OWN_DEFAULT)
+    mem.add_argument("--from", dest="from_jsonl", default=None, metavar="FILE.jsonl",
+                     help="measure nothing: read the rows of an earlier run (with --markdown / --fill-doc)")
+    mem.add_argument("--fill-doc", default=None, metavar="DOC.md",
+                     help="put the table between the <!-- table:memory --> and <!-- end table --> "
+                          "markers of this file (docs/training.md)")
+    mem.add_argument("--set", dest="extra", action="append", metavar="KEY=VALUE",
+                     help="a further configuration override for every row, e.g. --set "
+                          "train.loss_impl=naive" + _OWN_DEFAULT)
+
 
 def _command(args) -> str:
     """The command line that made the results (from sys.argv when run from a shell)."""
@@ -108,6 +148,8 @@ def _command(args) -> str:
         flag = "--" + key.replace("_", "-")
         if value is True:
             parts.append(flag)
+        elif key == "extra":
+            parts += [x for v in value for x in ("--set", v)]
         elif key == "cases":
             parts += [x for v, b in value for x in ("--case", f"{v}:{b}")]
         elif isinstance(value, (list, tuple)):
@@ -129,7 +171,7 @@ def _given(args, names: dict) -> dict:
 
 def run(args) -> int:
     if args.bench is None:
-        print("cyb bench: choose what to benchmark: loss, train or decode (see cyb bench --help)",
+        print("cyb bench: choose what to benchmark: loss, train, decode or memory (see cyb bench --help)",
               file=sys.stderr)
         return 2
     from ..bench.tables import table_for
@@ -137,6 +179,8 @@ def run(args) -> int:
     from ..bench.timing import write_json
 
     command = _command(args)
+    if args.bench == "memory":
+        return _run_memory(args, command)
     if args.bench == "loss":
         from ..bench import loss
 
@@ -176,4 +220,33 @@ def run(args) -> int:
         print(format_check(c))
     if args.out:
         print(f"\nwrote {args.out}")
+    return 0
+
+
+def _run_memory(args, command: str) -> int:
+    from ..bench import memory
+
+    kw = _given(args, {"shapes": "shapes", "configs": "configs", "real_tokens": "real_tokens",
+                       "num_steps": "num_steps", "micro_batch": "micro_batch", "warmup": "warmup",
+                       "steps": "steps", "timeout_s": "timeout_s", "extra": "extra", "device": "device"})
+    cfg = memory.MemoryBenchConfig.quick_config(**kw) if args.quick else memory.MemoryBenchConfig(**kw)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        print(f"cyb bench memory: {e}", file=sys.stderr)
+        return 2
+    if args.from_jsonl:
+        rows = memory.read_rows(args.from_jsonl)
+        if args.markdown:
+            Path(args.markdown).write_text(memory.memory_markdown(rows) + "\n")
+    else:
+        print(f"# {command}")
+        rows = memory.run(cfg, out=args.out, markdown=args.markdown)["results"]
+        print()
+    print(memory.memory_table(rows))
+    if args.fill_doc:
+        memory.fill_doc(args.fill_doc, memory.memory_markdown(rows))
+    for path in (None if args.from_jsonl else args.out, args.markdown, args.fill_doc):
+        if path:
+            print(f"wrote {path}")
     return 0

@@ -16,6 +16,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--help-config", action="store_true",
                    help="list every configuration field with its default and meaning, then exit")
     p.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    p.add_argument("--estimate-memory", action="store_true",
+                   help="print the estimated peak GPU memory per process of this run (weights, "
+                        "gradients, AdamW state, activations, readout; see cyb.memory) and exit")
+    p.add_argument("--world-size", type=int, default=1, metavar="N",
+                   help="processes to assume with --estimate-memory (FSDP divides by it)")
 
 
 def run(args) -> int:
@@ -38,6 +43,8 @@ def run(args) -> int:
     if args.check:
         print(f"{args.config}: configuration is valid")
         return 0
+    if args.estimate_memory:
+        return _estimate_memory(cfg, args.world_size)
     from ..train import train
 
     metrics = train(cfg)
@@ -47,4 +54,37 @@ def run(args) -> int:
                 f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                 for k, v in metrics.items() if not isinstance(v, list)))
         print(f"run folder: {cfg.train.out_dir} (model in final/, metrics in metrics.jsonl)")
+    return 0
+
+
+def _vocab_size(cfg) -> int:
+    """The tokenizer size of a from-scratch run, without training a tokenizer."""
+    if cfg.data.task:
+        from ..data.synthetic import CharTokenizer
+
+        return len(CharTokenizer().to_hf())
+    if cfg.data.tokenizer:
+        from ..data.tokenizer import load_tokenizer
+
+        return len(load_tokenizer(cfg.data.tokenizer))
+    return cfg.data.bpe_vocab_size
+
+
+def _estimate_memory(cfg, world_size: int) -> int:
+    from .. import memory
+
+    if world_size < 1:
+        print("cyb train: --world-size must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        shape = memory.run_shape(cfg, None if cfg.model.name_or_path else _vocab_size(cfg))
+    except (OSError, ValueError) as e:
+        print(f"cyb train: cannot read the tokenizer for the estimate: {e}", file=sys.stderr)
+        return 2
+    if shape is None:
+        print(f"cyb train: no estimate: the config.json of {cfg.model.name_or_path} is not available "
+              "locally", file=sys.stderr)
+        return 2
+    est = memory.estimate(cfg, shape, world_size=world_size, device_type="cuda")
+    print(est.describe())
     return 0
