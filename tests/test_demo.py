@@ -187,3 +187,5 @@ def test_decoding_cost_counts_positions_per_mode():
     assert out["fixed"]["positions_per_token"] == 4.0 and out["adaptive"]["positions_per_token"] == 7 / 4
     assert out["fixed"]["exact_match"] == 0.5
     assert "adaptive mode: exact match 50.0%, 1.75 positions per token" in format_decoding("cyb", out, 4)
+    assert "Recipe 1" in format_decoding("cyb", out, 4)
+    assert "Recipe 2 training" in format_decoding("cyb", out, 4, recipe=2)

@@ -415,7 +415,8 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
         details[method] = {k: score.pop(k) for k in ("expected_steps", "predictions")}
         results[method] = {**score, "train_seconds": train_s,
                            "num_parameters": model.num_parameters(),
-                           "num_steps": model.num_steps, "run_dir": cfg.train.out_dir}
+                           "num_steps": model.num_steps, "recipe": cfg.method.recipe,
+                           "run_dir": cfg.train.out_dir}
         echo(f"    {method}: exact match {score['exact_match']:.1%}, token accuracy "
              f"{score['token_accuracy']:.1%}, steps/token {score['mean_steps']:.2f} "
              f"({train_s:.0f} s)")
@@ -429,7 +430,7 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
     echo(format_table(metrics))
     for name, r in results.items():
         if "decoding" in r:
-            echo("\n" + format_decoding(name, r["decoding"], r["num_steps"]))
+            echo("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"]))
     echo(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
          f"total {metrics['total_seconds']:.0f} s")
     return metrics
@@ -450,14 +451,20 @@ def format_table(metrics: dict) -> str:
     return "\n".join(rows)
 
 
-def format_decoding(method: str, decoding: dict, num_steps: int) -> str:
-    """One line per mode: free-running exact match and network positions per generated token."""
+def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1) -> str:
+    """One line per mode: free-running exact match and network positions per generated token,
+    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md)."""
     lines = [f"{method} generating its answers token by token (greedy; M = {num_steps}):"]
     for mode, d in decoding.items():
         lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
                      f"positions per token, {d['seconds']:.1f} s")
-    lines.append("  (adaptive mode feeds a pause only after <don't know>; a model trained with a pause after "
-                 "every token, Recipe 1, then reads contexts it never saw in training)")
+    if recipe == 2:
+        lines.append("  (adaptive mode feeds a pause only after <don't know>; in Recipe 2 training the pauses "
+                     "came at random, and later tokens read them, so an earlier token answered at once leaves "
+                     "its successors fewer positions than in training)")
+    else:
+        lines.append("  (adaptive mode feeds a pause only after <don't know>; a model trained with a pause after "
+                     "every token, Recipe 1, then reads contexts it never saw in training)")
     return "\n".join(lines)
 
 
