@@ -329,8 +329,9 @@ def summary_table(paths: list[Path]) -> str:
     crit = ["", "Demo criterion per seed (exact match above the baseline, at least TBYS's, and "
             "mean E[S] on the hard answer positions at least 0.1 above the easy ones; "
             "hard: token accuracy over all methods below its mean over the positions):", "",
-            "| setting | method | seeds meeting it | E[S] hard / easy per seed | mean E[S] |",
-            "|---|---|---|---|---:|"]
+            "| setting | method | seeds meeting it | E[S] hard / easy per seed | mean E[S] "
+            "| fixed decoding exact | adaptive decoding exact (positions per token) |",
+            "|---|---|---|---|---:|---:|---:|"]
     for name, runs in by_row.items():
         seeds = sorted(runs)
         for method in order:
@@ -343,8 +344,15 @@ def summary_table(paths: list[Path]) -> str:
                 he = hard_easy_steps(runs[s], method)
                 pairs.append("-" if he is None else f"{he[0]:.2f}/{he[1]:.2f}")
             es = statistics.mean(runs[s]["methods"][method]["mean_steps"] for s in have)
+            dec = [runs[s]["methods"][method]["decoding"] for s in have if "decoding" in runs[s]["methods"][method]]
+            if dec:
+                fixed = f"{100 * statistics.mean(d['fixed']['exact_match'] for d in dec):.1f}%"
+                adaptive = (f"{100 * statistics.mean(d['adaptive']['exact_match'] for d in dec):.1f}% "
+                            f"({statistics.mean(d['adaptive']['positions_per_token'] for d in dec):.2f})")
+            else:
+                fixed = adaptive = "-"
             crit.append(f"| {name} | {method} | {len(met)} of {len(have)} ({','.join(map(str, met)) or '-'}) "
-                        f"| {', '.join(pairs)} | {es:.2f} |")
+                        f"| {', '.join(pairs)} | {es:.2f} | {fixed} | {adaptive} |")
     return "\n".join(lines + crit)
 
 
