@@ -47,6 +47,7 @@ def demo_method(name: str) -> bool:
     s = methods.REGISTRY.get(name)
     return s is not None and s.layout in ("none", "blocks") and not s.lengthens_context
 
+
 #: Task sizes per task name.  The default, 3-digit addition written most-significant digit
 #: first, is where pauses helped on average over seeds at this scale (docs/demo.md): TBYS and CYB
 #: learned the carries in about 4 and 3 of 10 seeds, the no-pause baseline in about 2.
