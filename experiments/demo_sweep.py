@@ -106,7 +106,7 @@ GRID_DEFAULTS = {
     "cpu": {"precision": "fp32"},
     "demo14": {"precision": "fp32",
                "methods": ["baseline", "tbys", "cyb", "cyb_decoupled", "cyb_ponder"],
-               "method_options": {"cyb_ponder": {"ponder_cost": -0.02}}},
+               "method_options": {"cyb_ponder": {"ponder_cost": -0.005}}},
     "gpu": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "train_steps": 3000,
             "batch_size": 256, "lr": 1e-3, "warmup_steps": 200, "num_train_examples": 200000,
             "num_test_examples": 2000, "precision": "bf16"},
