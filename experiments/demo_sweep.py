@@ -1,17 +1,26 @@
 """Run the demo pipeline over a grid of tasks, sizes and seeds, in parallel worker processes.
 
-Each job is one ``cyb demo`` run (baseline, TBYS and CYB from one shared initialisation) with
-the grid row's settings and a seed.  Jobs are taken seed by seed (every row at seed 0 first),
-so a run cut short by ``--budget`` still covers every row.  One JSON line per finished job goes
-to ``OUT/results.jsonl``; ``--summary`` prints mean and spread per row and method::
+Each job is one ``cyb demo`` run of ONE method of a grid row at one seed (``--methods`` of the
+row, each from the initialisation the row's seed draws, so the jobs of a row and seed are the
+methods of one demo run, trained side by side).  Jobs are taken seed by seed (every row at seed 0
+first), longest first within a seed, so a run cut short by ``--budget`` still covers every row.
+One JSON line per finished job goes to ``OUT/results.jsonl`` as it finishes (exact match,
+per-answer-position E[S] and accuracy, fixed/adaptive decoding for dk methods); ``--summary``
+merges the methods of each row and seed and prints exact match per seed, and for every method
+with dk how many seeds meet the demo criterion (docs/demo.md)::
 
     python experiments/demo_sweep.py cpu --seeds 0,1,2 --cpu-workers 14 --out results/demo-sweep
+    python experiments/demo_sweep.py demo14 --seeds 0,1,2,3,4 --cpu-workers 56 --budget 420 \
+        --grace 150 --out results/demo14
     python experiments/demo_sweep.py gpu --seeds 0,1,2 --gpu-workers 6 --out results/demo-gpu
     python experiments/demo_sweep.py --summary results/demo-sweep/results.jsonl
+    python experiments/demo_sweep.py demo14 --seeds 0,1,2,3,4 --dry-run   # jobs and estimated cost
 
 Grids: ``cpu`` holds settings that fit the demo's CPU budget (a 2-core machine, minutes);
-``gpu`` the same tasks harder, with wider models and more steps (one H100/H200); ``smoke``
-a seconds-long check of the script.
+``demo14`` the search for a setting where pauses pay (issue 14: narrower models, fewer pauses,
+least-significant-digit-first multiplication, 3SUM, parity, and the recipes cyb_decoupled and
+cyb_ponder next to plain CYB); ``gpu`` the same tasks harder, with wider models and more steps
+(one H100/H200); ``smoke`` a seconds-long check of the script.
 """
 
 from __future__ import annotations
@@ -46,6 +55,44 @@ GRIDS: dict[str, dict[str, dict]] = {
         "parity10-M4": {"task": "parity", "task_kwargs": {"length": 10}},
         "lookup3-M4": {"task": "lookup", "task_kwargs": {"hops": 3, "distractor_chains": 2}},
     },
+    # Issue 14's search (docs/demo.md, "The search for a demo where pausing pays").  Every row
+    # trains GRID_DEFAULTS["demo14"]["methods"]; a row's psi_dk applies to every dk method.
+    "demo14": {
+        # 3-digit addition, most-significant digit first: psi 0.5 learned it in the only seed
+        # tried (CYB 93% against 1%), narrower models favoured TBYS (h32: 88% against 1%)
+        "add3-M4-psi0.5": {"task": "addition", "task_kwargs": {"digits": 3}, "psi_dk": 0.5},
+        "add3-M3-psi0.5": {"task": "addition", "task_kwargs": {"digits": 3}, "num_steps": 3, "psi_dk": 0.5},
+        "add3-M4-h32": {"task": "addition", "task_kwargs": {"digits": 3}, "hidden_size": 32},
+        "add3-M4-h32-psi0.5": {"task": "addition", "task_kwargs": {"digits": 3}, "hidden_size": 32,
+                               "psi_dk": 0.5},
+        "add3-M3-h32-psi0.5": {"task": "addition", "task_kwargs": {"digits": 3}, "hidden_size": 32,
+                               "num_steps": 3, "psi_dk": 0.5},
+        "add3-M2-h32-psi0.5": {"task": "addition", "task_kwargs": {"digits": 3}, "hidden_size": 32,
+                               "num_steps": 2, "psi_dk": 0.5},
+        "add3-M4-h32-3000x32-psi0.5": {"task": "addition", "task_kwargs": {"digits": 3}, "hidden_size": 32,
+                                       "train_steps": 3000, "batch_size": 32, "psi_dk": 0.5},
+        "add3-M4-h32-1000x64-psi0.5": {"task": "addition", "task_kwargs": {"digits": 3}, "hidden_size": 32,
+                                       "train_steps": 1000, "psi_dk": 0.5},
+        "add4-M4-h32-psi0.5": {"task": "addition", "task_kwargs": {"digits": 4}, "hidden_size": 32,
+                               "psi_dk": 0.5},
+        # multiplication least-significant digit first: each digit's carry is local, but a digit
+        # needs several digit products at once (parallel work, which pauses add)
+        "mul2x2lsb-M4-psi0.5": {"task": "multiplication", "psi_dk": 0.5,
+                                "task_kwargs": {"digits": 2, "digits_b": 2, "lsb_first": True}},
+        "mul2x2lsb-M3-psi0.5": {"task": "multiplication", "num_steps": 3, "psi_dk": 0.5,
+                                "task_kwargs": {"digits": 2, "digits_b": 2, "lsb_first": True}},
+        "mul2x2lsb-M4-h32-psi0.5": {"task": "multiplication", "hidden_size": 32, "psi_dk": 0.5,
+                                    "task_kwargs": {"digits": 2, "digits_b": 2, "lsb_first": True}},
+        "mul3x1lsb-M4-h32-psi0.5": {"task": "multiplication", "hidden_size": 32, "psi_dk": 0.5,
+                                    "task_kwargs": {"digits": 3, "digits_b": 1, "lsb_first": True}},
+        "mul3x1-M4-h32-psi0.5": {"task": "multiplication", "hidden_size": 32, "psi_dk": 0.5,
+                                 "task_kwargs": {"digits": 3, "digits_b": 1}},
+        # one answer token that needs many comparisons at once (3SUM) or every bit (parity)
+        "3sum-n5d2-M4-h32-psi0.5": {"task": "3sum", "task_kwargs": {"n": 5, "d": 2}, "hidden_size": 32,
+                                    "psi_dk": 0.5},
+        "parity6-M4-h32-psi0.5": {"task": "parity", "task_kwargs": {"length": 6}, "hidden_size": 32,
+                                  "psi_dk": 0.5},
+    },
     "gpu": {
         "add8-M4": {"task": "addition", "task_kwargs": {"digits": 8}},
         "mul4x2-M4": {"task": "multiplication", "task_kwargs": {"digits": 4, "digits_b": 2}},
@@ -57,6 +104,9 @@ GRIDS: dict[str, dict[str, dict]] = {
 #: Settings every row of a grid shares (before the row's own).
 GRID_DEFAULTS = {
     "cpu": {"precision": "fp32"},
+    "demo14": {"precision": "fp32",
+               "methods": ["baseline", "tbys", "cyb", "cyb_decoupled", "cyb_ponder"],
+               "method_options": {"cyb_ponder": {"ponder_cost": -0.005}}},
     "gpu": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "train_steps": 3000,
             "batch_size": 256, "lr": 1e-3, "warmup_steps": 200, "num_train_examples": 200000,
             "num_test_examples": 2000, "precision": "bf16"},
@@ -65,8 +115,38 @@ GRID_DEFAULTS = {
 }
 
 
+#: Seconds per position of a training row at hidden 64 and 2 layers on one CPU core (single
+#: thread), measured on a 2-core machine: the cost model behind job order and ``--dry-run``.
+SECONDS_PER_POSITION = 20e-6
+#: Seconds per job besides training (initial weights, scoring, decoding).
+JOB_OVERHEAD_S = 6.0
+
+
+def estimated_seconds(settings: dict) -> float:
+    """Rough single-core seconds of one job (one method): optimiser steps x batch x positions per
+    row (tokens x M, 1 for the baseline) x a per-position cost scaled by width and depth."""
+    from cyb import methods
+    from cyb.data.synthetic import make_task
+
+    s = {**_demo_defaults(), **settings}
+    task = make_task(s["task"], **s["task_kwargs"])
+    (method,) = s["methods"]
+    m = methods.spec(method).model_steps(s["num_steps"])
+    per_position = SECONDS_PER_POSITION * (s["hidden_size"] / 64) * (s["num_layers"] / 2)
+    return JOB_OVERHEAD_S + s["train_steps"] * s["batch_size"] * task.max_len * m * per_position
+
+
+def _demo_defaults() -> dict:
+    from cyb.demo import DemoSettings
+
+    return DemoSettings().to_dict()
+
+
 def run_job(job: dict) -> dict:
-    """Train and score one grid row at one seed; returns the JSON line written."""
+    """Train and score one grid row at one seed (the methods of ``job["settings"]``); returns the
+    JSON line written.  A job whose ``deadline`` (``time.time()``) has passed is not started."""
+    if time.time() > job.get("deadline", float("inf")):
+        return {"name": job["name"], "seed": job["seed"], "skipped": "budget"}
     import torch
 
     torch.set_num_threads(1)
@@ -85,13 +165,13 @@ def run_job(job: dict) -> dict:
     except Exception as exc:  # a failed row is reported, the sweep goes on
         return {"name": job["name"], "seed": job["seed"], "error": repr(exc)}
     shutil.rmtree(out / "init", ignore_errors=True)
-    for final in out.glob("runs/*/final"):
-        shutil.rmtree(final, ignore_errors=True)
+    for weights in [*out.glob("runs/*/final"), *out.glob("runs/*/ckpt-*")]:
+        shutil.rmtree(weights, ignore_errors=True)
     keep = ("exact_match", "token_accuracy", "ppl", "mean_steps", "greedy_steps", "train_seconds",
-            "per_position_steps", "per_position_accuracy")
+            "per_position_steps", "per_position_accuracy", "decoding")
     return {"name": job["name"], "seed": job["seed"], "device": job["device"],
             "settings": job["settings"], "seconds": time.perf_counter() - start,
-            "methods": {m: {k: r[k] for k in keep} for m, r in metrics["methods"].items()}}
+            "methods": {m: {k: r[k] for k in keep if k in r} for m, r in metrics["methods"].items()}}
 
 
 def _worker(device: str, jobs, results) -> None:
@@ -103,29 +183,56 @@ def _worker(device: str, jobs, results) -> None:
         results.put(run_job({**job, "device": device}))
 
 
-def sweep(grid: str, seeds: list[int], out: Path, cpu_workers: int, gpu_workers: int,
-          budget: float, rows: list[str] | None) -> None:
+def make_jobs(grid: str, seeds: list[int], out: Path, rows: list[str] | None) -> list[dict]:
+    """One job per row, seed and method, seed by seed and longest first within a seed; each with
+    its ``estimate`` in single-core seconds."""
     chosen = {k: v for k, v in GRIDS[grid].items() if rows is None or k in rows}
-    jobs = [{"name": name, "seed": seed, "settings": {**GRID_DEFAULTS[grid], **row},
-             "out": str(out / "runs" / f"{name}-s{seed}")}
-            for seed in seeds for name, row in chosen.items()]
+    unknown = sorted(set(rows or ()) - set(chosen))
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown} of grid {grid}; known: {sorted(GRIDS[grid])}")
+    jobs = []
+    for seed in seeds:
+        wave = []
+        for name, row in chosen.items():
+            settings = {**GRID_DEFAULTS[grid], **row}
+            for method in settings.get("methods") or _demo_defaults()["methods"]:
+                options = (settings.get("method_options") or {}).get(method)
+                one = {**settings, "methods": [method],
+                       "method_options": {method: options} if options else {}}
+                wave.append({"name": name, "seed": seed, "settings": one,
+                             "out": str(out / "runs" / f"{name}-s{seed}-{method}"),
+                             "estimate": estimated_seconds(one)})
+        jobs += sorted(wave, key=lambda j: -j["estimate"])
+    return jobs
+
+
+def sweep(grid: str, seeds: list[int], out: Path, cpu_workers: int, gpu_workers: int,
+          budget: float, grace: float, rows: list[str] | None) -> None:
+    """Run the jobs on the workers, appending each finished job's line to ``out/results.jsonl``.
+    No job starts after ``budget`` seconds; jobs still running ``grace`` seconds later are
+    stopped (and lost)."""
+    jobs = make_jobs(grid, seeds, out, rows)
+    deadline = time.time() + budget
     ctx = mp.get_context("spawn")
     queue, results = ctx.Queue(), ctx.Queue()
     for job in jobs:
-        queue.put(job)
+        queue.put({**job, "deadline": deadline})
     workers = [ctx.Process(target=_worker, args=(d, queue, results), daemon=True)
                for d in ["cpu"] * cpu_workers + ["cuda"] * gpu_workers]
     for w in workers:
         queue.put(None)
         w.start()
     out.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + budget
-    done = 0
+    hard_stop = deadline + grace
+    done = skipped = 0
     with (out / "results.jsonl").open("a") as fh:
-        while done < len(jobs) and time.monotonic() < deadline:
+        while done + skipped < len(jobs) and time.time() < hard_stop:
             try:
-                line = results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                line = results.get(timeout=max(0.1, min(5.0, hard_stop - time.time())))
             except Exception:
+                continue
+            if "skipped" in line:
+                skipped += 1
                 continue
             done += 1
             fh.write(json.dumps(line) + "\n")
@@ -133,7 +240,8 @@ def sweep(grid: str, seeds: list[int], out: Path, cpu_workers: int, gpu_workers:
             print(f"[{done}/{len(jobs)}] {_one_line(line)}", flush=True)
     for w in workers:
         w.terminate()
-    print(f"{done} of {len(jobs)} jobs finished")
+    print(f"{done} of {len(jobs)} jobs finished, {skipped} not started (budget), "
+          f"{len(jobs) - done - skipped} stopped")
 
 
 def _one_line(line: dict) -> str:
@@ -143,33 +251,109 @@ def _one_line(line: dict) -> str:
     return f"{line['name']} s{line['seed']} ({line['seconds']:.0f} s): " + ", ".join(parts)
 
 
-def summary_table(paths: list[Path]) -> str:
-    """Markdown: per grid row, exact match of each method per seed, its mean, and CYB's E[S]."""
-    by_row: dict[str, list[dict]] = {}
+def merged_runs(paths: list[Path]) -> dict[str, dict[int, dict]]:
+    """``{row: {seed: {"methods": {method: result}, "seconds": total}}}`` from results files
+    (the one-method lines of a row and seed merged; a later line for a method wins)."""
+    by_row: dict[str, dict[int, dict]] = {}
     for path in paths:
         for text in path.read_text().splitlines():
             line = json.loads(text)
-            if "error" not in line:
-                by_row.setdefault(line["name"], []).append(line)
-    lines = ["| setting | seeds | baseline | TBYS | CYB | CYB E[S] | seconds per seed |",
-             "|---|---|---|---|---|---|---:|"]
+            if "error" in line or "skipped" in line:
+                continue
+            run = by_row.setdefault(line["name"], {}).setdefault(line["seed"], {"methods": {}, "seconds": 0.0})
+            run["methods"].update(line["methods"])
+            run["seconds"] += line["seconds"]
+    return by_row
+
+
+def hard_easy_steps(run: dict, method: str) -> tuple[float, float] | None:
+    """``method``'s mean E[S] over the hard and over the easy answer positions of one run.
+
+    Difficulty is the per-position token accuracy averaged over every method of the run: hard
+    positions are below the mean of those accuracies, easy ones at or above it.  ``<eos>`` (the
+    last position) counts only when the answer is a single character.  None when the positions
+    do not differ in accuracy by at least 2 points (no hard position)."""
+    acc = [r["per_position_accuracy"] for r in run["methods"].values()]
+    n = len(acc[0])
+    positions = list(range(n - 1)) if n > 2 else list(range(n))
+    mean_acc = {k: statistics.mean(a[k] for a in acc) for k in positions}
+    if max(mean_acc.values()) - min(mean_acc.values()) < 0.02:
+        return None
+    level = statistics.mean(mean_acc.values())
+    steps = run["methods"][method]["per_position_steps"]
+    hard = [steps[k] for k in positions if mean_acc[k] < level]
+    easy = [steps[k] for k in positions if mean_acc[k] >= level]
+    return statistics.mean(hard), statistics.mean(easy)
+
+
+def meets_criterion(run: dict, method: str) -> bool:
+    """The demo criterion at one seed for a method with dk: exact match above the baseline's,
+    at least TBYS's (both to within half a point), and more steps on the hard answer positions
+    than on the easy ones (:func:`hard_easy_steps`, by at least 0.1 on average)."""
+    r = run["methods"]
+    if not {"baseline", "tbys", method} <= set(r):
+        return False
+    exact = {m: r[m]["exact_match"] for m in ("baseline", "tbys", method)}
+    he = hard_easy_steps(run, method)
+    return (exact[method] > exact["baseline"] + 0.005 and exact[method] >= exact["tbys"] - 0.005
+            and he is not None and he[0] - he[1] >= 0.1)
+
+
+def summary_table(paths: list[Path]) -> str:
+    """Markdown: per grid row, exact match of each method per seed and its mean, CYB's E[S];
+    then, per row and method with dk, E[S] at the hard and easy positions and the seeds that
+    meet the demo criterion (:func:`meets_criterion`)."""
+    from cyb import methods as registry
+
+    by_row = merged_runs(paths)
+    order = [m for m in registry.NAMES if any(m in run["methods"] for runs in by_row.values()
+                                              for run in runs.values())]
+    labels = {"baseline": "baseline", "tbys": "TBYS", "cyb": "CYB"}
+    lines = ["| setting | seeds | " + " | ".join(labels.get(m, m) for m in order)
+             + " | CYB E[S] | seconds per seed |",
+             "|---|---|" + "---|" * len(order) + "---|---:|"]
     for name, runs in by_row.items():
-        runs.sort(key=lambda r: r["seed"])
+        seeds = sorted(runs)
         cells = []
-        for method in ("baseline", "tbys", "cyb"):
-            vals = [r["methods"][method]["exact_match"] for r in runs if method in r["methods"]]
+        for method in order:
+            vals = [runs[s]["methods"][method]["exact_match"] for s in seeds if method in runs[s]["methods"]]
             if not vals:
                 cells.append("-")
                 continue
             each = ", ".join(f"{100 * v:.0f}" for v in vals)
             cells.append(f"{each} (mean {100 * statistics.mean(vals):.1f}%)")
-        es = [r["methods"]["cyb"]["mean_steps"] for r in runs if "cyb" in r["methods"]]
-        secs = statistics.mean(r["seconds"] for r in runs)
-        lines.append(f"| {name} | {','.join(str(r['seed']) for r in runs)} | {' | '.join(cells)} "
-                     f"| {statistics.mean(es):.2f} | {secs:.0f} |" if es else
-                     f"| {name} | {','.join(str(r['seed']) for r in runs)} | {' | '.join(cells)} | - "
-                     f"| {secs:.0f} |")
-    return "\n".join(lines)
+        es = [runs[s]["methods"]["cyb"]["mean_steps"] for s in seeds if "cyb" in runs[s]["methods"]]
+        secs = statistics.mean(runs[s]["seconds"] for s in seeds)
+        lines.append(f"| {name} | {','.join(map(str, seeds))} | {' | '.join(cells)} "
+                     f"| {f'{statistics.mean(es):.2f}' if es else '-'} | {secs:.0f} |")
+    crit = ["", "Demo criterion per seed (exact match above the baseline, at least TBYS's, and "
+            "mean E[S] on the hard answer positions at least 0.1 above the easy ones; "
+            "hard: token accuracy over all methods below its mean over the positions):", "",
+            "| setting | method | seeds meeting it | E[S] hard / easy per seed | mean E[S] "
+            "| fixed decoding exact | adaptive decoding exact (positions per token) |",
+            "|---|---|---|---|---:|---:|---:|"]
+    for name, runs in by_row.items():
+        seeds = sorted(runs)
+        for method in order:
+            if not registry.spec(method).has_dk or not any(method in runs[s]["methods"] for s in seeds):
+                continue
+            have = [s for s in seeds if method in runs[s]["methods"]]
+            met = [s for s in have if meets_criterion(runs[s], method)]
+            pairs = []
+            for s in have:
+                he = hard_easy_steps(runs[s], method)
+                pairs.append("-" if he is None else f"{he[0]:.2f}/{he[1]:.2f}")
+            es = statistics.mean(runs[s]["methods"][method]["mean_steps"] for s in have)
+            dec = [runs[s]["methods"][method]["decoding"] for s in have if "decoding" in runs[s]["methods"][method]]
+            if dec:
+                fixed = f"{100 * statistics.mean(d['fixed']['exact_match'] for d in dec):.1f}%"
+                adaptive = (f"{100 * statistics.mean(d['adaptive']['exact_match'] for d in dec):.1f}% "
+                            f"({statistics.mean(d['adaptive']['positions_per_token'] for d in dec):.2f})")
+            else:
+                fixed = adaptive = "-"
+            crit.append(f"| {name} | {method} | {len(met)} of {len(have)} ({','.join(map(str, met)) or '-'}) "
+                        f"| {', '.join(pairs)} | {es:.2f} | {fixed} | {adaptive} |")
+    return "\n".join(lines + crit)
 
 
 def main() -> int:
@@ -180,19 +364,35 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("results/demo-sweep"))
     p.add_argument("--cpu-workers", type=int, default=0)
     p.add_argument("--gpu-workers", type=int, default=0)
-    p.add_argument("--budget", type=float, default=float("inf"), help="stop after SECONDS")
+    p.add_argument("--budget", type=float, default=float("inf"),
+                   help="start no job after SECONDS (default: no limit)")
+    p.add_argument("--grace", type=float, default=float("inf"),
+                   help="stop jobs still running SECONDS after the budget (default: wait for them)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the jobs with their estimated single-core seconds, run nothing")
     p.add_argument("--summary", nargs="+", type=Path, help="print the table of results.jsonl files")
     args = p.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
     if args.summary:
         print(summary_table(args.summary))
         return 0
+    rows = args.rows.split(",") if args.rows else None
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.grid is not None and args.dry_run:
+        jobs = make_jobs(args.grid, seeds, args.out, rows)
+        for job in jobs:
+            print(f"{job['name']} s{job['seed']} {job['settings']['methods'][0]}: ~{job['estimate']:.0f} s")
+        total = sum(j["estimate"] for j in jobs)
+        workers = max(1, args.cpu_workers)
+        print(f"{len(jobs)} jobs, ~{total:.0f} single-core seconds in all, ~{total / workers / 60:.1f} min "
+              f"on {workers} worker(s) (cost model measured on a 2-core machine)")
+        return 0
     if args.grid is None or args.cpu_workers + args.gpu_workers < 1:
         p.error("give a grid and at least one worker (--cpu-workers / --gpu-workers)")
-    sys.path.insert(0, str(REPO / "src"))
-    rows = args.rows.split(",") if args.rows else None
-    sweep(args.grid, [int(s) for s in args.seeds.split(",")], args.out, args.cpu_workers,
-          args.gpu_workers, args.budget, rows)
-    print(summary_table([args.out / "results.jsonl"]))
+    sweep(args.grid, seeds, args.out, args.cpu_workers, args.gpu_workers, args.budget, args.grace, rows)
+    table = summary_table([args.out / "results.jsonl"])
+    (args.out / "summary.md").write_text(table + "\n")
+    print(table)
     return 0
 
 

@@ -101,6 +101,26 @@ def test_bad_settings_are_named():
         demo_settings(num_steps=1)
 
 
+def test_method_options_reach_the_run_configs_and_the_model():
+    from cyb.demo import demo_settings, run_config
+
+    s = demo_settings(quick=True, methods=["baseline", "cyb", "cyb_ponder"],
+                      method_options={"cyb_ponder": {"ponder_cost": -0.05, "psi_dk": 0.5},
+                                      "cyb": {"recipe": 2, "omega": [1, 1, 1, 1]}})
+    ponder = run_config(s, "cyb_ponder").method
+    assert (ponder.name, ponder.ponder_cost, ponder.psi_dk) == ("cyb_ponder", -0.05, 0.5)
+    cyb = run_config(s, "cyb").method
+    assert (cyb.recipe, cyb.omega, cyb.psi_dk) == (2, [1, 1, 1, 1], s.psi_dk)
+    with pytest.raises(ValueError, match="not in methods"):
+        demo_settings(methods=["cyb"], method_options={"cyb_ponder": {"ponder_cost": 0.1}})
+    with pytest.raises(ValueError, match="not settable"):
+        demo_settings(methods=["cyb"], method_options={"cyb": {"ponder_cost": 0.1}})
+    with pytest.raises(ValueError, match="methods"):
+        demo_settings(methods=["tbys_original"])
+    with pytest.raises(ValueError, match="omega"):  # the run configuration's own checks apply
+        demo_settings(methods=["cyb"], method_options={"cyb": {"recipe": 2, "omega": [1, 1]}})
+
+
 def test_shipped_demo_configs_load():
     from pathlib import Path
 
@@ -167,3 +187,5 @@ def test_decoding_cost_counts_positions_per_mode():
     assert out["fixed"]["positions_per_token"] == 4.0 and out["adaptive"]["positions_per_token"] == 7 / 4
     assert out["fixed"]["exact_match"] == 0.5
     assert "adaptive mode: exact match 50.0%, 1.75 positions per token" in format_decoding("cyb", out, 4)
+    assert "Recipe 1" in format_decoding("cyb", out, 4)
+    assert "Recipe 2 training" in format_decoding("cyb", out, 4, recipe=2)

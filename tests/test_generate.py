@@ -20,7 +20,7 @@ from cyb.data.synthetic import CharTokenizer
 from cyb.generation import GenerationConfig, GenerationResult, generate, stream
 from cyb.generation.shade import legend, step_rgb
 from cyb.generation.text import TextStream
-from cyb.layout import expand
+from cyb.layout import expand, expand_variable
 from cyb.model import PauseModel
 
 TOK = CharTokenizer().to_hf()
@@ -181,6 +181,36 @@ def test_adaptive_equals_fixed_without_dk(kind):
         assert f.token_ids == a.token_ids
         assert f.steps == a.steps == [pm.num_steps] * 6
         assert f.positions == a.positions
+
+
+@pytest.mark.parametrize("scheme", ["shared", "advance"])
+def test_adaptive_reads_what_recipe2_training_lays_out(scheme):
+    """Adaptive mode is Recipe 2's training layout with the pause counts the model chose: the
+    prompt's tokens but the last with ``M-1`` pauses, every later token with ``steps - 1``.
+    Teacher forcing the generated tokens through :func:`cyb.layout.expand_variable` (ids and
+    positions as in training) and reading out each block's valid steps gives the same tokens
+    and steps."""
+    from cyb.decision import greedy_decision
+
+    pm = model("llama") if scheme == "shared" else build("llama", "cyb", scheme=scheme)
+    m, used = pm.num_steps, set()
+    for text in PROMPTS:
+        prompt = encode(text)
+        [res] = generate(pm, [prompt], mode="adaptive", max_new_tokens=8, eos_token_ids=())
+        used.update(res.steps)
+        ids = torch.tensor([prompt + res.token_ids])
+        counts = torch.tensor([[m - 1] * (len(prompt) - 1) + [s - 1 for s in res.steps] + [0]])
+        lay = expand_variable(ids, counts, pm.vocab)
+        with torch.no_grad():
+            h, _ = pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+            z = _banned(lay.gather(pm.logits(h)), pm)[0]  # [L, M, V]
+        blocks = slice(len(prompt) - 1, len(prompt) - 1 + len(res.steps))
+        tokens, steps = greedy_decision(z[blocks], dk_id=pm.settings.dk_id, dk_bias=pm.dk_bias,
+                                        num_valid_steps=counts[0, blocks] + 1)
+        assert tokens.tolist() == res.token_ids
+        # a block's last valid step answers whether or not dk is the argmax there
+        assert steps.tolist() == res.steps
+    assert 1 in used and len(used) > 1  # pauses were fed and skipped
 
 
 # ------------------------------------------------------------------------------- batching

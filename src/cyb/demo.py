@@ -35,6 +35,19 @@ from .files import write_json_atomic, write_text_atomic
 
 DEMO_METHODS = ("baseline", "tbys", "cyb")
 
+#: Method fields a demo may set per method (``DemoSettings.method_options``); the rest of a run's
+#: method section follows from the demo settings.
+METHOD_OPTIONS = ("omega", "gamma", "gamma0", "psi_dk", "recipe", "aux_weight", "ponder_cost", "rho", "alpha")
+
+
+def demo_method(name: str) -> bool:
+    """Whether the demo can train and score ``name``: a registered method that reads out blocks
+    of steps (or none) over the task's own rows (not the original TBYS's inserted pauses nor a
+    lengthened context)."""
+    s = methods.REGISTRY.get(name)
+    return s is not None and s.layout in ("none", "blocks") and not s.lengthens_context
+
+
 #: Task sizes per task name.  The default, 3-digit addition written most-significant digit
 #: first, is where pauses helped on average over seeds at this scale (docs/demo.md): TBYS and CYB
 #: learned the carries in about 4 and 3 of 10 seeds, the no-pause baseline in about 2.
@@ -61,7 +74,12 @@ class DemoSettings:
     task_kwargs: dict = field(default_factory=lambda: dict(TASK_PRESETS[DEFAULT_TASK]))
     """Task size parameters, e.g. {digits: 3}."""
     methods: list = field(default_factory=lambda: list(DEMO_METHODS))
-    """Methods to train and compare, from baseline, tbys, cyb."""
+    """Methods to train and compare: baseline, tbys, cyb, or another method of the registry with
+    blocks of steps (cyb_ponder, cyb_anytime, cyb_decoupled, cyb_va, cyb_dp)."""
+    method_options: dict = field(default_factory=dict)
+    """Per method, method fields beyond the shared settings, e.g. {cyb_ponder: {ponder_cost:
+    -0.05}} or {cyb: {recipe: 2, omega: [1, 1, 1, 1]}}; psi_dk and gamma0 here override the
+    shared ones for that method."""
     num_steps: int = 4
     """M: steps per real token for TBYS and CYB (the baseline uses 1)."""
     hidden_size: int = 64
@@ -107,9 +125,20 @@ class DemoSettings:
         make_task(self.task, **self.task_kwargs)  # raises on an unknown task or a bad size
         if not self.methods:
             raise ValueError("methods: give at least one of " + ", ".join(DEMO_METHODS))
-        bad = [m for m in self.methods if m not in DEMO_METHODS]
+        bad = [m for m in self.methods if not demo_method(m)]
         if bad or len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods must be distinct names from {DEMO_METHODS}, got {self.methods}")
+            known = [n for n in methods.NAMES if demo_method(n)]
+            raise ValueError(f"methods must be distinct names from {known}, got {self.methods}")
+        if not isinstance(self.method_options, dict):
+            raise ValueError(f"method_options must map method names to fields, got {self.method_options!r}")
+        for name, options in self.method_options.items():
+            if name not in self.methods:
+                raise ValueError(f"method_options names {name!r}, which is not in methods {self.methods}")
+            allowed = [f for f in METHOD_OPTIONS if f in methods.spec(name).fields]
+            unknown = sorted(set(options or {}) - set(allowed))
+            if unknown:
+                raise ValueError(f"method_options.{name}: {unknown} not settable for {name}; "
+                                 f"allowed: {allowed}")
         for name in ("num_steps", "hidden_size", "num_layers", "num_heads", "train_steps",
                      "batch_size", "num_train_examples", "num_test_examples"):
             if getattr(self, name) < (2 if name == "num_steps" else 1):
@@ -122,6 +151,8 @@ class DemoSettings:
             raise ValueError(f"psi_dk must lie in (0, 1), got {self.psi_dk}")
         if self.gamma0 is not None and not 0.0 < self.gamma0 <= 1.0:
             raise ValueError(f"gamma0 must lie in (0, 1] or be None, got {self.gamma0}")
+        for method in self.methods:  # the run configuration checks the method fields
+            run_config(self, method)
         return self
 
     def to_dict(self) -> dict:
@@ -175,6 +206,7 @@ def run_config(s: DemoSettings, method: str):
     me = {"name": method, "num_steps": s.num_steps, "psi_dk": s.psi_dk}
     if methods.spec(method).has_dk and s.gamma0 is not None:
         me["gamma0"] = s.gamma0
+    me.update(s.method_options.get(method) or {})
     return RunConfig.from_dict({
         "model": {"arch": s.arch, "hidden_size": s.hidden_size, "num_layers": s.num_layers,
                   "num_heads": s.num_heads, "max_position_embeddings": 1024},
@@ -219,10 +251,11 @@ def write_initial_models(s: DemoSettings, directory: Path) -> dict[str, Path]:
     paths = {}
     for method in s.methods:
         spec = methods.spec(method)
+        psi_dk = (s.method_options.get(method) or {}).get("psi_dk", s.psi_dk)
         settings = PauseSettings(
             num_steps=spec.model_steps(m), pause_ids=pause_ids if spec.uses_pauses else (), vocab_size=rows,
             dk_id=dk_id if spec.has_dk else None,
-            psi_dk=s.psi_dk if spec.has_dk else None, position_scheme="shared", method=method)
+            psi_dk=psi_dk if spec.has_dk else None, position_scheme="shared", method=method)
         paths[method] = PauseModel(hf_model, settings).save_pretrained(directory / method)
     return paths
 
@@ -383,7 +416,8 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
         details[method] = {k: score.pop(k) for k in ("expected_steps", "predictions")}
         results[method] = {**score, "train_seconds": train_s,
                            "num_parameters": model.num_parameters(),
-                           "num_steps": model.num_steps, "run_dir": cfg.train.out_dir}
+                           "num_steps": model.num_steps, "recipe": cfg.method.recipe,
+                           "run_dir": cfg.train.out_dir}
         echo(f"    {method}: exact match {score['exact_match']:.1%}, token accuracy "
              f"{score['token_accuracy']:.1%}, steps/token {score['mean_steps']:.2f} "
              f"({train_s:.0f} s)")
@@ -397,7 +431,7 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
     echo(format_table(metrics))
     for name, r in results.items():
         if "decoding" in r:
-            echo("\n" + format_decoding(name, r["decoding"], r["num_steps"]))
+            echo("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"]))
     echo(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
          f"total {metrics['total_seconds']:.0f} s")
     return metrics
@@ -418,14 +452,20 @@ def format_table(metrics: dict) -> str:
     return "\n".join(rows)
 
 
-def format_decoding(method: str, decoding: dict, num_steps: int) -> str:
-    """One line per mode: free-running exact match and network positions per generated token."""
+def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1) -> str:
+    """One line per mode: free-running exact match and network positions per generated token,
+    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md)."""
     lines = [f"{method} generating its answers token by token (greedy; M = {num_steps}):"]
     for mode, d in decoding.items():
         lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
                      f"positions per token, {d['seconds']:.1f} s")
-    lines.append("  (adaptive mode feeds a pause only after <don't know>; a model trained with a pause after "
-                 "every token, Recipe 1, then reads contexts it never saw in training)")
+    if recipe == 2:
+        lines.append("  (adaptive mode feeds a pause only after <don't know>; in Recipe 2 training the pauses "
+                     "came at random, and later tokens read them, so an earlier token answered at once leaves "
+                     "its successors fewer positions than in training)")
+    else:
+        lines.append("  (adaptive mode feeds a pause only after <don't know>; a model trained with a pause after "
+                     "every token, Recipe 1, then reads contexts it never saw in training)")
     return "\n".join(lines)
 
 

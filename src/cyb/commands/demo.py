@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a tiny run of seconds that exercises every piece (for tests; not a result)")
     p.add_argument("--out", dest="out_dir", default=_UNSET, metavar="DIR", help="report folder (default: runs/demo)")
     p.add_argument("--methods", type=_methods, default=_UNSET,
-                   help="comma-separated subset of baseline,tbys,cyb (default: all three)")
+                   help="comma-separated methods: baseline, tbys, cyb (the default three) or other methods "
+                        "with blocks of steps such as cyb_ponder (their fields: method_options in --config)")
     p.add_argument("--config", default=None,
                    help="YAML of demo settings, e.g. configs/demo/gpu.yaml; the options above override it")
     p.add_argument("--device", default=_UNSET, help="auto, cpu or cuda (default: auto)")
