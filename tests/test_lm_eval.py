@@ -248,6 +248,11 @@ def test_generate_until_matches_generate(tokenizer, mode, caplog):
         assert text == want.text
         assert not any(u in text for u in until)
     assert "num_beams" in caplog.text  # unsupported options are named, not silently dropped
+    # the static decoder (the CUDA-graph decoder's step, run eagerly) gives the same texts
+    static = CybLM(pm, device="cpu", batch_size=2, mode=mode, max_gen_toks=7, decoder="static")
+    assert static.generate_until(requests("generate_until", list(zip(contexts, gen_kwargs))), True) == got
+    assert static.get_model_info()["cyb"]["decoder"] == "static"
+    assert lm.get_model_info()["cyb"]["decoder"] == "eager"  # auto on a CPU
 
 
 # ------------------------------------------------------------------ arguments
@@ -265,6 +270,10 @@ def test_bad_model_arguments(tokenizer):
         CybLM(3)
     with pytest.raises(ValueError, match="dtype apply when loading"):
         CybLM(pm, device="cpu", dtype="bfloat16")
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        CybLM(pm, device="cpu", decoder="fast")
+    with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+        CybLM(pm, device="cpu", decoder="graph")
 
 
 # ------------------------------------------------------------------ through the harness

@@ -43,6 +43,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from ..decision import greedy_decision
+from ..generation.static import DECODERS, resolve_decoder
 from ..layout import collapse, expand, left_pad
 from ..losses import cyb_loss
 from ..model import PauseModel
@@ -162,16 +163,22 @@ class CybLM(LM):
         num_steps: ``M`` for a plain Hugging Face model without ``cyb_pause.json``.
         attn_implementation: ``sdpa`` or ``eager``.
         seed: seed of the sampler when a request asks for sampling.
+        decoder: the decode loop of ``generate_until`` (:class:`cyb.generation.GenerationConfig`):
+            ``auto`` (CUDA graph on CUDA where the model supports it, else eager), ``graph``,
+            ``static`` or ``eager``.
     """
 
     def __init__(self, pretrained, device: str | None = None, batch_size=8, max_batch_size=None,
                  mode: str = "fixed", dtype: str | None = None, max_length: int | None = None,
                  max_gen_toks: int = 256, add_bos_token: bool | None = None,
                  num_steps: int | None = None, attn_implementation: str | None = None,
-                 seed: int = 1234) -> None:
+                 seed: int = 1234, decoder: str = "auto") -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+        self._decoder = decoder
         if isinstance(batch_size, str) and batch_size.startswith("auto"):
             raise ValueError("batch_size='auto' is not supported by the cyb model; give an integer >= 1")
         self._batch_size = _positive_int("batch_size", batch_size)
@@ -196,6 +203,7 @@ class CybLM(LM):
                              "sends text")
         self._device = resolve_device(device, what="device")
         self._model = model.to(self._device).eval()
+        resolve_decoder(self._model, decoder)  # a clear error now for graph off CUDA, say
         self._codec = _Codec(model.tokenizer, add_bos_token)
         limit = self._position_limit()
         if max_length is None:
@@ -277,6 +285,7 @@ class CybLM(LM):
             "cyb": {
                 "method": s.method, "num_steps": s.num_steps, "dk_id": s.dk_id, "psi_dk": s.psi_dk,
                 "position_scheme": s.position_scheme, "generation_mode": self._mode,
+                "decoder": resolve_decoder(self._model, self._decoder),
                 "loglikelihood_readout": self.readout_name, "max_length": self._max_length,
                 "add_bos_token": self._codec.add_bos,
             },
@@ -406,7 +415,7 @@ class CybLM(LM):
             for start in range(0, len(members), self._batch_size):
                 batch = members[start:start + self._batch_size]
                 results = generate(self._model, [prepared[i][0] for i in batch], mode=self._mode,
-                                   seed=self._seed, **options)
+                                   seed=self._seed, decoder=self._decoder, **options)
                 for i, res in zip(batch, results):
                     out[i] = res.text or ""
                     self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
