@@ -424,18 +424,16 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
 
 
 def _collect(out: StepOutput, batch: list[_Row]) -> list[TokenEvent]:
-    """Move one step's decisions to the host (the one sync per step) and update the rows."""
-    answered, token, steps = torch.stack([out.answered.long(), out.token, out.steps]).tolist()
-    if not any(a and not row.finished for a, row in zip(answered, batch)):
-        return []
-    expected = None
-    if out.expected_steps is None:
-        d = out.d.tolist()
-    else:
-        floats = torch.cat([out.d, out.expected_steps.unsqueeze(1)], 1).tolist()
-        d, expected = [row[:-1] for row in floats], [row[-1] for row in floats]
+    """Move one step's decisions to the host (one read per step: ids, steps and ``d`` in one
+    float64 tensor, exact for ids below 2**53 and for float32 values) and update the rows."""
+    cols = [out.answered.double().unsqueeze(1), out.token.double().unsqueeze(1),
+            out.steps.double().unsqueeze(1), out.d.double()]
+    if out.expected_steps is not None:
+        cols.append(out.expected_steps.double().unsqueeze(1))
+    m = out.d.shape[1]
     events = []
-    for j, row in enumerate(batch):
-        if answered[j] and not row.finished:  # a static batch keeps its finished rows
-            events.append(row.add(token[j], steps[j], d[j], None if expected is None else expected[j]))
+    for row, values in zip(batch, torch.cat(cols, 1).tolist()):
+        if values[0] and not row.finished:  # a static batch keeps its finished rows
+            expected = values[3 + m] if out.expected_steps is not None else None
+            events.append(row.add(int(values[1]), int(values[2]), values[3:3 + m], expected))
     return events
