@@ -4,7 +4,8 @@
 
 For each case -- the eager decoder (fixed M = 1, fixed M = 4, adaptive M = 4), the same eager
 decoder with cuDNN attention turned off (fixed M = 4), the plain Hugging Face loop (M = 1) and the
-CUDA-graph decoder (fixed M = 4) -- it runs the prompt and a few untimed steps, then profiles
+CUDA-graph decoder (fixed M = 4), and the eager decoder given a 2-D mask that the model expands
+itself (what sliding-window models get) -- it runs the prompt and a few untimed steps, then profiles
 ``--steps`` steps (each read back to the host, as ``cyb generate`` does) and writes
 ``CASE.txt``: the wall time per step, host reads of device values per step
 (``aten::_local_scalar_dense``, ``cudaStreamSynchronize``, ``cudaMemcpyAsync``...), and the
@@ -86,6 +87,7 @@ def main(argv=None) -> int:
     cases = [("eager_fixed_M1", 1, "fixed", False, None),
              (f"eager_fixed_M{m}", m, "fixed", False, None),
              (f"eager_fixed_M{m}_no_cudnn_sdpa", m, "fixed", False, "no_cudnn"),
+             (f"eager_fixed_M{m}_hf_masks", m, "fixed", False, "hf_masks"),
              (f"eager_adaptive_M{m}", m, "adaptive", False, None),
              (f"graph_fixed_M{m}", m, "fixed", True, None)]
     summary = {"device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
@@ -93,8 +95,11 @@ def main(argv=None) -> int:
     for name, mm, mode, graph, ctx in cases:
         if ctx == "no_cudnn" and device.type != "cuda":
             continue
-        with torch.inference_mode(), (no_cudnn_attention() if ctx else contextlib.nullcontext()):
+        cudnn_off = ctx == "no_cudnn"
+        with torch.inference_mode(), (no_cudnn_attention() if cudnn_off else contextlib.nullcontext()):
             dec = make_decoder(models[mm], ids, mask, mode=mode, graph=graph, max_new_tokens=n_new * m)
+            if ctx == "hf_masks":  # the 2-D mask, expanded by the model's own mask code per step
+                dec.four_d = False
             dec.start()
 
             def step(dec=dec):
