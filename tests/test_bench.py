@@ -93,6 +93,9 @@ def test_bench_decode_quick_writes_json(tmp_path):
     e2e = res["end_to_end"]["rows"]
     assert {(r["mode"], r["batch"]) for r in e2e} == {("fixed", 2), ("adaptive", 2)}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in e2e)
+    ll = res["loglikelihood"]
+    assert ll["status"] == "ok" and ll["scored_blocks"]["status"] == "ok"
+    assert ll["max_abs_difference"] < 1e-3  # the batched scoring equals the full-logits readout
     names = [c["target"] for c in res["targets"]]
     assert any("latency M=4" in n for n in names)
     assert any(n.startswith("graph (static) decoder tokens == eager") for n in names)

@@ -198,6 +198,21 @@ def test_batching_padding_and_truncation(tokenizer):
     assert cut[0] == pytest.approx(full[0], rel=1e-5, abs=1e-5)
 
 
+def test_batch_scoring_in_small_chunks(tokenizer):
+    """Chunks of continuation blocks that cross rows give the one-chunk scores; an empty
+    continuation scores (0, True)."""
+    from cyb.integrations.scoring import score_batch
+
+    pm = pause_model(tokenizer, "cyb")
+    codec = CybLM(pm, device="cpu")._codec
+    pairs = [codec.pair(c, x) for c, x in PAIRS] + [(codec.context("abc"), [])]
+    whole = score_batch(pm, pairs, max_length=64)
+    small = score_batch(pm, pairs, max_length=64, logits_per_chunk=1)  # one block per chunk
+    assert whole[-1] == (0.0, True)
+    for (a, ga), (b, gb) in zip(whole, small):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-5) and ga == gb
+
+
 def test_context_encoding(tokenizer):
     lm = CybLM(pause_model(tokenizer, "cyb"), device="cpu")
     codec = lm._codec

@@ -39,7 +39,7 @@ import torch
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, random_ids
 from .models import real_ids_limit, wrap
 from ..runtime import resolve_device
-from .timing import Budget, environment, free_memory, guarded, median, sync
+from .timing import Budget, environment, free_memory, guarded, median, sync, time_calls
 from .timing import write_json
 
 IMPLS = ("hf_eager", "cyb_eager", "cyb_graph")
@@ -66,6 +66,9 @@ class DecodeBenchConfig:
     check_batch: int = 32
     check_tokens: int = 24
     e2e_tokens: int = 128
+    ll_batch: int = 32
+    ll_context: int = 512
+    ll_continuation: int = 16
     device: str | None = None
     budget_s: float | None = None
     seed: int = 0
@@ -75,7 +78,7 @@ class DecodeBenchConfig:
         """Tiny shapes on CPU in float32 (a smoke run)."""
         base = dict(shape=SHAPE_TINY, vocab=256, batches=(1, 4), prompt_len=8, new_tokens=6,
                     warmup_steps=1, dtype="fp32", check_batch=4, check_tokens=6, e2e_tokens=8,
-                    device="cpu")
+                    ll_batch=4, ll_context=16, ll_continuation=4, device="cpu")
         base.update(overrides)
         return cls(**base)
 
@@ -96,6 +99,9 @@ class DecodeBenchConfig:
         if not self.batches or min(self.batches) < 1 or self.check_batch < 1:
             raise ValueError(f"batches and check_batch must be >= 1, got {list(self.batches)}, "
                              f"{self.check_batch}")
+        for name in ("ll_batch", "ll_context", "ll_continuation"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.pause_fraction <= 1.0:
             raise ValueError(f"pause_fraction must lie in [0, 1], got {self.pause_fraction}")
         return self
@@ -365,6 +371,50 @@ def end_to_end(models: dict, prompts: dict, cfg: DecodeBenchConfig, graph_kind: 
     return rows
 
 
+def loglikelihood_bench(model, cfg: DecodeBenchConfig, device) -> dict:
+    """lm-eval ``loglikelihood`` scoring (:func:`cyb.integrations.scoring.score_batch`) of
+    ``ll_batch`` requests (``ll_context`` + ``ll_continuation`` real tokens each) against the
+    same readout on the full logits of every position (what a plain causal-LM forward makes)."""
+    from ..integrations.scoring import score_batch, token_log_likelihood
+    from ..layout import collapse, expand
+    from ..readout import readout
+
+    limit = real_ids_limit(cfg.vocab, model.num_steps)
+    g = torch.Generator().manual_seed(cfg.seed + 11)
+    seqs = torch.randint(0, limit, (cfg.ll_batch, cfg.ll_context + cfg.ll_continuation), generator=g)
+    pairs = [(row[:cfg.ll_context], row[cfg.ll_context:]) for row in seqs.tolist()]
+    n_tok = cfg.ll_batch * cfg.ll_continuation
+    max_length = cfg.ll_context + cfg.ll_continuation
+
+    def fused():
+        return score_batch(model, pairs, max_length=max_length)
+
+    def full_logits():
+        with torch.inference_mode():
+            ids = seqs[:, :-1].to(device)
+            lay = expand(ids, model.vocab)
+            hidden, _ = model.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+            logits = model.logits(hidden)  # [B, L*M, V]: every position
+            m = model.num_steps
+            blocks = collapse(logits, m)[:, -cfg.ll_continuation:]  # [B, C, M, V]
+            tgt = seqs[:, cfg.ll_context:].to(device).unsqueeze(-1).expand(-1, -1, m)
+            lt, ld, lnd = readout(blocks, tgt, dk_id=model.settings.dk_id, dk_bias=model.dk_bias)
+            return token_log_likelihood(lt, ld, lnd, has_dk=model.settings.dk_id is not None).sum(-1).tolist()
+
+    out = {"batch": cfg.ll_batch, "context": cfg.ll_context, "continuation": cfg.ll_continuation,
+           "num_steps": model.num_steps}
+    for name, fn in (("scored_blocks", fused), ("full_logits", full_logits)):
+        res = guarded(lambda fn=fn: time_calls(fn, device=device, warmup=1, repeats=3), device)
+        if res.get("status") == "ok":
+            res["requests_per_s"] = cfg.ll_batch * 1e3 / res["ms"]
+            res["tokens_scored_per_s"] = n_tok * 1e3 / res["ms"]
+        out[name] = res
+        free_memory(device)
+    a, b = fused(), full_logits()
+    out["max_abs_difference"] = max(abs(x - y) for (x, _), y in zip(a, b))
+    return out
+
+
 def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     """Run the decode benchmark; returns (and writes to ``out`` after every row) the result."""
     cfg.validate()
@@ -379,7 +429,8 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     m_big = cfg.num_steps
     total = cfg.warmup_steps + cfg.new_tokens
     e2e = max(cfg.e2e_tokens, cfg.check_tokens)
-    max_pos = (cfg.prompt_len + max(total, e2e) + 2) * m_big + 16
+    max_pos = max((cfg.prompt_len + max(total, e2e) + 2) * m_big,
+                  (cfg.ll_context + cfg.ll_continuation) * m_big) + 16
     hf_model = build_hf_model(cfg.shape, cfg.vocab, dtype=dtype, device=device,
                               max_positions=max_pos, seed=cfg.seed).eval()
     spread_weights(hf_model, cfg.seed)
@@ -430,7 +481,8 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                 write_json(out, result)
 
     for key, fn in (("agreement_fp32", lambda: agreement_check(hf_model, cfg, device, graph_kind)),
-                    ("end_to_end", lambda: {"rows": end_to_end(models, prompts, cfg, graph_kind)})):
+                    ("end_to_end", lambda: {"rows": end_to_end(models, prompts, cfg, graph_kind)}),
+                    ("loglikelihood", lambda: loglikelihood_bench(models[("fixed", m_big)], cfg, device))):
         if budget.allows(5.0):
             result[key] = guarded(fn, device)
         else:
@@ -439,6 +491,13 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     log(f"agreement (fp32, {graph_kind} vs eager decoder): {_check_line(result['agreement_fp32'])}")
     for r in result["end_to_end"].get("rows", []):
         log(format_e2e(r))
+    ll = result["loglikelihood"]
+    for name in ("scored_blocks", "full_logits"):
+        r = ll.get(name, {})
+        if r.get("status") == "ok":
+            peak = "" if r["peak_gib"] is None else f", peak {r['peak_gib']:.2f} GiB"
+            log(f"loglikelihood {name}: {r['ms']:.1f} ms per batch of {ll['batch']}, "
+                f"{r['requests_per_s']:.1f} requests/s{peak}")
     result["elapsed_s"] = budget.elapsed()
     write_json(out, result)
     return result

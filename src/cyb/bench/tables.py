@@ -84,6 +84,18 @@ def decode_table(result: dict) -> str:
                                  [_num(r["tokens_per_s"], ",.1f"), _num(r.get("decode_tokens_per_s"), ",.1f")]))
         out += "\n\n" + markdown_table(["generate: mode", "B", "M", "new tokens", "decoder",
                                           "tok/s (whole call)", "tok/s (decoding, from token 3)"], lines)
+    ll = result.get("loglikelihood") or {}
+    if ll.get("status") == "ok":
+        lines = []
+        for name in ("scored_blocks", "full_logits"):
+            r = ll.get(name) or {}
+            bad = _status(r)
+            lines.append([name] + ([bad, "", "", ""] if bad is not None else
+                                   [_num(r["ms"], ".1f"), _num(r["requests_per_s"], ",.1f"),
+                                    _num(r["tokens_scored_per_s"], ",.0f"), _num(r.get("peak_gib"), ".2f")]))
+        out += "\n\n" + markdown_table(
+            [f"loglikelihood: {ll['batch']} requests x ({ll['context']} + {ll['continuation']}) tokens",
+             "ms / batch", "requests/s", "continuation tokens/s", "peak GiB"], lines)
     check = result.get("agreement_fp32") or {}
     if check.get("status") == "ok":
         lines = [[k, "yes" if v["equal"] else "NO", f"{v['match_fraction']:.3f}", v["rows"],
