@@ -64,7 +64,7 @@ tail -n 60 "$OUT/decode.log"
 
 # 2. the profile of one step of each decoder
 PROF=$(mktemp -d)
-part profile 70 python3 experiments/profile_decode.py ${QUICK[@]+"${QUICK[@]}"} --out "$PROF/profile"
+part profile 90 python3 experiments/profile_decode.py ${QUICK[@]+"${QUICK[@]}"} --out "$PROF/profile"
 tar czf "$OUT/profile.tar.gz" -C "$PROF" profile 2>/dev/null && cat "$PROF/profile/summary.json"
 rm -rf "$PROF"
 

@@ -4,7 +4,7 @@
 
 For each case -- the eager decoder (fixed M = 1, fixed M = 4, adaptive M = 4), the same eager
 decoder with cuDNN attention turned off (fixed M = 4), the plain Hugging Face loop (M = 1) and the
-CUDA-graph decoder (fixed M = 4), and the eager decoder given a 2-D mask that the model expands
+CUDA-graph decoder (fixed M = 1 and 4, adaptive M = 4), and the eager decoder given a 2-D mask that the model expands
 itself (what sliding-window models get) -- it runs the prompt and a few untimed steps, then profiles
 ``--steps`` steps (each read back to the host, as ``cyb generate`` does) and writes
 ``CASE.txt``: the wall time per step, host reads of device values per step
@@ -89,7 +89,9 @@ def main(argv=None) -> int:
              (f"eager_fixed_M{m}_no_cudnn_sdpa", m, "fixed", False, "no_cudnn"),
              (f"eager_fixed_M{m}_hf_masks", m, "fixed", False, "hf_masks"),
              (f"eager_adaptive_M{m}", m, "adaptive", False, None),
-             (f"graph_fixed_M{m}", m, "fixed", True, None)]
+             ("graph_fixed_M1", 1, "fixed", True, None),
+             (f"graph_fixed_M{m}", m, "fixed", True, None),
+             (f"graph_adaptive_M{m}", m, "adaptive", True, None)]
     summary = {"device": str(device), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
                "torch": torch.__version__, "cases": {}}
     for name, mm, mode, graph, ctx in cases:
