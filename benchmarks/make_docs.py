@@ -57,7 +57,7 @@ NOTES = {
         "prompts' step-1 decisions say dk (the run's `adaptive_fixture`); a random model's "
         "pauses are otherwise arbitrary.",
         "`tokens = eager`: fraction of greedy tokens equal to `cyb_eager`'s in the same (bf16) run.",
-        "`generate`: `cyb.generation.generate` (what `cyb generate` runs, default decoder) after "
+        "`generate`: `cyb.generation.generate` (what `cyb generate` runs; the graph decoder, its default on CUDA) after "
         "a warm-up call; the whole call includes prefill and graph capture.",
     ],
     "loss": [

@@ -340,9 +340,9 @@ def agreement_check(hf_model, cfg: DecodeBenchConfig, device, graph_kind: str) -
 
 
 def end_to_end(models: dict, prompts: dict, cfg: DecodeBenchConfig, graph_kind: str) -> list[dict]:
-    """:func:`cyb.generation.generate` (default decoder, no EOS) after a warm-up call: tokens/s
-    of the whole call (prefill, capture and decoding) and of its decoding part (from the 3rd
-    token event to the last)."""
+    """:func:`cyb.generation.generate` after a warm-up call, no EOS, with the graph decoder (the
+    default on CUDA; the static one elsewhere): tokens/s of the whole call (prefill, capture and
+    decoding) and of its decoding part (from the 3rd token event to the last)."""
     from ..generation import generate
 
     rows = []
@@ -350,7 +350,7 @@ def end_to_end(models: dict, prompts: dict, cfg: DecodeBenchConfig, graph_kind: 
         for batch in cfg.batches:
             pm = models[("adaptive" if mode == "adaptive" else "fixed", cfg.num_steps)]
             ids = prompts[batch].tolist()
-            opts = dict(mode=mode, max_new_tokens=cfg.e2e_tokens, eos_token_ids=(), decoder="auto")
+            opts = dict(mode=mode, max_new_tokens=cfg.e2e_tokens, eos_token_ids=(), decoder=graph_kind)
             row = {"mode": mode, "batch": batch, "num_steps": cfg.num_steps,
                    "new_tokens": cfg.e2e_tokens, "decoder": graph_kind}
 
