@@ -57,7 +57,7 @@ def profile_steps(step, steps: int, device) -> tuple[profile, float]:
 def report(name: str, prof, wall_ms: float, steps: int, device, out: Path) -> dict:
     ev = prof.key_averages()
     counts = {e.key: e.count / steps for e in ev if e.key in SYNC_EVENTS}
-    dev_key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    dev_key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     lines = [f"# {name}", f"wall ms per step (under the profiler): {wall_ms:.3f}",
              f"host reads / syncs per step: {json.dumps(counts)}", "",
              f"## top ops by {dev_key}", ev.table(sort_by=dev_key, row_limit=25), "",
