@@ -44,12 +44,21 @@ NOTES = {
         "logits / fused readout).",
     ],
     "decode": [
-        "Per step: a new real token per row (fixed mode: the token and its M-1 pauses in one "
-        "forward of M positions); tokens are read back to the host at every step; host clock.",
-        "`hf_eager`: plain Hugging Face loop with a DynamicCache; `cyb_eager`: the library's "
-        "decoder (`cyb.generation.decoders.FixedDecoder`); `cyb_graph`: static KV cache with the "
-        "decode step captured as a CUDA graph (`cyb.generation.static`).",
+        "Per step: fixed mode feeds every row's token and its M-1 pauses in one forward of M "
+        "positions (a real token per row per step); adaptive mode feeds one position per row "
+        "(the answer, or the next pause after a dk).  Decisions are read back to the host at "
+        "every step; host clock.  `ms / real token` = time per real token of a row; "
+        "`positions / token` = positions fed per real token.",
+        "`hf_eager`: plain Hugging Face loop with a DynamicCache; `cyb_eager`: the eager decoders "
+        "(`cyb.generation.decoders`, DynamicCache); `cyb_graph`: static KV cache with the decode "
+        "step captured as a CUDA graph (`cyb.generation.static`), the default of "
+        "`cyb generate` on CUDA.",
+        "Adaptive rows run a CYB model whose dk prior is set so that a given share of the "
+        "prompts' step-1 decisions say dk (the run's `adaptive_fixture`); a random model's "
+        "pauses are otherwise arbitrary.",
         "`tokens = eager`: fraction of greedy tokens equal to `cyb_eager`'s in the same (bf16) run.",
+        "`generate`: `cyb.generation.generate` (what `cyb generate` runs; the graph decoder, its default on CUDA) after "
+        "a warm-up call; the whole call includes prefill and graph capture.",
     ],
     "loss": [
         "Forward + backward of the readout and loss alone on random hidden states; `GiB` is the "
@@ -139,16 +148,11 @@ def section(path: Path, result: dict) -> list[str]:
         out.append(f"- Run: {when}")
     out += ["", table_for(result)]
     out += _targets_block(targets_for(result))
-    check = result.get("greedy_check_fp32")
-    if kind == "decode" and isinstance(check, dict):
-        state = check.get("status")
-        if state == "ok":
-            parts = [f"{k}: {'equal' if v['equal'] else 'DIFFERENT'}" for k, v in check.items()
-                     if k.startswith("M=")]
-            out += ["", "Greedy output of the static decoder against the library decoder (float32, "
-                    "a left-padded batch): " + ", ".join(parts) + "."]
-        else:
-            out += ["", f"Greedy check: {state} {check.get('reason', '')}"]
+    fixture = result.get("adaptive_fixture")
+    if kind == "decode" and isinstance(fixture, dict):
+        out += ["", f"Adaptive fixture: dk prior psi_dk = {fixture['psi_dk']:.3g} (dk logit bias "
+                f"{fixture['dk_bias']:.2f}), {fixture['step1_dk_fraction_on_prompts']:.0%} of the "
+                "prompts' step-1 decisions say dk."]
     out += [""] + [f"- {n}" for n in NOTES[kind]] + [""]
     return out
 

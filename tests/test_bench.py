@@ -71,16 +71,34 @@ def test_bench_decode_quick_writes_json(tmp_path):
                  "--prompt-len", "4", "--new-tokens", "3"]) == 0
     res = _read(out)
     assert res["kind"] == "decode"
-    assert res["greedy_check_fp32"]["status"] == "ok" and res["greedy_check_fp32"]["equal"]
-    impls = {(r["impl"], r["num_steps"]) for r in res["results"]}
-    assert impls == {(i, m) for i in ("hf_eager", "cyb_eager", "cyb_static") for m in (1, 4)}
+    check = res["agreement_fp32"]
+    assert check["status"] == "ok" and check["equal"]
+    assert {k for k, v in check.items() if isinstance(v, dict)} == {
+        f"{mode} M={m} {how}" for mode, m in (("fixed", 4), ("fixed", 1), ("adaptive", 4))
+        for how in ("greedy", "sampled")}
+    impls = {(r["impl"], r["mode"], r["num_steps"]) for r in res["results"]}
+    want = {(i, "fixed", m) for i in ("hf_eager", "cyb_eager", "cyb_static") for m in (1, 4)}
+    want |= {(i, "adaptive", 4) for i in ("cyb_eager", "cyb_static")}
+    assert impls == want
     for r in res["results"]:
         assert r["status"] == "ok", r
         assert r["steps_timed"] == 3 and r["real_tokens_per_s"] > 0
+        if r["mode"] == "fixed":
+            assert r["positions_per_token"] == r["num_steps"]
+        else:  # adaptive: between one position and M per token
+            assert 1 <= r["positions_per_token"] <= r["num_steps"]
         if r["impl"] == "cyb_static":
             assert r["tokens_vs_cyb_eager"]["equal"]
+    assert 0 < res["adaptive_fixture"]["step1_dk_fraction_on_prompts"] < 1
+    e2e = res["end_to_end"]["rows"]
+    assert {(r["mode"], r["batch"]) for r in e2e} == {("fixed", 2), ("adaptive", 2)}
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in e2e)
+    ll = res["loglikelihood"]
+    assert ll["status"] == "ok" and ll["scored_blocks"]["status"] == "ok"
+    assert ll["max_abs_difference"] < 1e-3  # the batched scoring equals the full-logits readout
     names = [c["target"] for c in res["targets"]]
     assert any("latency M=4" in n for n in names)
+    assert any(n.startswith("graph (static) decoder tokens == eager") for n in names)
 
 
 def test_bench_loss_quick_writes_json(tmp_path, monkeypatch):
@@ -294,22 +312,35 @@ def test_train_targets_and_table():
 
 
 def test_decode_targets_and_table():
-    def row(impl, b, m, ms):
-        return {"impl": impl, "batch": b, "num_steps": m, "status": "ok", "step_ms": ms,
-                "step_ms_mean": ms, "per_real_token_ms": ms, "real_tokens_per_s": b * 1e3 / ms,
-                "prefill_ms": 5.0}
+    def row(impl, b, m, ms, mode="fixed", ppt=None):
+        return {"impl": impl, "mode": mode, "batch": b, "num_steps": m, "status": "ok",
+                "step_ms": ms, "step_ms_mean": ms, "per_real_token_ms": ms,
+                "real_tokens_per_s": b * 1e3 / ms, "positions_per_token": ppt or m, "prefill_ms": 5.0}
     result = {"kind": "decode", "config": {"num_steps": 4}, "anchor_hf_eager_ms": 8.4,
-              "greedy_check_fp32": {"status": "ok", "equal": True},
+              "agreement_fp32": {"status": "ok", "equal": True,
+                                 "fixed M=4 greedy": {"equal": True, "match_fraction": 1.0, "rows": 32,
+                                                      "tokens": 24, "mean_steps": 1.5}},
+              "end_to_end": {"rows": [{"mode": "fixed", "batch": 1, "num_steps": 4, "new_tokens": 128,
+                                       "decoder": "graph", "status": "ok", "tokens_per_s": 400.0,
+                                       "decode_tokens_per_s": 540.0}]},
               "results": [row("hf_eager", 1, 1, 8.0), row("cyb_eager", 1, 1, 8.2),
-                          row("cyb_eager", 1, 4, 8.5), row("cyb_graph", 1, 1, 1.5),
-                          row("cyb_graph", 1, 4, 1.8)]}
+                          row("cyb_eager", 1, 4, 13.0), row("cyb_graph", 1, 1, 1.5),
+                          row("cyb_graph", 1, 4, 1.8), row("cyb_graph", 1, 4, 2.5, "adaptive", 1.6)]}
     checks = {c["target"]: c for c in targets.decode_targets(result)}
     ratio = checks["cyb_graph: per-real-token latency M=4 <= 1.1 x M=1 (batch 1)"]
     assert ratio["value"] == pytest.approx(1.2) and ratio["met"] is False
+    eager = checks["cyb_eager: per-real-token latency M=4 <= 1.5 x M=1 (batch 1)"]
+    assert eager["value"] == pytest.approx(13.0 / 8.2) and eager["met"] is False
     assert checks["cyb_graph M=4 latency <= 0.5 x eager HF anchor (8.4 ms)"]["met"]
     assert checks["cyb_graph M=4 latency <= 0.5 x eager HF M=1 (same run)"]["value"] == pytest.approx(1.8 / 8)
-    assert checks["static decoder greedy output == library decoder (fp32, left padding)"]["met"]
-    assert "| cyb_graph | 1 | 4 | 1.800 |" in decode_table(result)
+    e2e = checks["generate decoding tok/s >= 0.9 x the decoder's own (fixed, M=4, batch 1)"]
+    assert e2e["value"] == pytest.approx(540 / (1e3 / 1.8)) and e2e["met"]
+    assert [c for t, c in checks.items() if t.startswith("graph (static) decoder tokens")][0]["met"]
+    text = decode_table(result)
+    assert "| cyb_graph | fixed | 1 | 4 | 1.800 |" in text
+    assert "| cyb_graph | adaptive | 1 | 4 | 2.500 | 2.500 | 1.60 |" in text
+    assert "| fixed | 1 | 4 | 128 | graph | 400.0 | 540.0 |" in text
+    assert "| fixed M=4 greedy | yes | 1.000 | 32 | 24 | 1.50 |" in text
 
 
 def _make_docs():

@@ -8,6 +8,7 @@ cache and implement the sequential decision directly (not through :mod:`cyb.deci
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -232,6 +233,126 @@ def test_batch_equals_alone(family, mode):
         assert got.positions == want.positions
         torch.testing.assert_close(torch.tensor(got.d), torch.tensor(want.d), equal_nan=True,
                                    atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ static decoder == eager
+
+
+def _same_results(got: list[GenerationResult], want: list[GenerationResult]) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert g.steps == w.steps
+        assert g.text == w.text and g.stop_reason == w.stop_reason
+        assert g.positions == w.positions
+        torch.testing.assert_close(torch.tensor(g.d), torch.tensor(w.d), equal_nan=True,
+                                   atol=1e-5, rtol=1e-4)
+        if w.expected_steps is not None:
+            assert g.expected_steps == pytest.approx(w.expected_steps, abs=1e-5)
+
+
+STATIC_CASES = [("cyb", "shared"), ("tbys", "shared"), ("baseline", "shared"), ("cyb", "advance")]
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("kind,scheme", STATIC_CASES)
+def test_static_decoder_equals_eager(kind, scheme, mode, sample):
+    """The CUDA-graph decoder's step run eagerly (``decoder="static"``) against the eager
+    decoder, float32: left-padded prompts, a row that ends early at an EOS (it stays in the
+    static batch, ignored), a stop string, greedy and sampled."""
+    pm = model("llama", kind) if scheme == "shared" else build("llama", kind, scheme=scheme)
+    opts = dict(mode=mode, max_new_tokens=9)
+    if sample:
+        opts.update(sample=True, temperature=0.9, top_k=20, top_p=0.9, seed=5)
+    first = generate(pm, PROMPTS, eos_token_ids=(), decoder="eager", **opts)
+    opts.update(eos_token_ids=(first[0].token_ids[2],), stop=[first[1].text[3:5] or "zz"])
+    want = generate(pm, PROMPTS, decoder="eager", **opts)
+    assert len({len(r.token_ids) for r in want}) > 1  # rows finish at different steps
+    got = generate(pm, PROMPTS, decoder="static", **opts)
+    _same_results(got, want)
+    if kind == "cyb" and scheme == "shared" and not sample:  # both decisions were made
+        assert len({s for r in want for s in r.steps}) > 1
+
+
+def test_static_decoder_streams_the_same_events():
+    pm = model("llama")
+    opts = dict(mode="adaptive", max_new_tokens=5, eos_token_ids=())
+    want = [dataclasses.astuple(e) for e in stream(pm, PROMPTS[:3], decoder="eager", **opts)]
+    got = [dataclasses.astuple(e) for e in stream(pm, PROMPTS[:3], decoder="static", **opts)]
+    assert got == want
+
+
+def test_decoder_choice():
+    from cyb.generation.static import resolve_decoder
+
+    llama, gemma = model("llama"), model("gemma2")  # gemma2: sliding-window layers
+    assert resolve_decoder(llama, "auto") == "eager"  # no CUDA here
+    assert resolve_decoder(llama, "static") == "static"
+    assert resolve_decoder(gemma, "auto") == "eager"
+    with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+        resolve_decoder(llama, "graph")
+    with pytest.raises(ValueError, match="sliding-window"):
+        resolve_decoder(gemma, "static")
+    with pytest.raises(ValueError, match="sliding-window"):
+        generate(gemma, "a", decoder="graph")
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        GenerationConfig(decoder="fast")
+    assert GenerationConfig().decoder == "auto"
+
+
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("decoder", ["eager", "static"])
+def test_decode_steps_read_nothing_back_to_the_host(mode, decoder):
+    """A decode step leaves the device alone: no ``.item()``-like read (on CUDA each would wait
+    for the queued work); the one read per step is the caller's (the decisions)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from cyb.generation.decoders import AdaptiveDecoder, FixedDecoder, StepReadout
+    from cyb.generation.static import static_decoder
+    from cyb.layout import left_pad
+
+    pm = model("llama")
+    ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
+    readout = StepReadout(pm.vocab, pm.dk_bias, sample=True, temperature=0.9, top_p=0.9,
+                          generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        if decoder == "eager":
+            dec = (FixedDecoder if mode == "fixed" else AdaptiveDecoder)(pm, ids, mask, readout)
+        else:
+            dec = static_decoder(pm, ids, mask, readout, mode=mode, max_new_tokens=8)
+        dec.start()
+        dec.step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                dec.step()
+    reads = {e.key: e.count for e in prof.key_averages()
+             if e.key in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")}
+    assert reads == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_cuda_graph_decoder_equals_eager(mode, dtype):
+    """On CUDA the default decoder is the CUDA graph; in float32 it gives the eager tokens
+    (greedy and sampled, left padding, early EOS); in bf16 most of them (kernels that sum in
+    another order may flip a near-tie, and a row differs from there on)."""
+    from cyb.generation.static import resolve_decoder
+
+    pm = build("llama", "cyb", init=0.3, dk_scale=0.3, psi_dk=0.5).to("cuda", dtype)
+    assert resolve_decoder(pm, "auto") == "graph"
+    for sample in (False, True):
+        opts = dict(mode=mode, max_new_tokens=12, eos_token_ids=())
+        if sample:
+            opts.update(sample=True, temperature=0.9, top_p=0.9, seed=5)
+        want = generate(pm, PROMPTS, decoder="eager", **opts)
+        got = generate(pm, PROMPTS, **opts)
+        if dtype == torch.float32:
+            _same_results(got, want)
+        else:
+            same = sum(a == b for g, w in zip(got, want) for a, b in zip(g.token_ids, w.token_ids))
+            assert same >= 0.5 * sum(len(w.token_ids) for w in want)
 
 
 # ------------------------------------------------------------------------------- stopping
@@ -475,6 +596,28 @@ def test_cli_errors(saved, tmp_path, capsys):
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
     assert main(["generate", str(saved)]) == 2
     assert "no prompt given" in capsys.readouterr().err
+    assert main(["generate", str(saved), "--prompt", "a", "--decoder", "graph", "--device", "cpu"]) == 2
+    assert "--decoder graph: " in capsys.readouterr().err
+
+
+def test_cli_generate_decoders_agree(saved, tmp_path, capsys):
+    texts = {}
+    for decoder in ("eager", "static"):
+        out_json = tmp_path / f"{decoder}.json"
+        assert main(["generate", str(saved), "--prompt", "12+", "--prompt", "hello", "--batch-size", "2",
+                     "--max-new-tokens", "6", "--decoder", decoder, "--json", str(out_json),
+                     "--device", "cpu"]) == 0
+        data = json.loads(out_json.read_text())
+        assert data["decoder_used"] == decoder and data["config"]["decoder"] == decoder
+        texts[decoder] = [r["token_ids"] for r in data["results"]]
+    assert texts["eager"] == texts["static"]
+    assert "auto = graph on CUDA" in " ".join(_help_lines(capsys))
+
+
+def _help_lines(capsys) -> list[str]:
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    return capsys.readouterr().out.split()
 
 
 def test_shade_marks_line_breaks_on_their_colour():

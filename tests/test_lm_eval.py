@@ -198,6 +198,21 @@ def test_batching_padding_and_truncation(tokenizer):
     assert cut[0] == pytest.approx(full[0], rel=1e-5, abs=1e-5)
 
 
+def test_batch_scoring_in_small_chunks(tokenizer):
+    """Chunks of continuation blocks that cross rows give the one-chunk scores; an empty
+    continuation scores (0, True)."""
+    from cyb.integrations.scoring import score_batch
+
+    pm = pause_model(tokenizer, "cyb")
+    codec = CybLM(pm, device="cpu")._codec
+    pairs = [codec.pair(c, x) for c, x in PAIRS] + [(codec.context("abc"), [])]
+    whole = score_batch(pm, pairs, max_length=64)
+    small = score_batch(pm, pairs, max_length=64, logits_per_chunk=1)  # one block per chunk
+    assert whole[-1] == (0.0, True)
+    for (a, ga), (b, gb) in zip(whole, small):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-5) and ga == gb
+
+
 def test_context_encoding(tokenizer):
     lm = CybLM(pause_model(tokenizer, "cyb"), device="cpu")
     codec = lm._codec
@@ -248,6 +263,11 @@ def test_generate_until_matches_generate(tokenizer, mode, caplog):
         assert text == want.text
         assert not any(u in text for u in until)
     assert "num_beams" in caplog.text  # unsupported options are named, not silently dropped
+    # the static decoder (the CUDA-graph decoder's step, run eagerly) gives the same texts
+    static = CybLM(pm, device="cpu", batch_size=2, mode=mode, max_gen_toks=7, decoder="static")
+    assert static.generate_until(requests("generate_until", list(zip(contexts, gen_kwargs))), True) == got
+    assert static.get_model_info()["cyb"]["decoder"] == "static"
+    assert lm.get_model_info()["cyb"]["decoder"] == "eager"  # auto on a CPU
 
 
 # ------------------------------------------------------------------ arguments
@@ -265,6 +285,10 @@ def test_bad_model_arguments(tokenizer):
         CybLM(3)
     with pytest.raises(ValueError, match="dtype apply when loading"):
         CybLM(pm, device="cpu", dtype="bfloat16")
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        CybLM(pm, device="cpu", decoder="fast")
+    with pytest.raises(ValueError, match="needs the model on a CUDA device"):
+        CybLM(pm, device="cpu", decoder="graph")
 
 
 # ------------------------------------------------------------------ through the harness

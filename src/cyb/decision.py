@@ -77,11 +77,18 @@ def filter_logits(z: torch.Tensor, *, top_k: int | None = None, top_p: float | N
 def sample_decision(logits: torch.Tensor, *, dk_id: int | None = None, dk_bias: float = 0.0,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                     generator: torch.Generator | None = None,
-                    num_valid_steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    num_valid_steps: torch.Tensor | None = None,
+                    uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled sequential readout; same shapes as :func:`greedy_decision`.
 
     dk is taken with probability ``d_i`` (temperature does not change it); the token is drawn
     from the tempered, filtered distribution without dk.
+
+    All randomness comes from ``uniforms`` ``[..., M + 1]`` in ``[0, 1)``: ``u_i`` for the dk
+    decision at step ``i`` (dk when ``u_i < d_i``) and ``u_{M+1}`` for the token (inverse CDF
+    over the vocabulary).  None: drawn with :func:`draw_uniforms` from ``generator``.  Given
+    the uniforms the decision is a fixed-shape device computation with no host read (it can be
+    captured in a CUDA graph), so decoders that feed the same uniforms decide alike.
     """
     if temperature <= 0:
         return greedy_decision(logits, dk_id=dk_id, dk_bias=dk_bias, num_valid_steps=num_valid_steps)
@@ -91,19 +98,36 @@ def sample_decision(logits: torch.Tensor, *, dk_id: int | None = None, dk_bias: 
     last = torch.full(lead, m, dtype=torch.long, device=z.device)
     if num_valid_steps is not None:
         last = num_valid_steps.long().clamp(1, m)
+    if uniforms is None:
+        uniforms = draw_uniforms(tuple(lead), m, generator).to(z.device)
+    elif tuple(uniforms.shape) != (*lead, m + 1):
+        raise ValueError(f"uniforms must have shape {(*lead, m + 1)}, got {tuple(uniforms.shape)}")
     step_idx = torch.arange(1, m + 1, device=z.device)
     if dk_id is None:
         steps = last
     else:
         d = z.softmax(-1)[..., dk_id]  # [..., M]
-        u = torch.rand(d.shape, generator=generator, device="cpu").to(d.device)
-        answers = (u >= d) | (step_idx >= last.unsqueeze(-1))
+        answers = (uniforms[..., :m] >= d) | (step_idx >= last.unsqueeze(-1))
         steps = torch.where(answers, step_idx, torch.full_like(step_idx, m + 1)).amin(-1)
     chosen = z.gather(-2, (steps - 1).view(*lead, 1, 1).expand(*lead, 1, z.shape[-1])).squeeze(-2)
     if dk_id is not None:
         chosen = chosen.clone()
         chosen[..., dk_id] = float("-inf")
     chosen = filter_logits(chosen / temperature, top_k=top_k, top_p=top_p)
-    probs = chosen.softmax(-1).reshape(-1, chosen.shape[-1])
-    token = torch.multinomial(probs.cpu(), 1, generator=generator).to(z.device).view(lead)
+    token = inverse_cdf(chosen.softmax(-1), uniforms[..., m])
     return token, steps
+
+
+def draw_uniforms(lead: tuple, num_steps: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``[*lead, num_steps + 1]`` float32 uniforms in ``[0, 1)`` from a CPU generator: what
+    :func:`sample_decision` consumes for one decision per entry of ``lead``."""
+    return torch.rand((*lead, num_steps + 1), generator=generator, device="cpu")
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``[...]`` long: the first index whose cumulative probability exceeds ``u`` times the
+    total, for ``probs [..., V]`` and ``u [...]`` in ``[0, 1)``; never an index of probability 0."""
+    cdf = probs.float().cumsum(-1)
+    x = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf.contiguous(), x.contiguous(), right=True).squeeze(-1)
+    return idx.clamp(max=probs.shape[-1] - 1)

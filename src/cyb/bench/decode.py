@@ -1,22 +1,30 @@
-"""Decode benchmark: per-real-token latency (batch 1) and throughput (batch 32), M = 4 vs M = 1.
+"""Decode benchmark: graph vs eager, fixed vs adaptive, M = 4 vs M = 1, batch 1 and 32.
 
-One model, two pause settings on the same weights: fixed mode with ``M`` steps per token (a
-CYB model: ``M - 1`` pauses, dk) and ``M = 1`` (no pauses).  Implementations:
+One model, several pause settings on the same weights: fixed mode with ``M`` steps per token (a
+CYB model: ``M - 1`` pauses, dk), ``M = 1`` (no pauses), and adaptive mode on a CYB model whose
+dk prior is set so that a known share of the first steps say dk (the *adaptive fixture*: a
+random model says dk arbitrarily; the prior is set from the prompts' step-1 dk margins so that
+``pause_fraction`` of them say dk; the pauses that follow decide alike, so the positions per
+token are measured, not assumed).  Implementations:
 
 * ``hf_eager``: a plain Hugging Face loop -- the causal LM's forward with a ``DynamicCache``,
   ``M`` new positions per step (the token and ``M - 1`` pause ids, default positions), argmax of
   the last logits.  The reference for "eager HF per-step latency".
-* ``cyb_eager``: :class:`cyb.generation.decoders.FixedDecoder` (the library's decode loop:
-  explicit positions and mask, ``DynamicCache``, sequential readout).
-* ``cyb_graph``: :class:`cyb.generation.static.StaticFixedDecoder` (preallocated KV cache, the
-  decode step captured as a CUDA graph on CUDA; on CPU it runs the same step eagerly and the row
-  is called ``cyb_static``).
+* ``cyb_eager``: :class:`cyb.generation.decoders.FixedDecoder` / ``AdaptiveDecoder`` (the eager
+  decoders: explicit positions and 4-D mask, ``DynamicCache``, sequential readout).
+* ``cyb_graph``: :class:`cyb.generation.static.StaticFixedDecoder` / ``StaticAdaptiveDecoder``
+  (preallocated KV cache, the decode step captured as a CUDA graph on CUDA; on CPU it runs the
+  same step eagerly and the row is called ``cyb_static``).
 
-Every step reads the decided tokens back to the host (as a streaming generator must), and is
-timed on the host clock.  A real token per row per step, so the per-real-token latency is the
-step time and throughput is ``batch / step time``.  Greedy outputs of ``cyb_graph`` are checked
-against ``cyb_eager``: in float32 on prompts with left padding (must be equal), and on the timed
-bf16 runs (reported; bf16 rounding may flip near-ties).
+Every step reads its decisions back to the host (as a streaming generator must), and is timed on
+the host clock.  Fixed mode: a real token per row per step.  Adaptive mode: a row answers at
+some steps and pauses at others; ``ms_per_token`` is the time per real token of a row
+(total time / (real tokens / batch)) and ``positions_per_token`` the positions fed per real
+token.  Checks: the graph (static) decoders against the eager ones through
+:func:`cyb.generation.generate` in float32 on a left-padded batch (fixed and adaptive, greedy
+and sampled: must be equal), and on the timed bf16 runs (reported; bf16 rounding in different
+kernels may flip near-ties, and a flipped token changes everything after it).  End to end:
+:func:`cyb.generation.generate` (what ``cyb generate`` runs) against the decoder's own rate.
 """
 
 from __future__ import annotations
@@ -31,10 +39,11 @@ import torch
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, random_ids
 from .models import real_ids_limit, wrap
 from ..runtime import resolve_device
-from .timing import Budget, environment, free_memory, guarded, median, sync
+from .timing import Budget, environment, free_memory, guarded, median, sync, time_calls
 from .timing import write_json
 
 IMPLS = ("hf_eager", "cyb_eager", "cyb_graph")
+MODES = ("fixed", "adaptive")
 #: Anchor: eager Hugging Face decode, batch 1, 1 new position per step, one H200 (ms).
 HF_EAGER_ANCHOR_MS = 8.4
 
@@ -51,8 +60,15 @@ class DecodeBenchConfig:
     new_tokens: int = 64
     warmup_steps: int = 3
     impls: tuple = IMPLS
+    modes: tuple = MODES
     dtype: str = "bf16"
+    pause_fraction: float = 0.5
+    check_batch: int = 32
     check_tokens: int = 24
+    e2e_tokens: int = 128
+    ll_batch: int = 32
+    ll_context: int = 512
+    ll_continuation: int = 16
     device: str | None = None
     budget_s: float | None = None
     seed: int = 0
@@ -61,7 +77,8 @@ class DecodeBenchConfig:
     def quick(cls, **overrides) -> "DecodeBenchConfig":
         """Tiny shapes on CPU in float32 (a smoke run)."""
         base = dict(shape=SHAPE_TINY, vocab=256, batches=(1, 4), prompt_len=8, new_tokens=6,
-                    warmup_steps=1, dtype="fp32", check_tokens=6, device="cpu")
+                    warmup_steps=1, dtype="fp32", check_batch=4, check_tokens=6, e2e_tokens=8,
+                    ll_batch=4, ll_context=16, ll_continuation=4, device="cpu")
         base.update(overrides)
         return cls(**base)
 
@@ -69,21 +86,30 @@ class DecodeBenchConfig:
         bad = [i for i in self.impls if i not in IMPLS]
         if bad:
             raise ValueError(f"impls: unknown {bad}; choose from {IMPLS}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad or not self.modes:
+            raise ValueError(f"modes: choose one or more of {MODES}, got {list(self.modes)}")
         if self.num_steps < 2:
             raise ValueError(f"num_steps (M) must be >= 2, got {self.num_steps}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("prompt_len", "new_tokens", "check_tokens"):
+        for name in ("prompt_len", "new_tokens", "check_tokens", "e2e_tokens"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be >= 2, got {getattr(self, name)}")
-        if not self.batches or min(self.batches) < 1:
-            raise ValueError(f"batches must be >= 1, got {list(self.batches)}")
+        if not self.batches or min(self.batches) < 1 or self.check_batch < 1:
+            raise ValueError(f"batches and check_batch must be >= 1, got {list(self.batches)}, "
+                             f"{self.check_batch}")
+        for name in ("ll_batch", "ll_context", "ll_continuation"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.pause_fraction <= 1.0:
+            raise ValueError(f"pause_fraction must lie in [0, 1], got {self.pause_fraction}")
         return self
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["shape"] = self.shape.to_dict()
-        d["batches"], d["impls"] = list(self.batches), list(self.impls)
+        d["batches"], d["impls"], d["modes"] = list(self.batches), list(self.impls), list(self.modes)
         return d
 
 
@@ -123,7 +149,9 @@ def hf_eager_loop(hf_model, ids: torch.Tensor, pause_ids: list[int], steps: int)
         return state["token"]
 
     times, tokens = _timed_steps(step, steps)
-    return {"prefill_ms": prefill_ms, "times": times, "tokens": [first] + tokens}
+    b = ids.shape[0]
+    return {"prefill_ms": prefill_ms, "times": times, "answered": [b] * steps,
+            "positions_per_step": len(pause_ids) + 1, "tokens": [first] + tokens}
 
 
 def _new_cache(hf_model):
@@ -135,28 +163,52 @@ def _new_cache(hf_model):
         return DynamicCache()
 
 
-def cyb_loop(model, ids, mask, steps: int, *, static: bool, cuda_graph: bool | None = None) -> dict:
-    """The library's fixed-mode decoder (``static=False``) or the static one."""
-    from ..generation.decoders import FixedDecoder, StepReadout
-    from ..generation.static import StaticFixedDecoder
+def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: int,
+                 cuda_graph: bool | None = None):
+    """A greedy decoder of ``mode``: the eager one, or the static one (``graph``)."""
+    from ..generation.decoders import AdaptiveDecoder, FixedDecoder, StepReadout
+    from ..generation.static import static_decoder
 
-    device = ids.device
-    if static:
-        dec = StaticFixedDecoder(model, ids, mask, max_new_tokens=steps + 1, cuda_graph=cuda_graph)
-    else:
-        dec = FixedDecoder(model, ids, mask, StepReadout(model.vocab, model.dk_bias))
+    readout = StepReadout(model.vocab, model.dk_bias)
+    if graph:
+        return static_decoder(model, ids, mask, readout, mode=mode, max_new_tokens=max_new_tokens,
+                              cuda_graph=cuda_graph)
+    return (FixedDecoder if mode == "fixed" else AdaptiveDecoder)(model, ids, mask, readout)
+
+
+def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
+             cuda_graph: bool | None = None) -> dict:
+    """``steps`` decode steps of the library's eager (``static=False``) or static decoder; each
+    step's decisions are read back as :func:`cyb.generation.generate` reads them."""
+    m = model.vocab.num_steps
+    # adaptive: a row makes at most M decisions per token, so steps + 1 decisions fit
+    new = steps + 1 if mode == "fixed" else steps // m + 2
+    dec = make_decoder(model, ids, mask, mode=mode, graph=static, max_new_tokens=new,
+                       cuda_graph=cuda_graph)
+
+    def read(out) -> list[list[int]]:
+        return torch.stack([out.answered.long(), out.token]).tolist()
+
     t0 = time.perf_counter()
-    first = dec.start().token.tolist()
+    first = read(dec.start())
     prefill_ms = (time.perf_counter() - t0) * 1e3
     capture_ms = None
     if static and dec.use_graph:
         t0 = time.perf_counter()
         dec.capture()
-        sync(device)
+        sync(ids.device)
         capture_ms = (time.perf_counter() - t0) * 1e3
-    times, tokens = _timed_steps(lambda: dec.step().token, steps)
+    times, decisions = [], [first]
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        decisions.append(read(dec.step()))
+        times.append((time.perf_counter() - t0) * 1e3)
+    # per row, the tokens in the order they were emitted
+    b = ids.shape[0]
+    tokens = [[tok for (ans, toks) in decisions for a, tok in [(ans[r], toks[r])] if a] for r in range(b)]
     return {"prefill_ms": prefill_ms, "capture_ms": capture_ms, "times": times,
-            "tokens": [first] + tokens}
+            "answered": [sum(ans) for ans, _ in decisions[1:]],
+            "positions_per_step": dec.positions_per_step, "row_tokens": tokens}
 
 
 # ------------------------------------------------------------------------------ benchmark
@@ -164,23 +216,36 @@ def cyb_loop(model, ids, mask, steps: int, *, static: bool, cuda_graph: bool | N
 
 def _summary(res: dict, batch: int, warmup: int) -> dict:
     times = res["times"][warmup:]
-    mean = sum(times) / len(times)
+    answered = sum(res["answered"][warmup:])
+    total = sum(times)
     med = median(times)
-    return {"prefill_ms": res["prefill_ms"], "capture_ms": res.get("capture_ms"),
-            "step_ms": med, "step_ms_mean": mean, "step_ms_all": times,
-            "per_real_token_ms": med, "real_tokens_per_s": batch * 1e3 / mean,
-            "steps_timed": len(times)}
+    out = {"prefill_ms": res["prefill_ms"], "capture_ms": res.get("capture_ms"),
+           "step_ms": med, "step_ms_mean": total / len(times), "step_ms_all": times,
+           "steps_timed": len(times), "real_tokens_timed": answered}
+    if answered:
+        out["per_real_token_ms"] = total / (answered / batch)
+        out["real_tokens_per_s"] = answered * 1e3 / total
+        out["positions_per_token"] = len(times) * res["positions_per_step"] * batch / answered
+    else:
+        out["per_real_token_ms"] = out["real_tokens_per_s"] = out["positions_per_token"] = None
+    return out
 
 
 def _compare(a: list[list[int]], b: list[list[int]]) -> dict:
-    """Agreement of two ``[steps][B]`` token streams."""
+    """Agreement of two token streams (lists of lists, compared position by position)."""
     flat_a = [t for step in a for t in step]
     flat_b = [t for step in b for t in step]
     n = min(len(flat_a), len(flat_b))
     same = sum(x == y for x, y in zip(flat_a[:n], flat_b[:n]))
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     return {"equal": flat_a == flat_b, "match_fraction": same / max(n, 1),
-            "first_mismatch_step": first}
+            "first_mismatch": first}
+
+
+def _row_compare(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Agreement of per-row token lists, each row cut to the shorter of the two."""
+    cut = [(x[:min(len(x), len(y))], y[:min(len(x), len(y))]) for x, y in zip(a, b)]
+    return _compare([x for x, _ in cut], [y for _, y in cut])
 
 
 @torch.no_grad()
@@ -193,31 +258,160 @@ def spread_weights(hf_model, seed: int = 0) -> None:
             p.copy_(torch.randn(p.shape, generator=g) * (2.0 / p.shape[1] ** 0.5))
 
 
-def greedy_check(hf_model, cfg: DecodeBenchConfig, device) -> dict:
-    """float32: static (graph on CUDA) vs library decoder, left-padded prompts, M and 1."""
-    from ..generation.static import StaticFixedDecoder, greedy_tokens
-    from ..generation.decoders import FixedDecoder, StepReadout
+@torch.inference_mode()
+def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction: float):
+    """A CYB wrapper of ``hf_model`` whose dk prior makes ``pause_fraction`` of the step-1
+    decisions on ``ids`` (the prompts, laid out in fixed mode) say dk under the greedy readout.
+
+    Returns ``(model, info)``; ``info`` has the prior and the fraction it gives on ``ids``.
+    """
+    import math
+
+    from ..layout import expand
+    from ..model import PauseModel
+    from ..readout import dk_logit_bias
+    from .models import pause_settings
+
+    base = wrap(hf_model, "cyb", num_steps)
+    v = base.vocab.vocab_size
+    lay = expand(ids, base.vocab, check_ids=False)
+    hidden, _ = base.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+    z = base.logits(hidden[:, ::num_steps]).float()  # step 1 of every block
+    z[..., list(base.vocab.pause_ids)] = -math.inf
+    dk = base.vocab.dk_id
+    rest = z.index_fill(-1, torch.tensor([dk], device=z.device), -math.inf).amax(-1)
+    margin = (z[..., dk] - rest).flatten().double().cpu()  # dk wins where margin + bias > 0
+    if pause_fraction <= 0:
+        bias = -float(margin.max()) - 1.0
+    elif pause_fraction >= 1:
+        bias = -float(margin.min()) + 1.0
+    else:
+        bias = -float(torch.quantile(margin, 1.0 - pause_fraction))
+    # the prior psi_dk whose logit bias is `bias`, inside (0, 1)
+    logit = bias - math.log(v - 1)
+    psi = min(max(1.0 / (1.0 + math.exp(-logit)), 1e-12), 1 - 1e-12)
+    settings = dataclasses.replace(pause_settings("cyb", v, num_steps), psi_dk=psi)
+    model = PauseModel(hf_model, settings)
+    got = float(((margin + dk_logit_bias(v, psi)) > 0).double().mean())
+    return model, {"psi_dk": psi, "dk_bias": dk_logit_bias(v, psi), "target_fraction": pause_fraction,
+                   "step1_dk_fraction_on_prompts": got}
+
+
+def agreement_check(hf_model, cfg: DecodeBenchConfig, device, graph_kind: str) -> dict:
+    """float32: :func:`cyb.generation.generate` with the graph (or static) decoder against the
+    eager one, ``check_batch`` left-padded prompts, fixed and adaptive mode, greedy and sampled."""
+    from ..generation import generate
 
     model32 = copy.deepcopy(hf_model).float().eval()
     out = {}
     try:
-        limit = real_ids_limit(cfg.vocab, cfg.num_steps)
-        ids = random_ids(2, cfg.prompt_len, limit, seed=cfg.seed + 7).to(device)
-        mask = torch.ones_like(ids)
-        mask[1, : cfg.prompt_len // 2] = 0  # left padding in the second row
-        for method, m in (("cyb", cfg.num_steps), ("baseline", 1)):
-            pm = wrap(model32, method, m)
-            with torch.inference_mode():
-                ref = greedy_tokens(FixedDecoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias)),
-                                    cfg.check_tokens)
-                got = greedy_tokens(StaticFixedDecoder(pm, ids, mask, max_new_tokens=cfg.check_tokens),
-                                    cfg.check_tokens)
-            out[f"M={m}"] = {"equal": ref == got, "tokens": cfg.check_tokens, "rows": 2,
-                             "reference": ref, "static": got}
+        m = cfg.num_steps
+        limit = real_ids_limit(cfg.vocab, m)
+        g = torch.Generator().manual_seed(cfg.seed + 7)
+        lengths = torch.randint(max(cfg.prompt_len // 4, 1), cfg.prompt_len + 1, (cfg.check_batch,),
+                                generator=g).tolist()
+        lengths[0] = cfg.prompt_len
+        prompts = [torch.randint(0, limit, (n,), generator=g).tolist() for n in lengths]
+        padded = torch.tensor([p + [0] * (cfg.prompt_len - len(p)) for p in prompts])
+        adaptive, _ = adaptive_fixture(model32, m, padded.to(device), cfg.pause_fraction)
+        cases = [("fixed", f"M={m}", adaptive), ("fixed", "M=1", wrap(model32, "baseline", 1)),
+                 ("adaptive", f"M={m}", adaptive)]
+        for mode, label, pm in cases:
+            if mode not in cfg.modes:
+                continue
+            for sample in (False, True):
+                opts = dict(mode=mode, max_new_tokens=cfg.check_tokens, eos_token_ids=())
+                if sample:
+                    opts.update(sample=True, temperature=0.8, top_p=0.95, seed=cfg.seed)
+                ref = generate(pm, prompts, decoder="eager", **opts)
+                got = generate(pm, prompts, decoder=graph_kind, **opts)
+                a, b = [r.token_ids for r in ref], [r.token_ids for r in got]
+                res = _compare(a, b)
+                res["steps_equal"] = [r.steps for r in ref] == [r.steps for r in got]
+                res["equal"] = res["equal"] and res["steps_equal"]
+                res.update(rows=len(prompts), tokens=cfg.check_tokens,
+                           mean_steps=sum(s for r in ref for s in r.steps) / sum(len(r.steps) for r in ref))
+                out[f"{mode} {label} {'sampled' if sample else 'greedy'}"] = res
     finally:
         del model32
         free_memory(device)
-    out["equal"] = all(v["equal"] for k, v in out.items() if k.startswith("M="))
+    out["equal"] = all(v["equal"] for v in out.values() if isinstance(v, dict))
+    return out
+
+
+def end_to_end(models: dict, prompts: dict, cfg: DecodeBenchConfig, graph_kind: str) -> list[dict]:
+    """:func:`cyb.generation.generate` after a warm-up call, no EOS, with the graph decoder (the
+    default on CUDA; the static one elsewhere): tokens/s of the whole call (prefill, capture and
+    decoding) and of its decoding part (from the 3rd token event to the last)."""
+    from ..generation import generate
+
+    rows = []
+    for mode in cfg.modes:
+        for batch in cfg.batches:
+            pm = models[("adaptive" if mode == "adaptive" else "fixed", cfg.num_steps)]
+            ids = prompts[batch].tolist()
+            opts = dict(mode=mode, max_new_tokens=cfg.e2e_tokens, eos_token_ids=(), decoder=graph_kind)
+            row = {"mode": mode, "batch": batch, "num_steps": cfg.num_steps,
+                   "new_tokens": cfg.e2e_tokens, "decoder": graph_kind}
+
+            def measure(pm=pm, ids=ids, opts=opts, batch=batch):
+                generate(pm, ids, **opts)  # warm-up (allocator, kernels)
+                stamps = []
+                sync(pm.device)
+                t0 = time.perf_counter()
+                generate(pm, ids, on_token=lambda e: stamps.append((e.index, time.perf_counter())), **opts)
+                total = time.perf_counter() - t0
+                later = [t for i, t in stamps if i >= 2]
+                start = max(t for i, t in stamps if i == 1)
+                n_later = sum(1 for i, _ in stamps if i >= 2)
+                return {"total_s": total, "tokens_per_s": batch * cfg.e2e_tokens / total,
+                        "decode_tokens_per_s": n_later / (max(later) - start) if later else None}
+            row.update(guarded(measure, pm.device))
+            rows.append(row)
+    return rows
+
+
+def loglikelihood_bench(model, cfg: DecodeBenchConfig, device) -> dict:
+    """lm-eval ``loglikelihood`` scoring (:func:`cyb.integrations.scoring.score_batch`) of
+    ``ll_batch`` requests (``ll_context`` + ``ll_continuation`` real tokens each) against the
+    same readout on the full logits of every position (what a plain causal-LM forward makes)."""
+    from ..integrations.scoring import score_batch, token_log_likelihood
+    from ..layout import collapse, expand
+    from ..readout import readout
+
+    limit = real_ids_limit(cfg.vocab, model.num_steps)
+    g = torch.Generator().manual_seed(cfg.seed + 11)
+    seqs = torch.randint(0, limit, (cfg.ll_batch, cfg.ll_context + cfg.ll_continuation), generator=g)
+    pairs = [(row[:cfg.ll_context], row[cfg.ll_context:]) for row in seqs.tolist()]
+    n_tok = cfg.ll_batch * cfg.ll_continuation
+    max_length = cfg.ll_context + cfg.ll_continuation
+
+    def fused():
+        return score_batch(model, pairs, max_length=max_length)
+
+    def full_logits():
+        with torch.inference_mode():
+            ids = seqs[:, :-1].to(device)
+            lay = expand(ids, model.vocab)
+            hidden, _ = model.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+            logits = model.logits(hidden)  # [B, L*M, V]: every position
+            m = model.num_steps
+            blocks = collapse(logits, m)[:, -cfg.ll_continuation:]  # [B, C, M, V]
+            tgt = seqs[:, cfg.ll_context:].to(device).unsqueeze(-1).expand(-1, -1, m)
+            lt, ld, lnd = readout(blocks, tgt, dk_id=model.settings.dk_id, dk_bias=model.dk_bias)
+            return token_log_likelihood(lt, ld, lnd, has_dk=model.settings.dk_id is not None).sum(-1).tolist()
+
+    out = {"batch": cfg.ll_batch, "context": cfg.ll_context, "continuation": cfg.ll_continuation,
+           "num_steps": model.num_steps}
+    for name, fn in (("scored_blocks", fused), ("full_logits", full_logits)):
+        res = guarded(lambda fn=fn: time_calls(fn, device=device, warmup=1, repeats=3), device)
+        if res.get("status") == "ok":
+            res["requests_per_s"] = cfg.ll_batch * 1e3 / res["ms"]
+            res["tokens_scored_per_s"] = n_tok * 1e3 / res["ms"]
+        out[name] = res
+        free_memory(device)
+    a, b = fused(), full_logits()
+    out["max_abs_difference"] = max(abs(x - y) for (x, _), y in zip(a, b))
     return out
 
 
@@ -231,56 +425,79 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
               "anchor_hf_eager_ms": HF_EAGER_ANCHOR_MS, "results": []}
     rows = result["results"]
     graph_name = "cyb_graph" if device.type == "cuda" else "cyb_static"
+    graph_kind = "graph" if device.type == "cuda" else "static"
     m_big = cfg.num_steps
     total = cfg.warmup_steps + cfg.new_tokens
-    max_pos = (cfg.prompt_len + total + 2) * m_big + 16
+    e2e = max(cfg.e2e_tokens, cfg.check_tokens)
+    max_pos = max((cfg.prompt_len + max(total, e2e) + 2) * m_big,
+                  (cfg.ll_context + cfg.ll_continuation) * m_big) + 16
     hf_model = build_hf_model(cfg.shape, cfg.vocab, dtype=dtype, device=device,
                               max_positions=max_pos, seed=cfg.seed).eval()
     spread_weights(hf_model, cfg.seed)
-    models = {m_big: wrap(hf_model, "cyb", m_big), 1: wrap(hf_model, "baseline", 1)}
-    pause_ids = {m_big: list(models[m_big].vocab.pause_ids), 1: []}
-
-    # Eager rows first, then the CUDA-graph rows, then the float32 check (which captures graphs
-    # too): a failed capture cannot spoil the eager measurements.
     limit = real_ids_limit(cfg.vocab, m_big)
     prompts = {b: random_ids(b, cfg.prompt_len, limit, seed=cfg.seed).to(device) for b in cfg.batches}
+    fixture, info = adaptive_fixture(hf_model, m_big, prompts[max(cfg.batches)], cfg.pause_fraction)
+    result["adaptive_fixture"] = info
+    models = {("fixed", m_big): wrap(hf_model, "cyb", m_big), ("fixed", 1): wrap(hf_model, "baseline", 1),
+              ("adaptive", m_big): fixture}
+    pause_ids = {m_big: list(models[("fixed", m_big)].vocab.pause_ids), 1: []}
+
+    # Eager rows first, then the CUDA-graph rows, then the checks (which capture graphs too):
+    # a failed capture cannot spoil the eager measurements.
     tokens_by = {}
-    order = [i for i in IMPLS if i in cfg.impls]
-    for impl in order:
+    cases = [(mode, m) for mode in ("fixed", "adaptive") if mode in cfg.modes
+             for m in ((1, m_big) if mode == "fixed" else (m_big,))]
+    for impl in [i for i in IMPLS if i in cfg.impls]:
         for batch in cfg.batches:
-            for m in (1, m_big):
-                row = {"impl": graph_name if impl == "cyb_graph" else impl, "batch": batch,
-                       "num_steps": m, "prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens,
+            for mode, m in cases:
+                if impl == "hf_eager" and mode != "fixed":
+                    continue
+                row = {"impl": graph_name if impl == "cyb_graph" else impl, "mode": mode,
+                       "batch": batch, "num_steps": m, "prompt_len": cfg.prompt_len,
+                       "new_tokens": cfg.new_tokens,
                        "cuda_graph": impl == "cyb_graph" and device.type == "cuda"}
                 if not budget.allows(5.0):
                     row.update(status="skipped", reason=f"time budget ({cfg.budget_s} s) spent")
                 else:
                     ids = prompts[batch]
 
-                    def measure(impl=impl, m=m, ids=ids, batch=batch):
+                    def measure(impl=impl, m=m, ids=ids, batch=batch, mode=mode):
                         with torch.inference_mode():
                             if impl == "hf_eager":
                                 res = hf_eager_loop(hf_model, ids, pause_ids[m], total)
+                                res["row_tokens"] = [list(r) for r in zip(*res["tokens"])]
                             else:
-                                res = cyb_loop(models[m], ids, torch.ones_like(ids), total,
-                                               static=impl == "cyb_graph")
-                        tokens_by[(impl, batch, m)] = res["tokens"]
+                                res = cyb_loop(models[(mode, m)], ids, torch.ones_like(ids), total,
+                                               static=impl == "cyb_graph", mode=mode)
+                        tokens_by[(impl, batch, mode, m)] = res["row_tokens"]
                         return _summary(res, batch, cfg.warmup_steps)
                     row.update(guarded(measure, device))
-                    ref = tokens_by.get(("cyb_eager", batch, m))
-                    got = tokens_by.get(("cyb_graph", batch, m))
+                    ref = tokens_by.get(("cyb_eager", batch, mode, m))
+                    got = tokens_by.get(("cyb_graph", batch, mode, m))
                     if impl == "cyb_graph" and ref is not None and got is not None:
-                        row["tokens_vs_cyb_eager"] = _compare(ref, got)
+                        row["tokens_vs_cyb_eager"] = _row_compare(ref, got)
                 rows.append(row)
                 log(format_row(row))
                 write_json(out, result)
 
-    if budget.allows(5.0):
-        result["greedy_check_fp32"] = guarded(lambda: greedy_check(hf_model, cfg, device), device)
-    else:
-        result["greedy_check_fp32"] = {"status": "skipped",
-                                       "reason": f"time budget ({cfg.budget_s} s) spent"}
-    log(f"greedy check (fp32, static vs library decoder): {_check_line(result['greedy_check_fp32'])}")
+    for key, fn in (("agreement_fp32", lambda: agreement_check(hf_model, cfg, device, graph_kind)),
+                    ("end_to_end", lambda: {"rows": end_to_end(models, prompts, cfg, graph_kind)}),
+                    ("loglikelihood", lambda: loglikelihood_bench(models[("fixed", m_big)], cfg, device))):
+        if budget.allows(5.0):
+            result[key] = guarded(fn, device)
+        else:
+            result[key] = {"status": "skipped", "reason": f"time budget ({cfg.budget_s} s) spent"}
+        write_json(out, result)
+    log(f"agreement (fp32, {graph_kind} vs eager decoder): {_check_line(result['agreement_fp32'])}")
+    for r in result["end_to_end"].get("rows", []):
+        log(format_e2e(r))
+    ll = result["loglikelihood"]
+    for name in ("scored_blocks", "full_logits"):
+        r = ll.get(name, {})
+        if r.get("status") == "ok":
+            peak = "" if r["peak_gib"] is None else f", peak {r['peak_gib']:.2f} GiB"
+            log(f"loglikelihood {name}: {r['ms']:.1f} ms per batch of {ll['batch']}, "
+                f"{r['requests_per_s']:.1f} requests/s{peak}")
     result["elapsed_s"] = budget.elapsed()
     write_json(out, result)
     return result
@@ -289,17 +506,29 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
 def _check_line(check: dict) -> str:
     if check.get("status") != "ok":
         return f"{check.get('status')} {check.get('reason', '')}"
-    return " ".join(f"{k}: {'equal' if v['equal'] else 'DIFFERENT'}"
-                    for k, v in check.items() if k.startswith("M="))
+    return "; ".join(f"{k}: {'equal' if v['equal'] else 'DIFFERENT'}"
+                     for k, v in check.items() if isinstance(v, dict))
 
 
 def format_row(row: dict) -> str:
     """One line per row for the log."""
-    head = f"{row['impl']:<10} B={row['batch']:>2} M={row['num_steps']}"
+    head = f"{row['impl']:<10} {row.get('mode', 'fixed'):<8} B={row['batch']:>2} M={row['num_steps']}"
     if row.get("status") != "ok":
         return f"{head} {row.get('status')} {row.get('reason', '')}".rstrip()
     tail = ""
     if "tokens_vs_cyb_eager" in row:
         tail = f"  tokens vs eager: {row['tokens_vs_cyb_eager']['match_fraction']:.2f} equal"
-    return (f"{head} step {row['step_ms']:8.3f} ms (mean {row['step_ms_mean']:.3f})  "
-            f"{row['real_tokens_per_s']:9.1f} real tok/s  prefill {row['prefill_ms']:.1f} ms{tail}")
+    if row["per_real_token_ms"] is None:
+        return f"{head} no real token in the timed steps{tail}"
+    return (f"{head} {row['per_real_token_ms']:8.3f} ms/token  step {row['step_ms']:.3f} ms  "
+            f"{row['positions_per_token']:.2f} pos/token  {row['real_tokens_per_s']:9.1f} real tok/s  "
+            f"prefill {row['prefill_ms']:.1f} ms{tail}")
+
+
+def format_e2e(row: dict) -> str:
+    head = f"generate {row['mode']:<8} B={row['batch']:>2} M={row['num_steps']} ({row['decoder']})"
+    if row.get("status") != "ok":
+        return f"{head} {row.get('status')} {row.get('reason', '')}".rstrip()
+    dec = row.get("decode_tokens_per_s")
+    return (f"{head} {row['tokens_per_s']:.1f} tok/s whole call, "
+            f"{dec:.1f} tok/s decoding" if dec else f"{head} {row['tokens_per_s']:.1f} tok/s")

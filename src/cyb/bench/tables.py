@@ -53,24 +53,57 @@ def _index(order, value) -> int:
 
 
 def decode_table(result: dict) -> str:
-    """One line per (implementation, batch, M)."""
-    headers = ["impl", "B", "M", "ms / step (median)", "ms / step (mean)", "real tok/s",
-               "prefill ms", "graph capture ms", "tokens = eager"]
+    """One line per (implementation, mode, batch, M), then the end-to-end and check lines."""
+    headers = ["impl", "mode", "B", "M", "ms / real token", "ms / step (median)", "positions / token",
+               "real tok/s", "prefill ms", "graph capture ms", "tokens = eager"]
     impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static")
+    modes = ("fixed", "adaptive")
     rows = []
-    for r in sorted(result.get("results", []),
-                    key=lambda r: (r["batch"], r["num_steps"], _index(impls, r["impl"]))):
-        head = [r["impl"], r["batch"], r["num_steps"]]
+    key = lambda r: (r["batch"], _index(modes, r.get("mode", "fixed")), r["num_steps"],  # noqa: E731
+                     _index(impls, r["impl"]))
+    for r in sorted(result.get("results", []), key=key):
+        head = [r["impl"], r.get("mode", "fixed"), r["batch"], r["num_steps"]]
         bad = _status(r)
         if bad is not None:
-            rows.append(head + [bad, "", "", "", "", ""])
+            rows.append(head + [bad] + [""] * 6)
             continue
         cmp = r.get("tokens_vs_cyb_eager")
         same = "-" if cmp is None else f"{cmp['match_fraction']:.2f}"
-        rows.append(head + [_num(r["step_ms"], ".3f"), _num(r["step_ms_mean"], ".3f"),
-                            _num(r["real_tokens_per_s"], ",.1f"), _num(r["prefill_ms"], ".1f"),
+        rows.append(head + [_num(r.get("per_real_token_ms"), ".3f"), _num(r["step_ms"], ".3f"),
+                            _num(r.get("positions_per_token"), ".2f"),
+                            _num(r.get("real_tokens_per_s"), ",.1f"), _num(r["prefill_ms"], ".1f"),
                             _num(r.get("capture_ms"), ".1f"), same])
-    return markdown_table(headers, rows)
+    out = markdown_table(headers, rows)
+    e2e = (result.get("end_to_end") or {}).get("rows") or []
+    if e2e:
+        lines = []
+        for r in e2e:
+            head = [r["mode"], r["batch"], r["num_steps"], r["new_tokens"], r.get("decoder", "")]
+            bad = _status(r)
+            lines.append(head + ([bad, ""] if bad is not None else
+                                 [_num(r["tokens_per_s"], ",.1f"), _num(r.get("decode_tokens_per_s"), ",.1f")]))
+        out += "\n\n" + markdown_table(["generate: mode", "B", "M", "new tokens", "decoder",
+                                          "tok/s (whole call)", "tok/s (decoding, from token 3)"], lines)
+    ll = result.get("loglikelihood") or {}
+    if ll.get("status") == "ok":
+        lines = []
+        for name in ("scored_blocks", "full_logits"):
+            r = ll.get(name) or {}
+            bad = _status(r)
+            lines.append([name] + ([bad, "", "", ""] if bad is not None else
+                                   [_num(r["ms"], ".1f"), _num(r["requests_per_s"], ",.1f"),
+                                    _num(r["tokens_scored_per_s"], ",.0f"), _num(r.get("peak_gib"), ".2f")]))
+        out += "\n\n" + markdown_table(
+            [f"loglikelihood: {ll['batch']} requests x ({ll['context']} + {ll['continuation']}) tokens",
+             "ms / batch", "requests/s", "continuation tokens/s", "peak GiB"], lines)
+    check = result.get("agreement_fp32") or {}
+    if check.get("status") == "ok":
+        lines = [[k, "yes" if v["equal"] else "NO", f"{v['match_fraction']:.3f}", v["rows"],
+                  v["tokens"], f"{v['mean_steps']:.2f}"]
+                 for k, v in check.items() if isinstance(v, dict)]
+        out += "\n\n" + markdown_table(["float32 check: case", "graph = eager", "tokens equal",
+                                          "rows", "tokens per row", "steps per token"], lines)
+    return out
 
 
 def loss_table(result: dict) -> str:

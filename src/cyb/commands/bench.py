@@ -83,9 +83,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
 
     decode = sub.add_parser("decode", formatter_class=_FMT,
-                            help="decode latency (batch 1) and throughput (batch 32), M = 4 vs M = 1",
-                            description="Eager Hugging Face loop, the library decoder and a static "
-                                        "KV cache with a CUDA-graph step (see cyb.bench.decode).")
+                            help="decode latency (batch 1) and throughput (batch 32), M = 4 vs M = 1, "
+                                 "fixed and adaptive mode",
+                            description="Eager Hugging Face loop, the eager decoders and the static "
+                                        "KV cache with a CUDA-graph step, fixed and adaptive mode; "
+                                        "the float32 graph = eager check, generate end to end and "
+                                        "lm-eval loglikelihood scoring (see cyb.bench.decode).")
     _common(decode)
     decode.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 32)" + _OWN_DEFAULT)
     decode.add_argument("--num-steps", type=int, help="M of the fixed mode (default 4)" + _OWN_DEFAULT)
@@ -94,6 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--new-tokens", type=int, help="timed decode steps (default 64)" + _OWN_DEFAULT)
     decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_graph (default: all)" + _OWN_DEFAULT)
     decode.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16)" + _OWN_DEFAULT)
+    decode.add_argument("--modes", nargs="+", help="fixed adaptive (default: both)" + _OWN_DEFAULT)
+    decode.add_argument("--pause-fraction", type=float,
+                        help="adaptive rows: share of step-1 decisions that say dk, set through the "
+                             "dk prior (default 0.5)" + _OWN_DEFAULT)
     decode.add_argument("--budget-s", type=float,
                         help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
 
@@ -206,7 +213,7 @@ def run(args) -> int:
         kw = _given(args, {"batches": "batches", "num_steps": "num_steps", "vocab": "vocab",
                            "prompt_len": "prompt_len", "new_tokens": "new_tokens",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
-                           "device": "device"})
+                           "device": "device", "modes": "modes", "pause_fraction": "pause_fraction"})
         cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
         result = decode.run(cfg, out=args.out)
     result["command"] = command

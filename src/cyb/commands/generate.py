@@ -40,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="colour each token's background by the steps it used (white = 1, dark blue = M)")
     p.add_argument("--json", dest="json_path", metavar="PATH",
                    help="write the full results (ids, steps, d, E[S] per token) as JSON")
+    p.add_argument("--decoder", choices=("auto", "graph", "static", "eager"), default="auto",
+                   help="decode loop (all give the same tokens): graph = preallocated KV cache with "
+                        "each step replayed as a CUDA graph (CUDA, full-attention models); static = "
+                        "the same without the graph; eager = a growing DynamicCache (any model, any "
+                        "device); auto = graph on CUDA where supported, else eager")
     p.add_argument("--device", default=None,
                    help="torch device, e.g. cpu, cuda, cuda:1 (None: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
@@ -110,7 +115,8 @@ def _config(args):
         if given:
             raise ValueError(f"{', '.join(given)} only apply with --sample")
     options = dict(mode=args.mode, max_new_tokens=args.max_new_tokens, sample=args.sample,
-                   stop=tuple(args.stop), top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+                   stop=tuple(args.stop), top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                   decoder=args.decoder)
     if args.temperature is not None:
         options["temperature"] = args.temperature
     if args.ignore_eos:
@@ -140,11 +146,16 @@ def run(args) -> int:
 
     from ..generation import stream
     from ..generation.shade import legend, shade, supports_truecolor
+    from ..generation.static import resolve_decoder
     from ..model import PauseModel
 
     model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype).to(device).eval()
     if model.tokenizer is None:
         return _fail(f"{args.model_dir} has no tokenizer: text prompts cannot be encoded")
+    try:
+        decoder = resolve_decoder(model, cfg.decoder)
+    except ValueError as e:
+        return _fail(f"--decoder {cfg.decoder}: {e}")
     m = model.num_steps
     truecolor = supports_truecolor()
     out = sys.stdout
@@ -177,7 +188,7 @@ def run(args) -> int:
         results.extend(s.results)
     if args.json_path:
         _write_json(args.json_path, {"model": str(folder), "method": model.settings.method,
-                                     "num_steps": m, "config": cfg.to_dict()},
+                                     "num_steps": m, "config": cfg.to_dict(), "decoder_used": decoder},
                     [r.to_dict() for r in results])
         print(f"results written to {args.json_path}", file=sys.stderr)
     return 0

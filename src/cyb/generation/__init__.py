@@ -2,10 +2,11 @@
 
 * :mod:`cyb.generation.api`: :func:`generate`, :func:`stream`, :class:`GenerationConfig`,
   :class:`GenerationResult` (fixed or adaptive mode, greedy or sampled readout, batched prompts).
-* :mod:`cyb.generation.decoders`: the fixed (Recipe 1) and adaptive (Recipe 2) decode loops on
-  :meth:`cyb.PauseModel.hidden_states` with a KV cache, and the per-block / per-step readout.
-* :mod:`cyb.generation.static`: a fixed-mode greedy decoder on a preallocated KV cache whose
-  step can be captured as a CUDA graph.
+* :mod:`cyb.generation.decoders`: the eager fixed (Recipe 1) and adaptive (Recipe 2) decode
+  loops on :meth:`cyb.PauseModel.hidden_states` with a ``DynamicCache``, and the per-block /
+  per-step readout.
+* :mod:`cyb.generation.static`: the same decisions on a preallocated KV cache, each decode step
+  replayed as a CUDA graph on CUDA (the default there), and the choice of decoder.
 * :mod:`cyb.generation.text`: prompt encoding, incremental detokenisation and stop strings.
 * :mod:`cyb.generation.shade`: ANSI background colours by steps used (``cyb generate --shade``).
 """

@@ -29,7 +29,11 @@ adaptive).  Models without dk (TBYS) read out at step ``M`` and so always take `
 baselines (``M = 1``) take one.
 
 Prompts of different lengths are left-padded and run as one batch; finished rows leave the
-batch.  Pause ids are never produced as tokens.  Decoding uses the model as it is: call
+batch (eager decoder) or stay in it, ignored (static decoders).  **Decoders** (``decoder=``):
+on CUDA the default runs a preallocated KV cache with each decode step replayed as a CUDA graph
+(:mod:`cyb.generation.static`); on a CPU, or for models with sliding-window layers, a growing
+``DynamicCache`` (:mod:`cyb.generation.decoders`); both make the same decisions, greedy or
+sampled.  Pause ids are never produced as tokens.  Decoding uses the model as it is: call
 ``model.eval()`` first (dropout).  See :mod:`cyb.generation` for the parts.
 """
 
@@ -46,6 +50,7 @@ import torch
 from ..layout import left_pad
 from ..model import hf as _hf
 from .decoders import AdaptiveDecoder, FixedDecoder, StepOutput, StepReadout
+from .static import DECODERS, resolve_decoder, static_decoder
 from .text import TextStream, decode_fn, encode_prompt, split_prompts
 
 MODES = ("fixed", "adaptive")
@@ -69,6 +74,11 @@ class GenerationConfig:
             text is cut before it (the ids keep the token that completed it).
         eos_token_ids: ids that end a row (kept as its last token).  None: the tokenizer's and
             the model config's EOS ids; ``()``: never stop on EOS.
+        decoder: which decode loop runs (all make the same decisions):
+            ``"graph"`` a preallocated KV cache with the decode step captured as a CUDA graph
+            (CUDA only; full-attention models); ``"static"`` the same decoder without the graph
+            (any device); ``"eager"`` a growing ``DynamicCache`` (every model and device);
+            ``"auto"`` (default) ``graph`` on CUDA where the model supports it, else ``eager``.
     """
 
     mode: Literal["fixed", "adaptive"] = "fixed"
@@ -80,10 +90,13 @@ class GenerationConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     eos_token_ids: tuple[int, ...] | None = None
+    decoder: Literal["auto", "graph", "static", "eager"] = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {self.decoder!r}")
         n = self.max_new_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {n!r}")
@@ -234,7 +247,8 @@ def stream(model, prompts, config: GenerationConfig | None = None, *,
     """
     cfg = _config(config, overrides)
     rows, encoded, readout = _prepare(model, split_prompts(prompts), cfg, generator)
-    return GenerationStream(_generate(model, rows, encoded, readout, cfg.mode))
+    kind = resolve_decoder(model, cfg.decoder)
+    return GenerationStream(_generate(model, rows, encoded, readout, cfg, kind))
 
 
 def generate(model, prompts, config: GenerationConfig | None = None, *,
@@ -378,13 +392,17 @@ def _prepare(model, prompts: list, cfg: GenerationConfig, generator: torch.Gener
 
 
 def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepReadout,
-              mode: str) -> Iterator[TokenEvent]:
-    """The decode loop: one forward and one host sync per step; events are yielded outside
-    ``torch.inference_mode`` so that the caller's code between tokens runs normally."""
-    decoder_cls = FixedDecoder if mode == "fixed" else AdaptiveDecoder
+              cfg: GenerationConfig, kind: str) -> Iterator[TokenEvent]:
+    """The decode loop: one forward (or graph replay) and one host read per step; events are
+    yielded outside ``torch.inference_mode`` so that the caller's code between tokens runs
+    normally.  ``kind``: ``"graph"``, ``"static"`` or ``"eager"``."""
     with torch.inference_mode():
         ids, mask = left_pad(encoded, model.device)
-        decoder = decoder_cls(model, ids, mask, readout)
+        if kind == "eager":
+            decoder = (FixedDecoder if cfg.mode == "fixed" else AdaptiveDecoder)(model, ids, mask, readout)
+        else:
+            decoder = static_decoder(model, ids, mask, readout, mode=cfg.mode,
+                                     max_new_tokens=cfg.max_new_tokens, cuda_graph=kind == "graph")
         out = decoder.start()
         for row, n in zip(rows, decoder.prompt_positions.tolist()):
             row.result.positions = n
@@ -395,28 +413,27 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
         if not keep:
             break
         with torch.inference_mode():
-            if len(keep) < len(active):  # finished rows leave the batch, cache included
-                decoder.keep(keep)
+            if len(keep) < len(active) and not decoder.keeps_rows:
+                decoder.keep(keep)  # finished rows leave the batch, cache included
                 active = [active[j] for j in keep]
             out = decoder.step()
         for i in active:
-            rows[i].result.positions += decoder.positions_per_step
+            if not rows[i].finished:
+                rows[i].result.positions += decoder.positions_per_step
     return [row.result for row in rows]
 
 
 def _collect(out: StepOutput, batch: list[_Row]) -> list[TokenEvent]:
-    """Move one step's decisions to the host (the one sync per step) and update the rows."""
-    answered, token, steps = torch.stack([out.answered.long(), out.token, out.steps]).tolist()
-    if not any(answered):
-        return []
-    expected = None
-    if out.expected_steps is None:
-        d = out.d.tolist()
-    else:
-        floats = torch.cat([out.d, out.expected_steps.unsqueeze(1)], 1).tolist()
-        d, expected = [row[:-1] for row in floats], [row[-1] for row in floats]
+    """Move one step's decisions to the host (one read per step: ids, steps and ``d`` in one
+    float64 tensor, exact for ids below 2**53 and for float32 values) and update the rows."""
+    cols = [out.answered.double().unsqueeze(1), out.token.double().unsqueeze(1),
+            out.steps.double().unsqueeze(1), out.d.double()]
+    if out.expected_steps is not None:
+        cols.append(out.expected_steps.double().unsqueeze(1))
+    m = out.d.shape[1]
     events = []
-    for j, row in enumerate(batch):
-        if answered[j]:
-            events.append(row.add(token[j], steps[j], d[j], None if expected is None else expected[j]))
+    for row, values in zip(batch, torch.cat(cols, 1).tolist()):
+        if values[0] and not row.finished:  # a static batch keeps its finished rows
+            expected = values[3 + m] if out.expected_steps is not None else None
+            events.append(row.add(int(values[1]), int(values[2]), values[3:3 + m], expected))
     return events

@@ -1,8 +1,11 @@
 """Decode loops with a KV cache: fixed pauses (Recipe 1) and adaptive pauses (Recipe 2).
 
 Both loops run a batch of left-padded prompts through :meth:`cyb.PauseModel.hidden_states`
-with explicit positions, an explicit 2-D attention mask over the cached and the new steps, and
-a ``DynamicCache``.  Finished rows are dropped from the batch (cache included) by the caller.
+with explicit positions, an explicit attention mask over the cached and the new steps (4-D,
+built here; 2-D for models with sliding-window layers), and a ``DynamicCache``.  Finished rows
+are dropped from the batch (cache included) by the caller.  A decode step reads nothing back
+to the host: the caller makes the one read per step (the decisions).  These are the eager
+decoders; :mod:`cyb.generation.static` runs the same decisions on a preallocated cache.
 
 * **Fixed** (the paper's inference): the prompt is laid out with :func:`cyb.layout.expand`
   (``M-1`` pauses after every token) and run in one pass; the block of the last prompt token
@@ -26,9 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decision import greedy_decision, sample_decision
+from ..decision import draw_uniforms, greedy_decision, sample_decision
 from ..layout import PauseVocab, expand
 from ..losses import expected_stop_step
+from ..model import hf
 
 
 @dataclass
@@ -61,6 +65,10 @@ class StepReadout:
             distribution) instead of the greedy sequential decision.
         temperature, top_k, top_p: sampling parameters (:func:`cyb.decision.sample_decision`).
         generator: a CPU ``torch.Generator`` for reproducible sampling.
+
+    When sampling, every decision consumes uniforms (:meth:`draw`); decoders draw them for the
+    whole original batch at every decision and pass each row its own, so that the eager and
+    the static decoders (whose batches shrink or not) decide alike.
     """
 
     def __init__(self, vocab: PauseVocab, dk_bias: float, *, sample: bool = False,
@@ -76,6 +84,26 @@ class StepReadout:
         self._banned = torch.tensor(banned, dtype=torch.long) if banned else None
         self._dk = torch.tensor([vocab.dk_id if vocab.dk_id is not None else 0], dtype=torch.long)
 
+    @property
+    def random(self) -> bool:
+        """Whether decisions consume uniforms (sampling at a temperature above 0)."""
+        return self.sample and self.temperature > 0
+
+    def draw(self, rows: int, width: int) -> torch.Tensor | None:
+        """``[rows, width]`` CPU uniforms for one decision of every row (None when greedy);
+        ``width`` is :attr:`block_width` or :attr:`step_width`."""
+        if not self.random:
+            return None
+        return draw_uniforms((rows,), width - 1, self.generator)
+
+    @property
+    def block_width(self) -> int:
+        """Uniforms per row of :meth:`block`: ``M`` dk draws and one token draw."""
+        return self.num_steps + 1
+
+    #: uniforms per row of :meth:`step` (read out as a block of two steps)
+    step_width = 3
+
     def _on(self, device) -> None:
         """Move the index tensors to the logits' device once (not a copy per step)."""
         if self._dk.device != device:
@@ -90,11 +118,13 @@ class StepReadout:
             z = z.index_fill(-1, self._banned, -math.inf)
         return z
 
-    def _decide(self, z: torch.Tensor, num_valid_steps: torch.Tensor | None = None):
+    def _decide(self, z: torch.Tensor, num_valid_steps: torch.Tensor | None = None,
+                uniforms: torch.Tensor | None = None):
         if self.sample:
             return sample_decision(z, dk_id=self.dk_id, dk_bias=self.dk_bias,
                                    temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                   generator=self.generator, num_valid_steps=num_valid_steps)
+                                   generator=self.generator, num_valid_steps=num_valid_steps,
+                                   uniforms=uniforms)
         return greedy_decision(z, dk_id=self.dk_id, dk_bias=self.dk_bias,
                                num_valid_steps=num_valid_steps)
 
@@ -108,10 +138,11 @@ class StepReadout:
         total = torch.logaddexp(rest, zb)
         return zb - total, rest - total
 
-    def block(self, logits: torch.Tensor) -> StepOutput:
-        """Sequential readout of blocks: ``logits [b, M, V]`` -> a token per row."""
+    def block(self, logits: torch.Tensor, uniforms: torch.Tensor | None = None) -> StepOutput:
+        """Sequential readout of blocks: ``logits [b, M, V]`` -> a token per row;
+        ``uniforms [b, M + 1]`` when sampling (None: drawn from the generator)."""
         z = self._logits(logits)
-        token, steps = self._decide(z)
+        token, steps = self._decide(z, uniforms=uniforms)
         log_d, log_not_d = self._log_d(z)
         expected = expected_stop_step(log_d, log_not_d).float()
         d = log_d.exp()
@@ -119,9 +150,11 @@ class StepReadout:
         answered = torch.ones_like(token, dtype=torch.bool)
         return StepOutput(answered, token, steps, d, expected)
 
-    def step(self, logits: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def step(self, logits: torch.Tensor, last: torch.Tensor,
+             uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decision at one step: ``logits [b, V]``, ``last [b]`` (answer forced) ->
         ``(token [b], answered [b] bool, d [b])``; where not answered the model said dk.
+        ``uniforms [b, 3]`` when sampling (None: drawn from the generator).
 
         The step is read out as a block of two steps with the same logits where the second is
         valid only if this step is not the last: :mod:`cyb.decision` then answers at step 1
@@ -131,18 +164,68 @@ class StepReadout:
         z = self._logits(logits)
         pair = z.unsqueeze(-2).expand(z.shape[0], 2, z.shape[-1])
         valid = 2 - last.long()  # 1 where the answer is forced
-        token, steps = self._decide(pair, num_valid_steps=valid)
+        token, steps = self._decide(pair, num_valid_steps=valid, uniforms=uniforms)
         answered = steps == 1
         log_d, _ = self._log_d(z)
         d = torch.where(last, torch.zeros_like(log_d), log_d.exp())
         return token, answered, d
 
 
+def attention_mask_4d(valid: torch.Tensor, query_cols: torch.Tensor, *,
+                      additive_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``[B, 1, T, K]`` attention mask for new steps at columns ``query_cols [T]`` of a cache
+    of ``K`` columns whose valid ones are ``valid [B, K]`` (bool): a step sees the valid columns
+    up to its own, and always itself (so that padding steps never have an empty softmax).
+    Bool (sdpa), or additive in ``additive_dtype`` (0 or the dtype's minimum; eager attention).
+    """
+    cols = torch.arange(valid.shape[1], device=valid.device)
+    upto = cols.unsqueeze(0) <= query_cols.unsqueeze(1)  # [T, K]
+    own = cols.unsqueeze(0) == query_cols.unsqueeze(1)
+    allowed = (valid[:, None, None, :] & upto) | own
+    if additive_dtype is None:
+        return allowed
+    zero = torch.zeros((), dtype=additive_dtype, device=valid.device)
+    return torch.where(allowed, zero, torch.finfo(additive_dtype).min)
+
+
+def prompt_layout(ids: torch.Tensor, mask: torch.Tensor, vocab: PauseVocab, mode: str):
+    """What the prompt pass feeds: ``(input_ids, position_ids, valid [B, T] long, next_pos [B])``.
+
+    Fixed mode: every prompt token with its ``M-1`` pauses; ``next_pos`` is the position of the
+    next real token.  Adaptive mode: the tokens before the last with all their pauses, then the
+    last token alone (its block is decided step by step); ``next_pos`` is the last token's
+    position.  ``ids``/``mask`` ``[B, P]`` are left-padded.
+    """
+    m, advance = vocab.num_steps, vocab.position_scheme == "advance"
+    if mode == "fixed":
+        lay = expand(ids, vocab, attention_mask=mask, check_ids=False)
+        return lay.input_ids, lay.position_ids, lay.attention_mask, lay.position_ids[:, -1] + 1
+    last = ids[:, -1:]
+    earlier = mask[:, :-1].sum(-1)  # real tokens before the last (left padding: last is valid)
+    last_pos = (earlier * m if advance else earlier).unsqueeze(1)
+    if ids.shape[1] == 1:
+        return last, last_pos, torch.ones_like(last), last_pos.squeeze(1)
+    lay = expand(ids[:, :-1], vocab, attention_mask=mask[:, :-1], check_ids=False)
+    return (torch.cat([lay.input_ids, last], 1), torch.cat([lay.position_ids, last_pos], 1),
+            torch.cat([lay.attention_mask, torch.ones_like(last)], 1), last_pos.squeeze(1))
+
+
 class _Decoder:
-    """Shared state: the model, the cache and the 2-D attention mask over all fed steps."""
+    """Shared state: the model, the ``DynamicCache``, the valid steps and the original row of
+    every batch row.
+
+    No decode step reads a device value on the host: positions are checked by the caller up
+    front, and models without sliding-window layers get a 4-D mask built here (bool for sdpa,
+    additive for eager attention), so that the model's own mask building (which reads the mask
+    on the host to decide whether it may skip it) never runs.  Sliding-window models get the
+    2-D mask and the model's per-layer masks.
+    """
 
     #: positions each row feeds per :meth:`step` (after the prompt)
     positions_per_step = 1
+    #: whether finished rows stay in the batch (static decoders) rather than leave it
+    keeps_rows = False
+    mode = "fixed"
 
     def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor, readout: StepReadout) -> None:
         self.model = model
@@ -151,22 +234,42 @@ class _Decoder:
         self.advance = self.vocab.position_scheme == "advance"
         self.readout = readout
         self.ids, self.mask = ids, mask
+        self.device = ids.device
         self.cache = model.new_cache()
-        self.attn: torch.Tensor | None = None
+        self.valid: torch.Tensor | None = None  # [b, cached] bool: valid steps in the cache
+        self.four_d = not hf.has_sliding_window(model.config)
+        self.additive = model.dtype if hf.attention_of(model.hf_model) == "eager" else None
         self.pause_ids = self.vocab.pause_id_tensor(ids.device)  # [M]: slot j is <pause_j>
         self.prompt_positions: torch.Tensor | None = None  # [B] valid steps of each prompt
+        self.num_rows = ids.shape[0]
+        self.rows = torch.arange(self.num_rows, device=ids.device)  # original row of each row
 
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_mask: torch.Tensor):
-        self.attn = new_mask if self.attn is None else torch.cat([self.attn, new_mask], dim=1)
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor,
+                 *, check_positions: bool = False):
+        new_valid = new_valid.bool()
+        self.valid = new_valid if self.valid is None else torch.cat([self.valid, new_valid], dim=1)
+        if self.four_d:
+            k, t = self.valid.shape[1], input_ids.shape[1]
+            query = torch.arange(k - t, k, device=self.device)
+            attn = attention_mask_4d(self.valid, query, additive_dtype=self.additive)
+        else:
+            attn = self.valid.long()
         hidden, self.cache = self.model.hidden_states(
-            input_ids, position_ids, self.attn, past_key_values=self.cache, use_cache=True)
+            input_ids, position_ids, attn, past_key_values=self.cache, use_cache=True,
+            check_positions=check_positions)
         return hidden
+
+    def _uniforms(self, width: int) -> torch.Tensor | None:
+        """This decision's uniforms for the rows still in the batch (None when greedy)."""
+        u = self.readout.draw(self.num_rows, width)
+        return None if u is None else u.to(self.device).index_select(0, self.rows)
 
     def keep(self, index: list[int]) -> None:
         """Keep only the rows ``index`` (positions in the current batch), cache included."""
-        idx = torch.tensor(index, dtype=torch.long, device=self.attn.device)
+        idx = torch.tensor(index, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(idx)
-        self.attn = self.attn.index_select(0, idx)
+        self.valid = self.valid.index_select(0, idx)
+        self.rows = self.rows.index_select(0, idx)
         self._select(idx)
 
     def _select(self, idx: torch.Tensor) -> None:
@@ -189,27 +292,25 @@ class FixedDecoder(_Decoder):
         self.positions_per_step = self.m
         self.next_pos: torch.Tensor | None = None  # [b] position of the next real token
         self.token: torch.Tensor | None = None  # [b] last decided token
+        self.offsets = torch.arange(self.m, device=self.device) * int(self.advance)
 
     def start(self) -> StepOutput:
-        lay = expand(self.ids, self.vocab, attention_mask=self.mask, check_ids=False)
-        hidden = self._forward(lay.input_ids, lay.position_ids, lay.attention_mask)
-        self.prompt_positions = lay.attention_mask.sum(-1)
-        self.next_pos = lay.position_ids[:, -1] + 1
+        input_ids, pos, valid, self.next_pos = prompt_layout(self.ids, self.mask, self.vocab, "fixed")
+        hidden = self._forward(input_ids, pos, valid, check_positions=True)
+        self.prompt_positions = valid.sum(-1)
         return self._decide(hidden[:, -self.m:])
 
     def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
-        out = self.readout.block(self.model.logits(block_hidden))
+        out = self.readout.block(self.model.logits(block_hidden), self._uniforms(self.readout.block_width))
         self.token = out.token
         return out
 
     def step(self) -> StepOutput:
         b, m = self.token.shape[0], self.m
-        ids = self.pause_ids.unsqueeze(0).repeat(b, 1)
-        ids[:, 0] = self.token
-        offsets = torch.arange(m, device=ids.device) * int(self.advance)  # shared: all alike
-        pos = self.next_pos.unsqueeze(1) + offsets
+        ids = torch.cat([self.token.unsqueeze(1), self.pause_ids[1:].expand(b, m - 1)], dim=1)
+        pos = self.next_pos.unsqueeze(1) + self.offsets  # shared scheme: all alike
         self.next_pos = self.next_pos + (m if self.advance else 1)
-        hidden = self._forward(ids, pos, torch.ones_like(ids))
+        hidden = self._forward(ids, pos, torch.ones_like(ids, dtype=torch.bool))
         return self._decide(hidden)
 
     def _select(self, idx: torch.Tensor) -> None:
@@ -220,54 +321,55 @@ class FixedDecoder(_Decoder):
 class AdaptiveDecoder(_Decoder):
     """Recipe 2 at inference: one step per forward; a pause only after a dk decision."""
 
+    mode = "adaptive"
+
     def __init__(self, model, ids, mask, readout) -> None:
         super().__init__(model, ids, mask, readout)
         self.feed = self.pos = self.step_idx = self.d_acc = None
 
     def start(self) -> StepOutput:
-        ids, mask = self.ids, self.mask
-        b, device = ids.shape[0], ids.device
-        last = ids[:, -1:]
-        earlier = mask[:, :-1].sum(-1)  # real tokens before the last (left padding: last is valid)
-        last_pos = (earlier * self.m if self.advance else earlier).unsqueeze(1)
-        if ids.shape[1] > 1:
-            lay = expand(ids[:, :-1], self.vocab, attention_mask=mask[:, :-1], check_ids=False)
-            input_ids = torch.cat([lay.input_ids, last], 1)
-            pos = torch.cat([lay.position_ids, last_pos], 1)
-            new_mask = torch.cat([lay.attention_mask, torch.ones_like(last)], 1)
-        else:
-            input_ids, pos, new_mask = last, last_pos, torch.ones_like(last)
-        hidden = self._forward(input_ids, pos, new_mask)
-        self.prompt_positions = new_mask.sum(-1)
-        self.pos = last_pos.squeeze(1)
-        self.step_idx = torch.ones(b, dtype=torch.long, device=device)
-        self.d_acc = self._fresh_d(b, device)
+        b = self.ids.shape[0]
+        input_ids, pos, valid, self.pos = prompt_layout(self.ids, self.mask, self.vocab, "adaptive")
+        hidden = self._forward(input_ids, pos, valid, check_positions=True)
+        self.prompt_positions = valid.sum(-1)
+        self.step_idx = torch.ones(b, dtype=torch.long, device=self.device)
+        self.d_acc = fresh_d(b, self.m, self.device)
         return self._decide(hidden[:, -1])
 
     def _decide(self, hidden: torch.Tensor) -> StepOutput:
-        m, i = self.m, self.step_idx
-        token, answered, d = self.readout.step(self.model.logits(hidden), i == m)
-        d_acc = self.d_acc.scatter(1, (i - 1).unsqueeze(1), d.unsqueeze(1))
-        out = StepOutput(answered, token, i, d_acc)
-        # What to feed next: the answer at a new position, or <pause_i> after a dk at step i.
-        pause = self.pause_ids[i.clamp(max=m - 1)]
-        self.feed = torch.where(answered, token, pause)
-        self.pos = self.pos + torch.where(answered, 1, 1 if self.advance else 0)
-        self.step_idx = torch.where(answered, torch.ones_like(i), i + 1)
-        self.d_acc = torch.where(answered.unsqueeze(1), self._fresh_d(1, d_acc.device), d_acc)
+        out, self.feed, self.pos, self.step_idx, self.d_acc = adaptive_update(
+            self, self.model.logits(hidden), self._uniforms(self.readout.step_width))
         return out
-
-    def _fresh_d(self, b: int, device) -> torch.Tensor:
-        """``[b, M]``: NaN for steps not run yet, ``d_M = 0`` by definition."""
-        d = torch.full((b, self.m), math.nan, dtype=torch.float32, device=device)
-        d[:, -1] = 0.0
-        return d
 
     def step(self) -> StepOutput:
         hidden = self._forward(self.feed.unsqueeze(1), self.pos.unsqueeze(1),
-                               torch.ones_like(self.feed).unsqueeze(1))
+                               torch.ones_like(self.feed, dtype=torch.bool).unsqueeze(1))
         return self._decide(hidden[:, -1])
 
     def _select(self, idx: torch.Tensor) -> None:
         for name in ("feed", "pos", "step_idx", "d_acc"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
+
+
+def fresh_d(b: int, m: int, device) -> torch.Tensor:
+    """``[b, M]``: NaN for steps not run yet, ``d_M = 0`` by definition."""
+    d = torch.full((b, m), math.nan, dtype=torch.float32, device=device)
+    d[:, -1] = 0.0
+    return d
+
+
+def adaptive_update(dec, logits: torch.Tensor, uniforms: torch.Tensor | None):
+    """One adaptive decision from ``logits [b, V]`` of the step just fed, given the decoder's
+    ``step_idx``, ``pos``, ``d_acc``, ``readout``, ``pause_ids``, ``m``, ``advance``:
+    ``(StepOutput, feed, pos, step_idx, d_acc)``, the last four being what to feed next (the
+    answer at a new position, or ``<pause_i>`` after a dk at step ``i``) and the new state."""
+    m, i = dec.m, dec.step_idx
+    token, answered, d = dec.readout.step(logits, i == m, uniforms)
+    d_acc = dec.d_acc.scatter(1, (i - 1).unsqueeze(1), d.unsqueeze(1))
+    out = StepOutput(answered, token, i.clone(), d_acc)  # (a static step updates i in place)
+    pause = dec.pause_ids[i.clamp(max=m - 1)]
+    feed = torch.where(answered, token, pause)
+    pos = dec.pos + torch.where(answered, 1, 1 if dec.advance else 0)
+    step_idx = torch.where(answered, torch.ones_like(i), i + 1)
+    d_next = torch.where(answered.unsqueeze(1), fresh_d(1, m, d_acc.device), d_acc)
+    return out, feed, pos, step_idx, d_next

@@ -1,34 +1,46 @@
-"""Fixed-mode greedy decoding on a preallocated KV cache; the decode step can be a CUDA graph.
+"""Decoding on a preallocated KV cache, with the decode step captured as a CUDA graph on CUDA.
 
-:class:`StaticFixedDecoder` makes the same decisions as
-:class:`cyb.generation.decoders.FixedDecoder` with a greedy
-:class:`~cyb.generation.decoders.StepReadout` (Recipe 1: each new real token and its ``M-1``
-pauses in one forward of ``M`` positions, the sequential readout of that block gives the next
-token), but every tensor of a decode step has a fixed shape and address:
+:class:`StaticFixedDecoder` and :class:`StaticAdaptiveDecoder` make the same decisions as the
+eager :class:`~cyb.generation.decoders.FixedDecoder` and
+:class:`~cyb.generation.decoders.AdaptiveDecoder` (greedy or sampled, through the same
+:class:`~cyb.generation.decoders.StepReadout`), but every tensor of a decode step has a fixed
+shape and address:
 
 * :class:`StaticKVCache` holds each layer's keys and values in ``[B, heads, capacity, dim]``
   buffers and writes new steps at the slots of a device tensor (``index_copy_``); attention
   runs over all ``capacity`` slots with an explicit 4-D mask (slots not yet written, padding of
   the prompt and, within the new block, later steps are masked out);
-* the step's inputs (ids, positions, slots) live in fixed tensors that the step itself advances
-  (the decided token becomes the next block's first id), so on CUDA the whole step -- decoder,
-  output projection, readout, input update -- is captured once as a CUDA graph and each decode
-  step is one ``graph.replay()``.  Elsewhere the same step runs eagerly.
+* the step's inputs (ids, positions, slots, the adaptive state) live in fixed tensors that the
+  step itself advances: the decision is made on the device and becomes the next step's input
+  (fixed mode: the decided token heads the next block of ``M``; adaptive mode: the token at a
+  new position, or ``<pause_i>`` after a dk), so on CUDA the whole step -- decoder, output
+  projection, readout, input update -- is captured once as a CUDA graph and each decode step
+  is one ``graph.replay()``.  Elsewhere the same step runs eagerly (``cuda_graph=False``).
+
+Fixed mode feeds ``M`` positions per step; adaptive mode feeds one position per step (a
+one-position graph replayed once per step: every row feeds its real token or its next pause,
+as its last decision says), so a row that rarely says dk costs about one position per token.
+Rows never leave the batch: the caller ignores the rows it has finished (their steps still
+run, at positions clamped below ``max_position_embeddings``).  Sampling takes its uniforms
+from the readout's CPU generator before each step (a host-to-device copy into a fixed buffer),
+drawn for every row exactly as the eager decoders draw them, so both paths sample alike.
 
 Supported: decoders whose attention layers call ``cache.update(keys, values, layer_idx, ...)``
 and accept a 4-D attention mask (Llama, Mistral without sliding window, Qwen2/3, Gemma 1), full
-attention only (sliding-window models are refused), greedy decisions only, a fixed batch (rows
-do not leave it).  The tensors returned by :meth:`StaticFixedDecoder.step` are overwritten by
-the next step: read them (``.tolist()``) before stepping again.
+attention only (sliding-window models are refused: :func:`unsupported_reason`).  The tensors
+returned by :meth:`_StaticDecoder.step` are overwritten by the next step: read them
+(``.tolist()``) before stepping again.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..layout import expand
 from ..model import hf
-from .decoders import StepOutput, StepReadout
+from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4d, fresh_d
+from .decoders import prompt_layout
+
+DECODERS = ("auto", "graph", "static", "eager")
 
 
 class StaticKVCache:
@@ -72,120 +84,164 @@ class StaticKVCache:
         return self.length
 
 
-def check_supported(model) -> None:
-    """Raise unless ``model`` (a :class:`cyb.PauseModel`) can decode on a :class:`StaticKVCache`."""
-    cfg = hf.text_config(model.config)
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None:
-        sliding = any("sliding" in str(t) for t in layer_types)
-    else:  # (Qwen2 keeps a window size with use_sliding_window = False)
-        sliding = bool(getattr(cfg, "sliding_window", None)) and getattr(cfg, "use_sliding_window", True)
-    if sliding:
-        raise ValueError("static decoding supports full-attention models only; this model has "
-                         "sliding-window layers (use cyb.generation)")
+def unsupported_reason(model) -> str | None:
+    """Why ``model`` (a :class:`cyb.PauseModel`) cannot decode on a :class:`StaticKVCache`,
+    or None when it can."""
+    if hf.has_sliding_window(model.config):
+        return "the model has sliding-window layers (static decoding supports full attention only)"
     impl = hf.attention_of(model.hf_model)
     if impl not in (None, "sdpa", "eager"):
-        raise ValueError(f"static decoding needs sdpa or eager attention, got {impl!r}")
+        return f"static decoding needs sdpa or eager attention, the model uses {impl!r}"
+    return None
 
 
-class StaticFixedDecoder:
-    """Greedy fixed-mode decoding of a batch of left-padded prompts on a :class:`StaticKVCache`.
+def check_supported(model) -> None:
+    """Raise unless ``model`` (a :class:`cyb.PauseModel`) can decode on a :class:`StaticKVCache`."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"static decoding is not available: {reason}; use the eager decoder")
+
+
+def resolve_decoder(model, choice: str) -> str:
+    """The decoder that ``choice`` means for ``model`` on its device: ``"graph"``, ``"static"``
+    or ``"eager"``.
+
+    ``auto``: ``graph`` on CUDA when the model is supported, else ``eager``; ``graph`` and
+    ``static`` raise a ``ValueError`` saying why when they cannot run (``graph`` needs CUDA).
+    """
+    if choice not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {choice!r}")
+    on_cuda = model.device.type == "cuda"
+    reason = unsupported_reason(model)
+    if choice == "auto":
+        return "graph" if on_cuda and reason is None else "eager"
+    if choice == "eager":
+        return "eager"
+    if reason is not None:
+        raise ValueError(f"decoder={choice!r} is not available: {reason}; use decoder='eager' "
+                         "(or 'auto', which falls back to it)")
+    if choice == "graph" and not on_cuda:
+        raise ValueError(f"decoder='graph' needs the model on a CUDA device, it is on "
+                         f"{model.device}; use 'auto', 'static' (same decoder without the graph) "
+                         "or 'eager'")
+    return choice
+
+
+class _StaticDecoder:
+    """Shared machinery: cache, masks, the fixed step inputs, capture and replay.
 
     Args:
         model: a :class:`cyb.PauseModel` in eval mode.
         ids: ``[B, P]`` prompt ids, left-padded; ``mask``: ``[B, P]`` 1 for tokens, 0 for padding.
-        max_new_tokens: decisions to make at most (:meth:`start` gives the first, each
-            :meth:`step` one more); sizes the cache.
+        readout: the decision rule (default: greedy).
+        max_new_tokens: real tokens to generate at most per row; sizes the cache.
         cuda_graph: capture the decode step as a CUDA graph (default: on CUDA).
     """
 
-    def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor, *, max_new_tokens: int,
+    keeps_rows = True
+    mode = "fixed"
+
+    def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor,
+                 readout: StepReadout | None = None, *, max_new_tokens: int,
                  cuda_graph: bool | None = None) -> None:
         check_supported(model)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         self.model = model
         self.vocab = model.vocab
-        self.m = m = self.vocab.num_steps
+        self.m = self.vocab.num_steps
+        self.advance = self.vocab.position_scheme == "advance"
         self.device = ids.device
         self.use_graph = (self.device.type == "cuda") if cuda_graph is None else bool(cuda_graph)
         if self.use_graph and self.device.type != "cuda":
             raise ValueError("cuda_graph=True needs the prompts on a CUDA device")
         self.ids, self.mask = ids, mask
-        self.readout = StepReadout(self.vocab, model.dk_bias)
+        self.num_rows = ids.shape[0]
+        self.readout = readout if readout is not None else StepReadout(self.vocab, model.dk_bias)
         self.decoder = model.decoder
         self.cache_arg = hf.cache_arg_name(self.decoder)
-        self.bool_mask = hf.attention_of(model.hf_model) != "eager"  # sdpa takes a bool mask
-        self.prompt_steps = ids.shape[1] * m
+        self.additive = model.dtype if hf.attention_of(model.hf_model) == "eager" else None
+        self.pause_ids = self.vocab.pause_id_tensor(self.device)
         self.max_new_tokens = max_new_tokens
-        # one block more than the decisions need: capture's warm-up steps write ahead
-        self.capacity = self.prompt_steps + (max_new_tokens + 1) * m
+        limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
+        self.max_position = limit - 1 if isinstance(limit, int) else None
+        self.capacity = self._prompt_steps() + self._decode_slots()
         self.cache = StaticKVCache(self.capacity)
-        self.cols = torch.arange(self.capacity, device=self.device)
-        self.valid = torch.ones(ids.shape[0], self.capacity, dtype=torch.bool, device=self.device)
-        self.step_ids = self.step_pos = self.step_slots = None
-        self.pos_increment = m if self.vocab.position_scheme == "advance" else 1
+        self.valid = torch.ones(self.num_rows, self.capacity, dtype=torch.bool, device=self.device)
+        self.uniforms: torch.Tensor | None = None  # [B, width] buffer when sampling
+        self.slots: torch.Tensor | None = None  # slots the next step writes
         self.graph = None
         self.graph_out: StepOutput | None = None
         self.steps_taken = 0
         self.prompt_positions: torch.Tensor | None = None
 
-    # ------------------------------------------------------------------ pieces
-    def _attention_mask(self, query_slots: torch.Tensor) -> torch.Tensor:
-        """``[B, 1, T, capacity]`` mask for new steps at ``query_slots [T]``: a step sees valid
-        slots up to its own, and always itself (so padding steps never have an empty softmax)."""
-        upto = self.cols.unsqueeze(0) <= query_slots.unsqueeze(1)  # [T, capacity]
-        own = self.cols.unsqueeze(0) == query_slots.unsqueeze(1)
-        allowed = (self.valid[:, None, None, :] & upto) | own
-        if self.bool_mask:
-            return allowed
-        dtype = self.model.dtype
-        zero = torch.zeros((), dtype=dtype, device=self.device)
-        return torch.where(allowed, zero, torch.finfo(dtype).min)
+    # ------------------------------------------------------------------ to define
+    def _prompt_steps(self) -> int:
+        raise NotImplementedError
 
-    def _forward(self, input_ids, position_ids, slots) -> torch.Tensor:
-        self.cache.slots = slots
-        out = self.decoder(input_ids=input_ids, attention_mask=self._attention_mask(slots),
-                           position_ids=position_ids, use_cache=True, **{self.cache_arg: self.cache})
-        return out.last_hidden_state
+    def _decode_slots(self) -> int:
+        """Slots the decode steps may write, plus what the capture's warm-up writes ahead."""
+        raise NotImplementedError
 
-    def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
-        return self.readout.block(self.model.logits(block_hidden))
+    def _first(self, hidden: torch.Tensor, pos: torch.Tensor, t: int) -> StepOutput:
+        """Decide on the prompt's hidden states and set up the step inputs."""
+        raise NotImplementedError
 
     def _step_body(self) -> StepOutput:
         """One decode step on the fixed inputs, which it then advances to the next step."""
-        hidden = self._forward(self.step_ids, self.step_pos, self.step_slots)
-        out = self._decide(hidden)
-        self.step_ids[:, 0].copy_(out.token)
-        self.step_pos.add_(self.pos_increment)
-        self.step_slots.add_(self.m)
-        return out
+        raise NotImplementedError
+
+    def _state(self) -> list[torch.Tensor]:
+        """The step inputs the step advances (saved and restored around the capture warm-up)."""
+        raise NotImplementedError
+
+    #: uniforms per row per decision (when sampling)
+    width = 0
+    #: positions each row feeds per step
+    positions_per_step = 1
+
+    # ------------------------------------------------------------------ pieces
+    def _forward(self, input_ids, position_ids, slots) -> torch.Tensor:
+        self.cache.slots = slots
+        mask = attention_mask_4d(self.valid, slots, additive_dtype=self.additive)
+        out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                           use_cache=True, **{self.cache_arg: self.cache})
+        return out.last_hidden_state
+
+    def _draw(self) -> None:
+        """Copy this decision's uniforms into the fixed buffer (sampling only)."""
+        u = self.readout.draw(self.num_rows, self.width)
+        if u is None:
+            return
+        if self.uniforms is None:
+            self.uniforms = torch.empty(u.shape, dtype=u.dtype, device=self.device)
+        self.uniforms.copy_(u)
+
+    def _clamp(self, pos: torch.Tensor) -> torch.Tensor:
+        """Positions of finished rows may run past the model's limit: clamp them (in place)."""
+        return pos if self.max_position is None else pos.clamp_(max=self.max_position)
 
     # ------------------------------------------------------------------ public
     def start(self) -> StepOutput:
-        """Run the prompts (eagerly) and decide the first new token of every row."""
-        m = self.m
-        lay = expand(self.ids, self.vocab, attention_mask=self.mask, check_ids=False)
-        t = lay.input_ids.shape[1]
-        self.valid[:, :t] = lay.attention_mask.bool()
-        hidden = self._forward(lay.input_ids, lay.position_ids, torch.arange(t, device=self.device))
+        """Run the prompts (eagerly) and make every row's first decision."""
+        input_ids, pos, valid, next_pos = prompt_layout(self.ids, self.mask, self.vocab, self.mode)
+        t = input_ids.shape[1]
+        self.valid[:, :t] = valid.bool()
+        hidden = self._forward(input_ids, pos, torch.arange(t, device=self.device))
         self.cache.length = t
-        self.prompt_positions = lay.attention_mask.sum(-1)
-        out = self._decide(hidden[:, -m:])
-        self.step_ids = self.vocab.pause_id_tensor(self.device).unsqueeze(0).repeat(self.ids.shape[0], 1)
-        self.step_ids[:, 0] = out.token
-        offsets = torch.arange(m, device=self.device) * int(self.vocab.position_scheme == "advance")
-        self.step_pos = (lay.position_ids[:, -1] + 1).unsqueeze(1) + offsets
-        self.step_slots = torch.arange(t, t + m, device=self.device)
-        return out
+        self.prompt_positions = valid.sum(-1)
+        self._draw()
+        return self._first(hidden, next_pos, t)
 
     def capture(self) -> None:
         """Capture the decode step as a CUDA graph (after :meth:`start`; done by the first
         :meth:`step` when ``cuda_graph``).  Two warm-up steps run on a side stream first; the
         inputs are then put back, and what they wrote is rewritten by the real steps."""
-        if self.step_ids is None:
+        if self.slots is None:
             raise RuntimeError("call start() before capture()")
-        state = (self.step_ids, self.step_pos, self.step_slots)
+        if self.readout.random and self.uniforms is None:
+            raise RuntimeError("sampling: the uniforms buffer is made by start()")
+        state = self._state()
         saved = [t.clone() for t in state]
         main = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
@@ -201,13 +257,15 @@ class StaticFixedDecoder:
             self.graph_out = self._step_body()
         self.graph = graph
 
+    def _check_room(self) -> None:
+        raise NotImplementedError
+
     def step(self) -> StepOutput:
-        """Feed the last decided token with its pauses and decide the next one."""
-        if self.step_ids is None:
+        """Feed what the last decisions ask for and decide again."""
+        if self.slots is None:
             raise RuntimeError("call start() before step()")
-        if self.steps_taken + 1 >= self.max_new_tokens:
-            raise RuntimeError(f"max_new_tokens = {self.max_new_tokens} decisions already made "
-                               "(the cache is sized for them)")
+        self._check_room()
+        self._draw()
         if self.use_graph:
             if self.graph is None:
                 self.capture()
@@ -215,15 +273,122 @@ class StaticFixedDecoder:
             out = self.graph_out
         else:
             out = self._step_body()
-        self.cache.length += self.m
+        self.cache.length += self.positions_per_step
         self.steps_taken += 1
         return out
 
 
+class StaticFixedDecoder(_StaticDecoder):
+    """Fixed mode (Recipe 1): each step feeds every row's last token and its ``M-1`` pauses."""
+
+    mode = "fixed"
+
+    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None) -> None:
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+        self.positions_per_step = self.m
+        self.width = self.readout.block_width
+        self.pos_increment = self.m if self.advance else 1
+        self.step_ids = self.step_pos = None
+
+    def _prompt_steps(self) -> int:
+        return self.ids.shape[1] * self.m
+
+    def _decode_slots(self) -> int:
+        # max_new_tokens - 1 blocks decoded, and two blocks that the capture's warm-up writes
+        return (self.max_new_tokens + 1) * self.m
+
+    def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
+        return self.readout.block(self.model.logits(block_hidden), self.uniforms)
+
+    def _first(self, hidden, next_pos, t) -> StepOutput:
+        m, b = self.m, self.num_rows
+        out = self._decide(hidden[:, -m:])
+        self.step_ids = self.pause_ids.unsqueeze(0).repeat(b, 1)
+        self.step_ids[:, 0] = out.token
+        offsets = torch.arange(m, device=self.device) * int(self.advance)
+        self.step_pos = next_pos.unsqueeze(1) + offsets
+        self.slots = torch.arange(t, t + m, device=self.device)
+        return out
+
+    def _state(self):
+        return [self.step_ids, self.step_pos, self.slots]
+
+    def _step_body(self) -> StepOutput:
+        hidden = self._forward(self.step_ids, self.step_pos, self.slots)
+        out = self._decide(hidden)
+        self.step_ids[:, 0].copy_(out.token)
+        self._clamp(self.step_pos.add_(self.pos_increment))
+        self.slots.add_(self.m)
+        return out
+
+    def _check_room(self) -> None:
+        if self.steps_taken + 1 >= self.max_new_tokens:
+            raise RuntimeError(f"max_new_tokens = {self.max_new_tokens} decisions already made "
+                               "(the cache is sized for them)")
+
+
+class StaticAdaptiveDecoder(_StaticDecoder):
+    """Adaptive mode (Recipe 2): each step feeds one position per row -- its answer at a new
+    position, or the next pause after a dk -- decided on the device by the previous step."""
+
+    mode = "adaptive"
+
+    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None) -> None:
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+        self.width = self.readout.step_width
+        self.feed = self.pos = self.step_idx = self.d_acc = None
+
+    def _prompt_steps(self) -> int:
+        return (self.ids.shape[1] - 1) * self.m + 1
+
+    def _decode_slots(self) -> int:
+        # a row makes at most M decisions per token, the first in start(); +2: capture warm-up
+        return self.max_new_tokens * self.m + 2
+
+    def _apply(self, logits: torch.Tensor) -> tuple[StepOutput, list[torch.Tensor]]:
+        out, feed, pos, step_idx, d_acc = adaptive_update(self, logits, self.uniforms)
+        return out, [feed, pos, step_idx, d_acc]
+
+    def _first(self, hidden, next_pos, t) -> StepOutput:
+        b = self.num_rows
+        self.pos = next_pos
+        self.step_idx = torch.ones(b, dtype=torch.long, device=self.device)
+        self.d_acc = fresh_d(b, self.m, self.device)
+        out, (self.feed, self.pos, self.step_idx, self.d_acc) = self._apply(
+            self.model.logits(hidden[:, -1]))
+        self._clamp(self.pos)
+        self.slots = torch.tensor([t], dtype=torch.long, device=self.device)
+        return out
+
+    def _state(self):
+        return [self.feed, self.pos, self.step_idx, self.d_acc, self.slots]
+
+    def _step_body(self) -> StepOutput:
+        hidden = self._forward(self.feed.unsqueeze(1), self.pos.unsqueeze(1), self.slots)
+        out, new = self._apply(self.model.logits(hidden[:, -1]))
+        for t, v in zip((self.feed, self.pos, self.step_idx, self.d_acc), new):
+            t.copy_(v)
+        self._clamp(self.pos)
+        self.slots.add_(1)
+        return out
+
+    def _check_room(self) -> None:
+        if self.cache.length + 1 > self.capacity - 2:
+            raise RuntimeError(f"the cache holds {self.capacity} slots, all used: at most "
+                               f"max_new_tokens * M = {self.max_new_tokens * self.m} decisions")
+
+
+def static_decoder(model, ids, mask, readout: StepReadout, *, mode: str, max_new_tokens: int,
+                   cuda_graph: bool | None = None) -> _StaticDecoder:
+    """The static decoder of ``mode`` (``"fixed"`` or ``"adaptive"``)."""
+    cls = StaticFixedDecoder if mode == "fixed" else StaticAdaptiveDecoder
+    return cls(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+
+
 @torch.inference_mode()
 def greedy_tokens(decoder, num_tokens: int) -> list[list[int]]:
-    """``[B][num_tokens]`` greedy tokens of a new (not yet started) ``FixedDecoder`` or
-    :class:`StaticFixedDecoder`; each step's tokens are read before the next step."""
+    """``[B][num_tokens]`` tokens of a new (not yet started) fixed-mode decoder (eager or
+    static); each step's tokens are read before the next step."""
     out = decoder.start()
     rows = [[t] for t in out.token.tolist()]
     for _ in range(num_tokens - 1):

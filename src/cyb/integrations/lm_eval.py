@@ -42,13 +42,11 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from ..decision import greedy_decision
-from ..layout import collapse, expand, left_pad
-from ..losses import cyb_loss
+from ..generation.static import DECODERS, resolve_decoder
 from ..model import PauseModel
 from ..runtime import resolve_device
 from ..model import hf as _hf
-from ..readout import readout
+from .scoring import score_batch, token_log_likelihood
 from .tasks import DATA_ENV, tasks_dir
 
 __all__ = ["CybLM", "DATA_ENV", "MODES", "main", "tasks_dir", "token_log_likelihood"]
@@ -57,26 +55,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("fixed", "adaptive")
 DEFAULT_MAX_LENGTH = 2048
-_LOGITS_PER_CHUNK = 1 << 24  # logits held at once when scoring continuation blocks
 _GEN_OPTIONS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p"}
-
-
-def token_log_likelihood(log_t: torch.Tensor, log_d: torch.Tensor, log_not_d: torch.Tensor,
-                         *, has_dk: bool) -> torch.Tensor:
-    """Log-likelihood of each real token's target under the model's readout.
-
-    Args:
-        log_t, log_d, log_not_d: ``[..., M]`` per-step readout (:func:`cyb.readout.readout`).
-        has_dk: the model has a dk output.
-
-    Returns:
-        ``[...]`` (float32, or float64 for float64 input): ``-cyb_loss`` with ``omega`` one-hot
-        on ``M`` and ``gamma = 1`` (``log sum_i Pr(S=i | d) t_i``) with dk; else ``log t_M``
-        (TBYS reads out at the last step; with ``M = 1`` plain log-softmax).
-    """
-    if has_dk:
-        return -cyb_loss(log_t, log_d, log_not_d)
-    return log_t[..., -1]
 
 
 def _positive_int(name: str, value, minimum: int = 1) -> int:
@@ -162,16 +141,22 @@ class CybLM(LM):
         num_steps: ``M`` for a plain Hugging Face model without ``cyb_pause.json``.
         attn_implementation: ``sdpa`` or ``eager``.
         seed: seed of the sampler when a request asks for sampling.
+        decoder: the decode loop of ``generate_until`` (:class:`cyb.generation.GenerationConfig`):
+            ``auto`` (CUDA graph on CUDA where the model supports it, else eager), ``graph``,
+            ``static`` or ``eager``.
     """
 
     def __init__(self, pretrained, device: str | None = None, batch_size=8, max_batch_size=None,
                  mode: str = "fixed", dtype: str | None = None, max_length: int | None = None,
                  max_gen_toks: int = 256, add_bos_token: bool | None = None,
                  num_steps: int | None = None, attn_implementation: str | None = None,
-                 seed: int = 1234) -> None:
+                 seed: int = 1234, decoder: str = "auto") -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+        self._decoder = decoder
         if isinstance(batch_size, str) and batch_size.startswith("auto"):
             raise ValueError("batch_size='auto' is not supported by the cyb model; give an integer >= 1")
         self._batch_size = _positive_int("batch_size", batch_size)
@@ -196,6 +181,7 @@ class CybLM(LM):
                              "sends text")
         self._device = resolve_device(device, what="device")
         self._model = model.to(self._device).eval()
+        resolve_decoder(self._model, decoder)  # a clear error now for graph off CUDA, say
         self._codec = _Codec(model.tokenizer, add_bos_token)
         limit = self._position_limit()
         if max_length is None:
@@ -277,6 +263,7 @@ class CybLM(LM):
             "cyb": {
                 "method": s.method, "num_steps": s.num_steps, "dk_id": s.dk_id, "psi_dk": s.psi_dk,
                 "position_scheme": s.position_scheme, "generation_mode": self._mode,
+                "decoder": resolve_decoder(self._model, self._decoder),
                 "loglikelihood_readout": self.readout_name, "max_length": self._max_length,
                 "add_bos_token": self._codec.add_bos,
             },
@@ -338,46 +325,10 @@ class CybLM(LM):
         bar.close()
         return out  # type: ignore[return-value]
 
-    @torch.inference_mode()
     def _score_batch(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """One forward of the batch (left-padded, Recipe 1 layout), then each row's continuation
-        blocks read out: the block of token ``k`` predicts token ``k+1``."""
-        results = [(0.0, True)] * len(pairs)
-        live = [j for j, (_, cont) in enumerate(pairs) if cont]
-        if not live:
-            return results
-        inputs = [(pairs[j][0] + pairs[j][1])[-(self._max_length + 1):][:-1] for j in live]
-        ids, mask = left_pad(inputs, self._device)
-        length = ids.shape[1]
-        model = self._model
-        layout = expand(ids, model.vocab, attention_mask=mask)
-        hidden, _ = model.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask)
-        blocks = collapse(hidden, model.num_steps)  # [B, L, M, H]
-        for r, j in enumerate(live):
-            cont = pairs[j][1]
-            target = torch.tensor(cont, dtype=torch.long, device=self._device)
-            results[j] = self._score_blocks(blocks[r, length - len(cont):], target)
-        return results
-
-    def _score_blocks(self, blocks: torch.Tensor, target: torch.Tensor) -> tuple[float, bool]:
-        """``(sum of token log-likelihoods, greedy readout gives every target)`` for hidden states
-        ``blocks [C, M, H]`` and targets ``[C]``; logits are made a chunk of blocks at a time."""
-        model = self._model
-        m, vocab_size = model.num_steps, model.vocab.vocab_size
-        dk_id, dk_bias = model.settings.dk_id, model.dk_bias
-        step = max(1, _LOGITS_PER_CHUNK // (m * vocab_size))
-        total = torch.zeros((), dtype=torch.float64, device=blocks.device)
-        greedy = torch.ones((), dtype=torch.bool, device=blocks.device)
-        for s in range(0, blocks.shape[0], step):
-            logits = model.logits(blocks[s:s + step])  # [n, M, V]
-            tgt = target[s:s + step]
-            log_t, log_d, log_not_d = readout(logits, tgt.unsqueeze(-1).expand(-1, m),
-                                              dk_id=dk_id, dk_bias=dk_bias)
-            ll = token_log_likelihood(log_t, log_d, log_not_d, has_dk=dk_id is not None)
-            total += ll.double().sum()
-            token, _ = greedy_decision(logits, dk_id=dk_id, dk_bias=dk_bias)
-            greedy &= (token == tgt).all()
-        return float(total), bool(greedy)
+        """One forward of the batch (left-padded, Recipe 1 layout), then every row's
+        continuation blocks read out together (:func:`cyb.integrations.scoring.score_batch`)."""
+        return score_batch(self._model, pairs, max_length=self._max_length)
 
     # ------------------------------------------------------------------ generation
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -406,7 +357,7 @@ class CybLM(LM):
             for start in range(0, len(members), self._batch_size):
                 batch = members[start:start + self._batch_size]
                 results = generate(self._model, [prepared[i][0] for i in batch], mode=self._mode,
-                                   seed=self._seed, **options)
+                                   seed=self._seed, decoder=self._decoder, **options)
                 for i, res in zip(batch, results):
                     out[i] = res.text or ""
                     self.cache_hook.add_partial("generate_until", requests[i].args, out[i])

@@ -53,6 +53,16 @@ def text_config(config):
     return get() if callable(get) else config
 
 
+def has_sliding_window(config) -> bool:
+    """Whether any attention layer of the model uses a sliding window (or chunked attention)."""
+    cfg = text_config(config)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        return any("sliding" in str(t) or "chunk" in str(t) for t in layer_types)
+    # (Qwen2 keeps a window size with use_sliding_window = False)
+    return bool(getattr(cfg, "sliding_window", None)) and bool(getattr(cfg, "use_sliding_window", True))
+
+
 def decoder_of(hf_model) -> torch.nn.Module:
     """The decoder under the LM head (the module that returns ``last_hidden_state``)."""
     dec = None

@@ -374,6 +374,7 @@ class PauseModel(torch.nn.Module):
         *,
         past_key_values=None,
         use_cache: bool = False,
+        check_positions: bool = True,
     ) -> tuple[torch.Tensor, object | None]:
         """Last hidden states of the decoder, with explicit positions and attention mask.
 
@@ -381,10 +382,15 @@ class PauseModel(torch.nn.Module):
             input_ids: ``[B, T]`` long ids (real tokens and pauses, as laid out).
             position_ids: ``[B, T]`` (or ``[1, T]``) rotary positions; may repeat.
             attention_mask: ``[B, P + T]`` 1 for valid steps, 0 for padding, covering the ``P``
-                cached steps and the new ones; None means nothing is padded.
+                cached steps and the new ones; None means nothing is padded.  Or a ready 4-D
+                mask ``[B, 1, T, P + T]`` (bool for sdpa, additive for eager attention), passed
+                to the decoder as it is: no query row may be all masked.  Models with
+                sliding-window layers need the 2-D form.
             past_key_values: a cache (e.g. :meth:`new_cache`) holding ``P`` earlier steps; it is
                 extended in place with the new ones.
             use_cache: return a cache (a new one when ``past_key_values`` is None).
+            check_positions: check the position ids against ``max_position_embeddings`` (a
+                host read of the device tensor; decode loops check their positions up front).
 
         Returns:
             ``(hidden [B, T, H] in the model dtype, cache or None)``.  Steps that are padding
@@ -405,16 +411,24 @@ class PauseModel(torch.nn.Module):
                 f"{tuple(position_ids.shape)}"
             )
         past = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
+        four_d = attention_mask is not None and attention_mask.dim() == 4
         if attention_mask is None:
             attention_mask = torch.ones((b, past + t), dtype=torch.long, device=input_ids.device)
+        elif four_d:
+            if tuple(attention_mask.shape) != (b, 1, t, past + t):
+                raise ValueError(f"a 4-D attention_mask must have shape [B, 1, T, cached + new] = "
+                                 f"[{b}, 1, {t}, {past + t}], got {tuple(attention_mask.shape)}")
+            if hf.has_sliding_window(self.config):
+                raise ValueError("this model has sliding-window layers: give a 2-D attention_mask")
         elif tuple(attention_mask.shape) != (b, past + t):
             raise ValueError(
                 f"attention_mask must have shape [B, cached + new] = [{b}, {past} + {t}], got "
                 f"{tuple(attention_mask.shape)}"
             )
-        hf.check_positions(position_ids, self.config)
+        if check_positions:
+            hf.check_positions(position_ids, self.config)
         lead = None
-        if past_key_values is None and not use_cache:
+        if past_key_values is None and not use_cache and not four_d:
             input_ids, position_ids, attention_mask, lead = hf.padding_last(
                 input_ids, position_ids.expand(b, t), attention_mask)
         out = self.decoder(
