@@ -29,9 +29,10 @@ start=$(date +%s)
 budget=${MEMORY_PLAN_BUDGET_S:-420}  # no new pair starts after this many seconds (each <= 170 s)
 pairs=()
 # MEMORY_PLAN_SHAPES / MEMORY_PLAN_ARGS: other shapes / options (a CPU smoke test of this
-# script: MEMORY_PLAN_SHAPES=tiny MEMORY_PLAN_ARGS=--quick bash experiments/memory_plan.sh 1)
+# script: MEMORY_PLAN_SHAPES=tiny MEMORY_PLAN_ARGS=--quick bash experiments/memory_plan.sh 1);
+# MEMORY_PLAN_CONFIGS: a subset of the configurations (e.g. "lora lora-ckpt")
 for shape in ${MEMORY_PLAN_SHAPES:-llama3-8b gemma3-4b gemma1-2b}; do
-    for config in full full-ckpt lora lora-ckpt; do
+    for config in ${MEMORY_PLAN_CONFIGS:-full full-ckpt lora lora-ckpt}; do
         pairs+=("$shape:$config")
     done
 done
@@ -50,10 +51,13 @@ run_gpu() {  # run_gpu GPU PAIR...: the pairs one after another on that GPU
     done > "$work/gpu$gpu.log" 2>&1
 }
 
+# MEMORY_PLAN_GPUS: the GPU indices to use (default 0 .. N-1)
+read -r -a gpus <<< "${MEMORY_PLAN_GPUS:-$(seq -s ' ' 0 $((n - 1)))}"
+n=${#gpus[@]}
 for ((g = 0; g < n; g++)); do
     mine=()
     for ((i = g; i < ${#pairs[@]}; i += n)); do mine+=("${pairs[i]}"); done
-    run_gpu "$g" "${mine[@]}" &
+    run_gpu "${gpus[g]}" "${mine[@]}" &
 done
 wait
 echo "grid done in $(( $(date +%s) - start )) s on $n GPU(s)"
