@@ -25,6 +25,8 @@ The module works on the model alone (no training code); ``settings`` is anything
 from __future__ import annotations
 
 import json
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -40,6 +42,14 @@ INSTALL_HINT = "pip install 'cyb[lora]'"
 # The PeftModel that owns a model's adapters, kept on the Hugging Face model (not a submodule,
 # so it adds no state-dict keys): it merges and saves them.
 _PEFT_ATTR = "_cyb_peft_model"
+
+
+@contextmanager
+def _quiet_peft():
+    """No deprecation notices that peft's own calls into transformers raise (nothing for a user to change)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def require_peft():
@@ -128,7 +138,8 @@ def apply_lora(model, settings, *, base: str | None = None):
         trainable_token_indices=_token_layers(hf_model, trainable_token_ids(model.settings)),
         base_model_name_or_path=_base_name(hf_model, base))
     try:
-        peft_model = peft.get_peft_model(hf_model, config, adapter_name=ADAPTER)
+        with _quiet_peft():
+            peft_model = peft.get_peft_model(hf_model, config, adapter_name=ADAPTER)
     except ValueError as e:
         if "target_modules" not in str(e) and "Target modules" not in str(e):
             raise
@@ -273,7 +284,8 @@ def load_adapter_model(folder, settings, *, torch_dtype=None, attn_implementatio
         # themselves come from the adapter; any other new row must match training)
         new = tuple(range(rows, settings.vocab_size))
         apply_plan(hf_model, TokenPlan((), (), None, None, "added", new, settings.vocab_size, rows))
-    peft_model = peft.PeftModel.from_pretrained(hf_model, str(folder), adapter_name=ADAPTER, is_trainable=False)
+    with _quiet_peft():
+        peft_model = peft.PeftModel.from_pretrained(hf_model, str(folder), adapter_name=ADAPTER, is_trainable=False)
     hf_model.__dict__[_PEFT_ATTR] = peft_model
     return hf_model
 
