@@ -230,6 +230,11 @@ def test_apply_lora_keeps_what_the_model_computes():
         assert 0 < trainable < total
         with pytest.raises(ValueError, match="already has LoRA adapters"):
             lora.apply_lora(model, LoraConfig(rank=2))
+    bf16 = PauseModel.from_config(hf_cfg, num_steps=3, torch_dtype=torch.bfloat16)
+    lora.apply_lora(bf16, LoraConfig(rank=2))
+    kinds = {(p.requires_grad, p.dtype) for p in bf16.hf_model.parameters()}
+    assert kinds == {(False, torch.bfloat16), (True, torch.float32)}
+    assert bf16(_ids(), return_logits=True).logits.dtype == torch.bfloat16
 
 
 def test_unknown_target_modules_are_named(tmp_path, bases):

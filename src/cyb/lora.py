@@ -118,7 +118,8 @@ def apply_lora(model, settings, *, base: str | None = None):
     adapters on ``settings.target_modules`` (``B`` starts at zero, so the model computes what
     it computed before) and the input-embedding rows of the pause and dk ids, plus their rows of
     the output projection when it is not tied to the embedding.  ``model.hf_model`` stays the
-    same object; its projections and embeddings are replaced by peft's wrappers.
+    same object; its projections and embeddings are replaced by peft's wrappers.  Trainable
+    tensors are float32 whatever the base dtype (they are cast to it in the forward).
 
     ``base``: the name or folder the frozen weights are reloaded from when the adapter is
     loaded (default: the folder or hub name the model was loaded from).  Raises ImportError
@@ -148,6 +149,9 @@ def apply_lora(model, settings, *, base: str | None = None):
         raise ValueError(f"lora.target_modules {list(settings.target_modules)}: no such module in "
                          f"{type(hf_model).__name__}; its linear layers are {', '.join(names)}") from None
     hf_model.__dict__[_PEFT_ATTR] = peft_model
+    for p in hf_model.parameters():  # float32 masters (peft already keeps adapters so) for bf16 bases
+        if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
+            p.data = p.data.float()
     return model
 
 
