@@ -458,7 +458,7 @@ class Trainer:
         params, trainable = self.model.num_parameters(), self.model.num_parameters(only_trainable=True)
         if is_lora(self.model):
             lo = self.cfg.lora
-            sizes = (f"{params / 1e6:.2f}M parameters, {trainable / 1e6:.3g}M trainable ({100 * trainable / params:.2g}%: "
+            sizes = (f"{params / 1e6:.2f}M parameters, {trainable:,} trainable ({100 * trainable / params:.2g}%: "
                      f"LoRA rank {lo.rank} on {', '.join(lo.target_modules)} and the pause/dk rows)")
         else:
             sizes = f"{params / 1e6:.2f}M parameters, all trainable"
