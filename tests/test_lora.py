@@ -149,6 +149,23 @@ def test_final_folder_holds_the_adapter_and_loads_back(lora_run):
     assert _check_model_dir(cfg.train.out_dir) == final
 
 
+def test_cyb_eval_and_lm_eval_load_the_lora_run(lora_run, tmp_path):
+    from cyb.cli import main
+
+    cfg, trainer = lora_run
+    run = Path(cfg.train.out_dir)
+    assert main(["eval", str(run), "--out", str(tmp_path / "ev"), "--no-progress", "--device", "cpu"]) == 0
+    ppl = json.loads((tmp_path / "ev" / "metrics.json").read_text())["perplexity"]
+    trained = json.loads((run / "final_metrics.json").read_text())
+    assert ppl["tokens"] == trained["targets"]
+    assert ppl["loss"] == pytest.approx(trained["loss"], abs=1e-5)
+    lm_eval = pytest.importorskip("cyb.integrations.lm_eval")
+    pytest.importorskip("lm_eval")
+    lm = lm_eval.CybLM(str(run / "final"), device="cpu", batch_size=2)
+    assert lora.is_lora(lm._model)
+    assert torch.equal(_logits(lm._model, _ids()), _logits(trainer.model, _ids()))
+
+
 def test_merge_gives_a_plain_model_with_the_same_logits(lora_run, tmp_path, monkeypatch, capsys):
     from cyb.cli import main
 
