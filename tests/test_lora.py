@@ -344,3 +344,23 @@ def test_fsdp_lora_equals_one_process_and_its_sharded_checkpoint_resumes(tmp_pat
     _train_cli(path, tmp_path / "fsdp", 1, "train.checkpoint_format=sharded")
     last = [r for r in read_metrics(tmp_path / "fsdp") if r["split"] == "train"][-1]
     assert last["loss"] == pytest.approx(expected[("train", 6)]["loss"], abs=1e-5, rel=1e-5)
+    # and the one-process (full) checkpoint of step 3 resumes under FSDP2
+    shutil.copytree(tmp_path / "one", tmp_path / "back")
+    shutil.rmtree(tmp_path / "back" / "final")
+    for ckpt in list_checkpoints(tmp_path / "back"):
+        if ckpt.step > 3:
+            shutil.rmtree(ckpt.path)
+    _train_cli(path, tmp_path / "back", 2, "train.distributed=fsdp")
+    last = [r for r in read_metrics(tmp_path / "back") if r["split"] == "train"][-1]
+    assert last["loss"] == pytest.approx(expected[("train", 6)]["loss"], abs=1e-5, rel=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_update(tmp_path, bases):
+    losses = []
+    for gc in (False, True):
+        cfg = _cfg(tmp_path / f"gc{gc}", bases["untied"], model={"gradient_checkpointing": gc},
+                   train={"steps": 3})
+        trainer = Trainer(cfg)
+        trainer.run()
+        losses.append([r["loss"] for r in read_metrics(cfg.train.out_dir) if r["split"] == "train"])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
