@@ -34,7 +34,7 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
-from .lora import is_lora, load_trainable_state, trainable_state
+from .lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
@@ -458,8 +458,9 @@ class Trainer:
         params, trainable = self.model.num_parameters(), self.model.num_parameters(only_trainable=True)
         if is_lora(self.model):
             lo = self.cfg.lora
+            rows = " and the pause/dk rows" if trainable_token_ids(self.model.settings) else ""
             sizes = (f"{params / 1e6:.2f}M parameters, {trainable:,} trainable ({100 * trainable / params:.2g}%: "
-                     f"LoRA rank {lo.rank} on {', '.join(lo.target_modules)} and the pause/dk rows)")
+                     f"LoRA rank {lo.rank} on {', '.join(lo.target_modules)}{rows})")
         else:
             sizes = f"{params / 1e6:.2f}M parameters, all trainable"
         progress.write(
