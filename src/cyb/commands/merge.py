@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(adapter_config.json, cyb_lora.json, cyb_pause.json)")
     p.add_argument("out", metavar="OUT", help="the folder to write (must not exist, or be empty)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
-                   help="dtype of the base weights as loaded and written (default: as stored)")
+                   help="dtype of the base weights as loaded and written (default: as stored)%(default).0s")
 
 
 def run(args) -> int:
