@@ -364,9 +364,10 @@ class Trainer:
         return summarise(reduce_sums(sums, self.info, self.device))
 
     # ------------------------------------------------------------------------- persistence
-    def _hf_state(self) -> dict:
-        """The Hugging Face model's full state dict (a collective under FSDP)."""
-        full = full_model_state(self.loss_module, self.info)
+    def _hf_state(self, trainable_only: bool = False) -> dict:
+        """The Hugging Face model's full state dict, or its trainable tensors only (a collective
+        under FSDP)."""
+        full = full_model_state(self.loss_module, self.info, trainable_only=trainable_only)
         prefix = "model." + self.model.hf_prefix
         return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
 
@@ -382,8 +383,9 @@ class Trainer:
             save_sharded_state(tmp, self.loss_module, self.optimizer)  # returns once all shards are written
             model_state = None
         else:
-            model_state = self._hf_state()
-            if is_lora(self.model):  # the frozen weights are the base model's: not written again
+            lora = is_lora(self.model)  # the frozen weights are the base model's: not gathered nor written
+            model_state = self._hf_state(trainable_only=lora)
+            if lora:
                 model_state = trainable_state(self.model, model_state) if self.info.is_main else None
             trainer_state["optimizer"] = full_optim_state(self.loss_module, self.optimizer, self.info)
         trainer_state["rng"] = gather_objects(_rng_state(), self.info)
@@ -415,7 +417,8 @@ class Trainer:
             hf_model = self.model.hf_model
             unique = {n for n, _ in hf_model.named_parameters()}
             tied = {n for n, _ in hf_model.named_parameters(remove_duplicate=False)} - unique
-            state = {k: v for k, v in self._hf_state().items() if k not in tied}  # as HF saves them
+            state = {k: v for k, v in self._hf_state(trainable_only=is_lora(self.model)).items()
+                     if k not in tied}  # as HF saves them
         final = self.run_dir / "final"
         if self.info.is_main:
             tmp = self.run_dir / f"final.tmp-{os.getpid()}"
