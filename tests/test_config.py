@@ -32,10 +32,30 @@ def test_there_are_shipped_configs():
 
 def test_paper_configs_follow_the_paper():
     for path in CONFIGS.glob("paper/*.yaml"):
+        if path.stem.endswith("-lora"):
+            continue
         cfg = RunConfig.load(path)
         assert cfg.optim.lr is None and cfg.optim.lr_alpha == 1e-4 and cfg.optim.min_lr_ratio == 1e-2
         assert cfg.data.block_len == 2048
         assert cfg.method.name in ("baseline", "baseline_nx", "tbys", "cyb")
+        assert cfg.lora.rank == 0
+
+
+def test_every_paper_fine_tuning_has_a_lora_twin():
+    """The LoRA recipe is its full fine-tuning config with adapters, an adapter LR and its own out_dir."""
+    full = sorted(p for p in CONFIGS.glob("paper/*-finetune-*.yaml") if not p.stem.endswith("-lora"))
+    assert full
+    for path in full:
+        twin = path.with_name(path.stem + "-lora.yaml")
+        assert twin.is_file(), f"{twin.name} is missing"
+        a, b = RunConfig.load(path).to_dict(), RunConfig.load(twin).to_dict()
+        assert b["lora"]["rank"] > 0 and b["optim"]["lr"] is not None
+        assert b["train"]["out_dir"] == a["train"]["out_dir"] + "-lora"
+        for d in (a, b):
+            d.pop("lora"), d["train"].pop("out_dir")
+            for key in ("lr", "lr_alpha", "weight_decay"):
+                d["optim"].pop(key)
+        assert a == b, twin.name
 
 
 @pytest.mark.parametrize("data,match", [

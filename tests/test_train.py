@@ -63,7 +63,7 @@ def tiny_cfg(out_dir, name="cyb", *, text=None, **sections) -> RunConfig:
                   "eval_every": 0, "save_every": 0, "eval_batches": 1, "progress": False},
     }
     for section, values in sections.items():
-        cfg[section].update(values)
+        cfg.setdefault(section, {}).update(values)
     return RunConfig.from_dict(cfg).validate()
 
 

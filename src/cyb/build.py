@@ -95,7 +95,21 @@ def hf_config_for(cfg: RunConfig, vocab_size: int, tokenizer=None):
 
 
 def build_model(cfg: RunConfig, tokenizer):
-    """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch)."""
+    """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch), with
+    LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.lora.apply_lora`;
+    before any DDP/FSDP wrapping, which must see the final set of trainable parameters)."""
+    from .lora import apply_lora, is_lora
+
+    model = _load_model(cfg, tokenizer)
+    if is_lora(model):
+        raise ValueError(f"model.name_or_path ({cfg.model.name_or_path}) is a LoRA folder: merge it into a "
+                         "plain model first (cyb merge FOLDER OUT) and fine-tune that")
+    if cfg.lora.rank > 0:
+        apply_lora(model, cfg.lora)
+    return model
+
+
+def _load_model(cfg: RunConfig, tokenizer):
     from .model import PauseModel
 
     me, spec = cfg.method, cfg.method.spec

@@ -3,7 +3,8 @@
 A checkpoint is a folder ``ckpt-<step>`` holding
 
 * ``model.safetensors``: the full (unsharded) weights of the wrapped Hugging Face model
-  (format ``full``), or ``shards/``: model and optimiser state written by every process with
+  (format ``full``; for a LoRA run only its trainable tensors, the frozen ones being the base
+  model's), or ``shards/``: model and optimiser state written by every process with
   ``torch.distributed.checkpoint`` (format ``sharded``: no process gathers the whole model),
 * ``trainer.pt``: optimiser (format ``full``) and scheduler state and RNG states, loaded with
   ``torch.load(weights_only=True)`` (no pickle of arbitrary objects),

@@ -1,4 +1,4 @@
-"""``cyb`` command line: train | eval | generate | demo | bench | report.
+"""``cyb`` command line: train | eval | generate | merge | demo | bench | report.
 
 Each subcommand lives in :mod:`cyb.commands` (arguments and a ``run`` function); the work
 happens in the library modules, imported only when a command runs, so ``--help`` is fast.

@@ -1,7 +1,7 @@
 """Typed, validated run configuration: YAML in, ``--set key=value`` overrides, JSON out.
 
-A run is described by :class:`RunConfig` with five sections: ``model``, ``method``, ``data``,
-``optim`` and ``train``.  Every field has a docstring (the attribute docstring below it) that
+A run is described by :class:`RunConfig` with six sections: ``model``, ``method``, ``lora``,
+``data``, ``optim`` and ``train``.  Every field has a docstring (the attribute docstring below it) that
 ``cyb train --help-config`` prints.  Validation errors name the field and the allowed values.
 """
 
@@ -121,6 +121,26 @@ class MethodConfig:
     @property
     def uses_dk(self) -> bool:
         return self.spec.has_dk
+
+
+#: The attention and MLP projections that Llama, Mistral, Qwen and Gemma name alike.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank r: 0 = off (full fine-tuning); r > 0 freezes the pretrained weights of
+    model.name_or_path and trains rank-r adapters on lora.target_modules plus the embedding
+    rows of the pause and dk tokens (and their output rows when the model does not tie them);
+    needs peft (pip install 'cyb[lora]')."""
+    alpha: float = 16.0
+    """LoRA scaling: an adapter adds (alpha / rank) B A x to a projection's output (> 0)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input, in [0, 1)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """Modules that get adapters, by name (matched at the end of each module's path, as in
+    peft): the attention and MLP projections of Llama, Mistral, Qwen and Gemma."""
 
 
 @dataclass
@@ -248,6 +268,7 @@ class TrainConfig:
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -264,6 +285,7 @@ class RunConfig:
             return self
         _validate_model(self.model)
         _validate_method(self.method, self.data)
+        _validate_lora(self.lora, self.model)
         _validate_data(self.data)
         _validate_optim(self.optim)
         _validate_train(self.train)
@@ -296,7 +318,7 @@ class RunConfig:
             raise ConfigError(f"{p}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections "
-                              f"(model, method, data, optim, train)")
+                              f"(model, method, lora, data, optim, train)")
         try:
             cfg = cls.from_dict(data)
         except ConfigError as e:
@@ -393,6 +415,24 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
               "text has no prompt: use random")
 
 
+def _validate_lora(lo: LoraConfig, m: ModelConfig) -> None:
+    _need(lo.rank >= 0, "lora.rank", f"must be >= 0 (0 = full fine-tuning), got {lo.rank}")
+    _need(math.isfinite(lo.alpha) and lo.alpha > 0, "lora.alpha", f"must be finite and > 0, got {lo.alpha}")
+    _need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must lie in [0, 1), got {lo.dropout}")
+    _need(bool(lo.target_modules) and all(isinstance(t, str) and t.strip() for t in lo.target_modules),
+          "lora.target_modules", f"must list module names (e.g. {', '.join(LORA_TARGETS[:2])}), "
+          f"got {lo.target_modules!r}")
+    if lo.rank == 0:
+        return
+    _need(m.name_or_path is not None, "lora.rank",
+          "LoRA adapts a pretrained model: set model.name_or_path (a randomly initialised model "
+          "would keep its random weights frozen), or set lora.rank = 0")
+    import importlib.util
+
+    _need(importlib.util.find_spec("peft") is not None, "lora.rank",
+          "LoRA needs the peft package: pip install 'cyb[lora]'")
+
+
 def _validate_data(d: DataConfig) -> None:
     if d.task is None:
         _need(bool(d.source.strip()), "data.source", "must name the training text (or set data.task)")
@@ -450,7 +490,7 @@ def _validate_train(t: TrainConfig) -> None:
 
 # ---------------------------------------------------------------------- typed building
 
-SECTIONS = {"model": ModelConfig, "method": MethodConfig, "data": DataConfig,
+SECTIONS = {"model": ModelConfig, "method": MethodConfig, "lora": LoraConfig, "data": DataConfig,
             "optim": OptimConfig, "train": TrainConfig}
 
 

@@ -141,14 +141,20 @@ def gather_objects(obj, info: DistInfo) -> list:
     return out
 
 
-def full_model_state(module: torch.nn.Module, info: DistInfo) -> dict:
+def full_model_state(module: torch.nn.Module, info: DistInfo, *, trainable_only: bool = False) -> dict:
     """Full (unsharded) state dict on CPU; identical at every world size.  Under FSDP a
-    collective (call it on every process); the result is complete on rank 0."""
+    collective (call it on every process); the result is complete on rank 0.
+    ``trainable_only``: the parameters that require gradients, nothing else (under FSDP the
+    frozen ones are then not gathered at all)."""
     if info.mode == "fsdp" and info.enabled:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        return get_model_state_dict(module, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only))
+    state = module.state_dict()
+    if trainable_only:
+        state = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 def _param_names(module: torch.nn.Module) -> dict[int, str]:

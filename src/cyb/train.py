@@ -34,6 +34,7 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
+from .lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
@@ -131,6 +132,7 @@ def _set_rng_state(state: dict) -> None:
 _RESUME_FIELDS = {
     "model": None,
     "method": None,
+    "lora": None,
     "data": ("tokenizer", "bpe_vocab_size", "bpe_train_docs", "block_len", "task", "task_kwargs",
              "num_train_examples", "shuffle", "shuffle_buffer"),
     "train": ("seed", "batch_size"),
@@ -141,10 +143,12 @@ _RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtyp
 def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
     """Raise ValueError naming the first field in which a checkpoint's run differs from ``cfg``."""
     now = cfg.to_dict()
+    defaults = RunConfig().to_dict()  # a section the checkpoint's version did not have yet
     for section, names in _RESUME_FIELDS.items():
         keys = names if names is not None else [k for k in now[section] if k not in _RESUME_FREE.get(section, ())]
         for key in keys:
-            before, after = saved.get(section, {}).get(key), now[section][key]
+            before = saved.get(section, {}).get(key) if section in saved else defaults[section][key]
+            after = now[section][key]
             if before != after:
                 raise ValueError(
                     f"train.out_dir ({where}) holds checkpoints of another run: {section}.{key} was "
@@ -202,7 +206,10 @@ class Trainer:
         self.model = model = build_model(cfg, self.tokenizer).to(self.device)
         restored = load_checkpoint(ckpt) if ckpt is not None else None
         if restored is not None and restored[0] is not None:  # full weights go in before any sharding
-            model.load_hf_state_dict(restored[0])
+            if is_lora(model):  # the trainable tensors only; the frozen ones are the base model's
+                load_trainable_state(model, restored[0])
+            else:
+                model.load_hf_state_dict(restored[0])
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if t.compile:
@@ -385,9 +392,10 @@ class Trainer:
         return summarise(reduce_sums(sums, self.info, self.device))
 
     # ------------------------------------------------------------------------- persistence
-    def _hf_state(self) -> dict:
-        """The Hugging Face model's full state dict (a collective under FSDP)."""
-        full = full_model_state(self.loss_module, self.info)
+    def _hf_state(self, trainable_only: bool = False) -> dict:
+        """The Hugging Face model's full state dict, or its trainable tensors only (a collective
+        under FSDP)."""
+        full = full_model_state(self.loss_module, self.info, trainable_only=trainable_only)
         prefix = "model." + self.model.hf_prefix
         return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
 
@@ -403,7 +411,10 @@ class Trainer:
             save_sharded_state(tmp, self.loss_module, self.optimizer)  # returns once all shards are written
             model_state = None
         else:
-            model_state = self._hf_state()
+            lora = is_lora(self.model)  # the frozen weights are the base model's: not gathered nor written
+            model_state = self._hf_state(trainable_only=lora)
+            if lora:
+                model_state = trainable_state(self.model, model_state) if self.info.is_main else None
             trainer_state["optimizer"] = full_optim_state(self.loss_module, self.optimizer, self.info)
         trainer_state["rng"] = gather_objects(_rng_state(), self.info)
         window = reduce_sums(self.window, self.info, self.device) if self.window else {}
@@ -427,14 +438,15 @@ class Trainer:
                 "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows}
 
     def save_final(self) -> Path:
-        """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``),
-        replaced atomically."""
+        """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``; for a LoRA
+        run the adapter folder of :func:`cyb.lora.save_adapter`), replaced atomically."""
         state = None
         if self.info.mode == "fsdp" and self.info.enabled:
             hf_model = self.model.hf_model
             unique = {n for n, _ in hf_model.named_parameters()}
             tied = {n for n, _ in hf_model.named_parameters(remove_duplicate=False)} - unique
-            state = {k: v for k, v in self._hf_state().items() if k not in tied}  # as HF saves them
+            state = {k: v for k, v in self._hf_state(trainable_only=is_lora(self.model)).items()
+                     if k not in tied}  # as HF saves them
         final = self.run_dir / "final"
         if self.info.is_main:
             tmp = self.run_dir / f"final.tmp-{os.getpid()}"
@@ -474,9 +486,16 @@ class Trainer:
 
     def _announce(self, progress: Progress, resumed: bool) -> None:
         t = self.cfg.train
-        params = self.model.num_parameters()
+        params, trainable = self.model.num_parameters(), self.model.num_parameters(only_trainable=True)
+        if is_lora(self.model):
+            lo = self.cfg.lora
+            rows = " and the pause/dk rows" if trainable_token_ids(self.model.settings) else ""
+            sizes = (f"{params / 1e6:.2f}M parameters, {trainable:,} trainable ({100 * trainable / params:.2g}%: "
+                     f"LoRA rank {lo.rank} on {', '.join(lo.target_modules)}{rows})")
+        else:
+            sizes = f"{params / 1e6:.2f}M parameters, all trainable"
         progress.write(
-            f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {params / 1e6:.2f}M parameters, "
+            f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {sizes}, "
             f"{self.device} x {self.info.world_size} process(es), batch {t.batch_size} = "
             f"{self.info.world_size} x {self.accum} x {self.micro}, peak lr {self.lr:.3g}, "
             f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))
@@ -502,7 +521,9 @@ class Trainer:
         if info.is_main:
             run_info = {"config": self.cfg.to_dict(), "version": __version__, "git_commit": git_commit(),
                         "world_size": info.world_size, "device": str(self.device),
-                        "num_parameters": self.model.num_parameters(), "peak_lr": self.lr,
+                        "num_parameters": self.model.num_parameters(),
+                        "trainable_parameters": self.model.num_parameters(only_trainable=True),
+                        "lora": is_lora(self.model), "peak_lr": self.lr,
                         "settings": self.model.settings.to_dict()}
             (self.run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
             self.cfg.dump(self.run_dir / "config.yaml")

@@ -19,7 +19,7 @@ from ..readout import readout
 from . import hf
 from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
                       save_tokenizer)
-from .settings import DEFAULT, PauseSettings, agrees, check_agrees, resolve_arguments
+from .settings import DEFAULT, SETTINGS_FILE, PauseSettings, agrees, check_agrees, resolve_arguments
 from .tokens import apply_plan, check_tokenizer, reserve_tokens
 
 
@@ -167,7 +167,9 @@ class PauseModel(torch.nn.Module):
         Face's ``from_pretrained``; call ``.train()`` to train it).
 
         A folder (or repository) with ``cyb_pause.json`` is a saved pause model: its settings
-        are used, and any argument given here must agree with them.  Any other model gets its
+        are used, and any argument given here must agree with them.  A LoRA folder (written by
+        a ``lora.rank > 0`` run, see :mod:`cyb.lora`) loads its base model and puts the
+        adapters and pause rows in (needs peft).  Any other model gets its
         pause/dk ids set up as in :meth:`from_hf` (``num_steps`` is then required).
 
         A local folder's files are checked first (JSON parses, safetensors headers read back);
@@ -189,10 +191,18 @@ class PauseModel(torch.nn.Module):
         """
         from transformers import AutoModelForCausalLM
 
+        from ..lora import check_lora_folder, lora_folder
+
         hf.check_attention(attn_implementation)
-        check_model_folder(name_or_path, hf_kwargs)  # a damaged file: one error naming it
+        adapter = lora_folder(name_or_path, hf_kwargs)
+        if adapter is None:
+            check_model_folder(name_or_path, hf_kwargs)  # a damaged file: one error naming it
+        else:
+            check_lora_folder(adapter)
         settings_file = find_settings_file(name_or_path, hf_kwargs)
         saved = PauseSettings.load(settings_file) if settings_file is not None else None
+        if adapter is not None and saved is None:
+            raise ValueError(f"{adapter} is a LoRA folder without {SETTINGS_FILE}: it is not a saved pause model")
         if saved is not None and reconfigure and num_steps is not None and not agrees(
                 saved, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
                 position_scheme=position_scheme, method=method):
@@ -207,6 +217,15 @@ class PauseModel(torch.nn.Module):
             )
         if tokenizer is None:
             tokenizer = load_tokenizer(name_or_path, hf_kwargs)
+        if adapter is not None:
+            if saved is None:  # other pause settings were asked for (reconfigure)
+                raise ValueError(f"{adapter} holds LoRA adapters: merge them first (cyb merge) to fine-tune "
+                                 "it with other pause settings")
+            from ..lora import load_adapter_model
+
+            hf_model = load_adapter_model(adapter, saved, torch_dtype=torch_dtype,
+                                          attn_implementation=attn_implementation, **hf_kwargs)
+            return cls(hf_model, saved, tokenizer).eval()
         try:
             hf_model = AutoModelForCausalLM.from_pretrained(
                 str(name_or_path), attn_implementation=attn_implementation,
@@ -260,15 +279,22 @@ class PauseModel(torch.nn.Module):
         """Write the Hugging Face model (safetensors), the tokenizer and ``cyb_pause.json``.
 
         The folder loads with :meth:`from_pretrained` and with plain
-        ``AutoModelForCausalLM.from_pretrained``.  ``state_dict`` (Hugging Face keys, e.g.
-        gathered under FSDP) replaces the module's own; ``hf_kwargs`` go to the model's
-        ``save_pretrained``.  The settings file is written last.
+        ``AutoModelForCausalLM.from_pretrained``.  A model with LoRA adapters writes its
+        adapter folder instead (:func:`cyb.lora.save_adapter`: adapters, pause rows, the base
+        model's name), which :meth:`from_pretrained` loads too.  ``state_dict`` (Hugging Face
+        keys, e.g. gathered under FSDP) replaces the module's own; ``hf_kwargs`` go to the
+        model's ``save_pretrained``.  The settings file is written last.
         """
+        from ..lora import is_lora, save_adapter
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if state_dict is not None:
-            hf_kwargs["state_dict"] = state_dict
-        self.hf_model.save_pretrained(str(directory), **hf_kwargs)
+        if is_lora(self.hf_model):
+            save_adapter(self, directory, state_dict=state_dict)
+        else:
+            if state_dict is not None:
+                hf_kwargs["state_dict"] = state_dict
+            self.hf_model.save_pretrained(str(directory), **hf_kwargs)
         if self._tokenizer is not None:
             save_tokenizer(self._tokenizer, directory)
         self._settings.save(directory)

@@ -1,0 +1,48 @@
+"""``cyb merge RUN_OR_FOLDER OUT``: a LoRA model as a plain full model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = ("fold the LoRA adapters and pause rows of a run (or LoRA folder) into the weights: writes a "
+        "plain model folder that loads without peft and gives the same logits")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="RUN_OR_FOLDER",
+                   help="a run folder of cyb train with lora.rank > 0 (its final/ is used) or a LoRA folder "
+                        "(adapter_config.json, cyb_lora.json, cyb_pause.json)")
+    p.add_argument("out", metavar="OUT", help="the folder to write (must not exist, or be empty)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="dtype of the base weights as loaded and written (default: as stored)%(default).0s")
+
+
+def run(args) -> int:
+    import shutil
+
+    from ..files import replace_dir
+    from ..lora import lora_folder, merge_lora
+    from ..model import PauseModel
+    from ..model.settings import TRAINING_STATE_FILE
+
+    src = Path(args.path).expanduser()
+    folder = lora_folder(src) or lora_folder(src / "final")
+    if folder is None:
+        where = src / "final" if (src / "config.yaml").is_file() else src
+        raise ValueError(f"{where} is not a LoRA folder (no cyb_lora.json): only the final model of a run "
+                         "with lora.rank > 0 (or a folder it wrote) has adapters to merge")
+    out = Path(args.out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"OUT {out} already exists and is not an empty folder; give a new one")
+    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype)
+    merged = merge_lora(model)
+    tmp = out.parent / f".{out.name}.tmp"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp)
+    if (folder / TRAINING_STATE_FILE).is_file():  # the step it was trained to, for cyb eval
+        shutil.copy2(folder / TRAINING_STATE_FILE, tmp / TRAINING_STATE_FILE)
+    replace_dir(tmp, out)
+    print(f"merged {folder} ({merged.num_parameters() / 1e6:.2f}M parameters) into {out}")
+    return 0
