@@ -20,6 +20,7 @@ without it they are recorded as ``skipped``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -151,7 +152,23 @@ def run_config(spec: dict, folder: Path):
         data["model"]["dtype"] = "auto"
     cfg = RunConfig.from_dict(data)
     apply_overrides(cfg, list(CONFIGS[spec["config"]]) + list(spec.get("extra", ())))
-    return cfg.validate()
+    with _random_base_allowed():
+        return cfg.validate()
+
+
+@contextlib.contextmanager
+def _random_base_allowed():
+    """LoRA on a randomly initialised base passes validation (users are refused one: its frozen
+    weights would stay random; here only the sizes matter)."""
+    from .. import config
+
+    original = config._validate_lora
+    config._validate_lora = lambda lo, m: original(
+        lo, dataclasses.replace(m, name_or_path=m.name_or_path or "random base"))
+    try:
+        yield
+    finally:
+        config._validate_lora = original
 
 
 @contextlib.contextmanager
@@ -220,7 +237,7 @@ def measure(spec: dict) -> dict:
         trainer = None
         try:
             t0 = time.perf_counter()
-            with _build_on(device):
+            with _build_on(device), _random_base_allowed():
                 trainer = Trainer(cfg)
             row["build_s"] = time.perf_counter() - t0
             row.update(params=trainer.model.num_parameters(),
