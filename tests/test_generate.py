@@ -173,6 +173,34 @@ def test_dk_models_make_both_decisions():
             assert 1 in used and len(used) > 1, (family, mode, used)
 
 
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_eager_decode_steps_run_under_the_growing_attention_kernels(monkeypatch, mode):
+    from contextlib import contextmanager
+
+    from cyb import runtime
+    from cyb.generation import decoders
+
+    entered = []
+
+    @contextmanager
+    def recording(device):
+        entered.append(device.type)
+        with runtime.growing_attention(device):
+            yield
+
+    monkeypatch.setattr(decoders, "growing_attention", recording)
+    generate(model("llama"), PROMPTS[:1], mode=mode, max_new_tokens=3, eos_token_ids=(), decoder="eager")
+    assert len(entered) >= 3 and set(entered) == {"cpu"}
+
+
+def test_growing_attention_leaves_cpu_alone():
+    from contextlib import nullcontext
+
+    from cyb.runtime import growing_attention
+
+    assert isinstance(growing_attention(torch.device("cpu")), nullcontext)
+
+
 @pytest.mark.parametrize("kind", ["tbys", "baseline"])
 def test_adaptive_equals_fixed_without_dk(kind):
     pm = model("llama", kind)

@@ -42,4 +42,18 @@ def autocast(device: torch.device, precision: str):
     return nullcontext()
 
 
-__all__ = ["PRECISIONS", "autocast", "resolve_device"]
+def growing_attention(device: torch.device):
+    """Attention kernels for a query against a key length that changes every call (eager
+    decoding): on CUDA, scaled-dot-product attention without the cuDNN backend, which builds
+    a new execution plan for every new key length (measured on an H100, torch 2.11: 6.5 ms of
+    host time per call, 107.6 ms against 32.4 ms per M = 4 decode step of a 134 M model);
+    flash, memory-efficient and math kernels stay allowed.  Elsewhere a context that does
+    nothing."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+__all__ = ["PRECISIONS", "autocast", "growing_attention", "resolve_device"]

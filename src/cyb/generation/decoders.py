@@ -33,6 +33,7 @@ from ..decision import draw_uniforms, greedy_decision, sample_decision
 from ..layout import PauseVocab, expand
 from ..losses import expected_stop_step
 from ..model import hf
+from ..runtime import growing_attention
 
 
 @dataclass
@@ -254,9 +255,10 @@ class _Decoder:
             attn = attention_mask_4d(self.valid, query, additive_dtype=self.additive)
         else:
             attn = self.valid.long()
-        hidden, self.cache = self.model.hidden_states(
-            input_ids, position_ids, attn, past_key_values=self.cache, use_cache=True,
-            check_positions=check_positions)
+        with growing_attention(self.device):
+            hidden, self.cache = self.model.hidden_states(
+                input_ids, position_ids, attn, past_key_values=self.cache, use_cache=True,
+                check_positions=check_positions)
         return hidden
 
     def _uniforms(self, width: int) -> torch.Tensor | None:
