@@ -267,36 +267,17 @@ def merged_runs(paths: list[Path]) -> dict[str, dict[int, dict]]:
 
 
 def hard_easy_steps(run: dict, method: str) -> tuple[float, float] | None:
-    """``method``'s mean E[S] over the hard and over the easy answer positions of one run.
+    """:func:`cyb.demo.hard_easy_steps` of one merged run."""
+    from cyb.demo import hard_easy_steps as of_results
 
-    Difficulty is the per-position token accuracy averaged over every method of the run: hard
-    positions are below the mean of those accuracies, easy ones at or above it.  ``<eos>`` (the
-    last position) counts only when the answer is a single character.  None when the positions
-    do not differ in accuracy by at least 2 points (no hard position)."""
-    acc = [r["per_position_accuracy"] for r in run["methods"].values()]
-    n = len(acc[0])
-    positions = list(range(n - 1)) if n > 2 else list(range(n))
-    mean_acc = {k: statistics.mean(a[k] for a in acc) for k in positions}
-    if max(mean_acc.values()) - min(mean_acc.values()) < 0.02:
-        return None
-    level = statistics.mean(mean_acc.values())
-    steps = run["methods"][method]["per_position_steps"]
-    hard = [steps[k] for k in positions if mean_acc[k] < level]
-    easy = [steps[k] for k in positions if mean_acc[k] >= level]
-    return statistics.mean(hard), statistics.mean(easy)
+    return of_results(run["methods"], method)
 
 
 def meets_criterion(run: dict, method: str) -> bool:
-    """The demo criterion at one seed for a method with dk: exact match above the baseline's,
-    at least TBYS's (both to within half a point), and more steps on the hard answer positions
-    than on the easy ones (:func:`hard_easy_steps`, by at least 0.1 on average)."""
-    r = run["methods"]
-    if not {"baseline", "tbys", method} <= set(r):
-        return False
-    exact = {m: r[m]["exact_match"] for m in ("baseline", "tbys", method)}
-    he = hard_easy_steps(run, method)
-    return (exact[method] > exact["baseline"] + 0.005 and exact[method] >= exact["tbys"] - 0.005
-            and he is not None and he[0] - he[1] >= 0.1)
+    """:func:`cyb.demo.meets_criterion` of one merged run."""
+    from cyb.demo import meets_criterion as of_results
+
+    return of_results(run["methods"], method)
 
 
 def summary_table(paths: list[Path]) -> str:

@@ -189,3 +189,31 @@ def test_decoding_cost_counts_positions_per_mode():
     assert "adaptive mode: exact match 50.0%, 1.75 positions per token" in format_decoding("cyb", out, 4)
     assert "Recipe 1" in format_decoding("cyb", out, 4)
     assert "Recipe 2 training" in format_decoding("cyb", out, 4, recipe=2)
+
+
+def _result(exact, acc, steps, decoding=None):
+    r = {"exact_match": exact, "per_position_accuracy": acc, "per_position_steps": steps,
+         "mean_steps": sum(steps) / len(steps)}
+    if decoding:
+        r["decoding"] = decoding
+    return r
+
+
+def test_reading_says_what_the_numbers_show():
+    from cyb.demo import format_reading, hard_easy_steps, meets_criterion
+
+    dec = {"fixed": {"exact_match": 0.9, "positions_per_token": 4.0},
+           "adaptive": {"exact_match": 0.8, "positions_per_token": 1.7}}
+    results = {"baseline": _result(0.01, [1.0, 0.4, 0.2, 1.0], [1, 1, 1, 1]),
+               "tbys": _result(0.6, [1.0, 0.8, 0.7, 1.0], [4, 4, 4, 4]),
+               "cyb": _result(0.01, [1.0, 0.4, 0.2, 1.0], [1, 1, 1, 1]),
+               "cyb_decoupled": _result(0.9, [1.0, 0.95, 0.9, 1.0], [1.2, 2.5, 2.9, 1.0], dec)}
+    assert hard_easy_steps(results, "cyb_decoupled") == pytest.approx((2.7, 1.2))
+    assert meets_criterion(results, "cyb_decoupled") and not meets_criterion(results, "cyb")
+    text = format_reading({"methods": results})
+    assert "pauses pay: cyb_decoupled answers 90.0% exactly, the no-pause baseline 1.0%" in text
+    assert "- cyb_decoupled: 90.0% exact (baseline 1.0%, tbys 60.0%); E[S] 2.70 on the hard" in text
+    assert "80.0% exactly at 1.70 positions per token, against 90.0% at 4.00" in text
+    assert "cyb: 1.0% exact" in text and "it does not meet the demo's criterion" in text
+    results["tbys"]["exact_match"] = results["cyb_decoupled"]["exact_match"] = 0.0
+    assert "pauses do not pay in this run" in format_reading({"methods": results})

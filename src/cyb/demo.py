@@ -432,6 +432,7 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
     for name, r in results.items():
         if "decoding" in r:
             echo("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"]))
+    echo("\n" + format_reading(metrics))
     echo(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
          f"total {metrics['total_seconds']:.0f} s")
     return metrics
@@ -450,6 +451,76 @@ def format_table(metrics: dict) -> str:
                     f"| {r['ppl']:.3f} | {r['mean_steps']:.2f} | {r['greedy_steps']:.2f} "
                     f"| {r['train_seconds']:.0f} |")
     return "\n".join(rows)
+
+
+def hard_easy_steps(results: dict, method: str) -> tuple[float, float] | None:
+    """``method``'s mean E[S] over the hard and over the easy answer positions of one run.
+
+    ``results`` maps method names to their :func:`score_model` results (``metrics["methods"]``).
+    Difficulty is the per-position token accuracy averaged over every method of the run: hard
+    positions are below the mean of those accuracies, easy ones at or above it.  ``<eos>`` (the
+    last position) counts only when the answer is a single character.  None when the positions
+    do not differ in accuracy by at least 2 points (no hard position)."""
+    acc = [r["per_position_accuracy"] for r in results.values()]
+    n = len(acc[0])
+    positions = list(range(n - 1)) if n > 2 else list(range(n))
+    mean_acc = {k: sum(a[k] for a in acc) / len(acc) for k in positions}
+    if max(mean_acc.values()) - min(mean_acc.values()) < 0.02:
+        return None
+    level = sum(mean_acc.values()) / len(mean_acc)
+    steps = results[method]["per_position_steps"]
+    hard = [steps[k] for k in positions if mean_acc[k] < level]
+    easy = [steps[k] for k in positions if mean_acc[k] >= level]
+    return sum(hard) / len(hard), sum(easy) / len(easy)
+
+
+def meets_criterion(results: dict, method: str) -> bool:
+    """The demo criterion at one seed for a method with dk: exact match above the baseline's and
+    at least TBYS's (both to within half a point), and more steps on the hard answer positions
+    than on the easy ones (:func:`hard_easy_steps`, by at least 0.1)."""
+    if not {"baseline", "tbys", method} <= set(results):
+        return False
+    exact = {m: results[m]["exact_match"] for m in ("baseline", "tbys", method)}
+    he = hard_easy_steps(results, method)
+    return (exact[method] > exact["baseline"] + 0.005 and exact[method] >= exact["tbys"] - 0.005
+            and he is not None and he[0] - he[1] >= 0.1)
+
+
+def format_reading(metrics: dict) -> str:
+    """What a :func:`run_demo` result shows, in plain words, computed from its numbers: whether
+    pauses beat the no-pause baseline, and for each method with dk its exact match against the
+    baseline and TBYS, its steps on the hard and easy answer positions and its adaptive decoding."""
+    r = metrics["methods"]
+    lines = ["What this run shows (one seed; docs/demo.md gives the spread over seeds):"]
+    paused = {m: v["exact_match"] for m, v in r.items() if methods.spec(m).uses_pauses}
+    if "baseline" in r and paused:
+        base, best = r["baseline"]["exact_match"], max(paused, key=paused.get)
+        if paused[best] > base + 0.005:
+            lines.append(f"- pauses pay: {best} answers {paused[best]:.1%} exactly, the no-pause baseline "
+                         f"{base:.1%}, with the same data, steps and initial weights")
+        else:
+            lines.append(f"- pauses do not pay in this run: the best method with pauses, {best}, answers "
+                         f"{paused[best]:.1%} exactly against the no-pause baseline's {base:.1%}")
+    for m, v in r.items():
+        if not methods.spec(m).has_dk:
+            continue
+        against = [f"{o} {r[o]['exact_match']:.1%}" for o in ("baseline", "tbys") if o in r]
+        text = f"- {m}: {v['exact_match']:.1%} exact" + (f" ({', '.join(against)})" if against else "")
+        he = hard_easy_steps(r, m) if len(r) > 1 else None
+        if he is not None:
+            text += f"; E[S] {he[0]:.2f} on the hard answer positions, {he[1]:.2f} on the easy ones"
+        else:
+            text += f"; E[S] {v['mean_steps']:.2f}"
+        dec = v.get("decoding")
+        if dec:
+            f, a = dec["fixed"], dec["adaptive"]
+            text += (f"; generating adaptively it answers {a['exact_match']:.1%} exactly at "
+                     f"{a['positions_per_token']:.2f} positions per token, against {f['exact_match']:.1%} at "
+                     f"{f['positions_per_token']:.2f} in fixed mode")
+        if {"baseline", "tbys"} <= set(r):
+            text += "; it meets the demo's criterion" if meets_criterion(r, m) else "; it does not meet the demo's criterion"
+        lines.append(text)
+    return "\n".join(lines)
 
 
 def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1) -> str:
