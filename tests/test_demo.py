@@ -37,7 +37,7 @@ def test_quick_demo_metrics_and_settings(quick_demo):
     _, out, _ = quick_demo
     metrics = json.loads((out / "metrics.json").read_text())
     settings = json.loads((out / "settings.json").read_text())
-    assert list(metrics["methods"]) == ["baseline", "tbys", "cyb"]
+    assert list(metrics["methods"]) == ["baseline", "tbys", "cyb", "cyb_decoupled"]
     m = settings["demo"]["num_steps"]
     for name, r in metrics["methods"].items():
         assert 0.0 <= r["exact_match"] <= r["token_accuracy"] + 1e-9 <= 1.0 + 1e-9
@@ -60,7 +60,7 @@ def test_quick_demo_prints_table(quick_demo):
     assert table.strip() in stdout
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[0].startswith("| method")
-    assert [r.split("|")[1].strip() for r in rows[1:]] == ["baseline", "tbys", "cyb"]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["baseline", "tbys", "cyb", "cyb_decoupled"]
     html = (out / "examples.html").read_text()
     assert "legend" in html.lower() and html.count('class="tok"') >= 8
 

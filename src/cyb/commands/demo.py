@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = ("train a no-pause baseline, TBYS and CYB on a synthetic reasoning task and compare them "
-        "(CPU, minutes, no data needed)")
+HELP = ("train a no-pause baseline, TBYS, CYB and CYB-decoupled on a synthetic reasoning task and "
+        "compare them (CPU, minutes, no data needed)")
 
 _UNSET = argparse.SUPPRESS  # absent options stay absent, so the demo's presets apply
 
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task-arg", dest="task_args", action="append", type=_task_arg, default=_UNSET,
                    metavar="KEY=INT", help="task size, e.g. --task-arg digits=4 (repeatable)")
     p.add_argument("--steps", dest="train_steps", type=int, default=_UNSET, metavar="N",
-                   help="optimiser steps per method (default: 1500; 30 with --quick)")
+                   help="optimiser steps per method (default: 3000; 30 with --quick)")
     p.add_argument("--M", dest="num_steps", type=int, default=_UNSET, metavar="M",
                    help="steps per token for TBYS and CYB, the token and M-1 pauses (default: 4)")
     p.add_argument("--seed", type=int, default=_UNSET, help="seed of the initial weights, data and order "
@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a tiny run of seconds that exercises every piece (for tests; not a result)")
     p.add_argument("--out", dest="out_dir", default=_UNSET, metavar="DIR", help="report folder (default: runs/demo)")
     p.add_argument("--methods", type=_methods, default=_UNSET,
-                   help="comma-separated methods: baseline, tbys, cyb (the default three) or other methods "
-                        "with blocks of steps such as cyb_ponder (their fields: method_options in --config)")
+                   help="comma-separated methods (default: baseline, tbys, cyb, cyb_decoupled); any method "
+                        "with blocks of steps, such as cyb_ponder (their fields: method_options in --config)")
     p.add_argument("--config", default=None,
                    help="YAML of demo settings, e.g. configs/demo/gpu.yaml; the options above override it")
     p.add_argument("--device", default=_UNSET, help="auto, cpu or cuda (default: auto)")
