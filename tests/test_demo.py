@@ -187,8 +187,9 @@ def test_decoding_cost_counts_positions_per_mode():
     assert out["fixed"]["positions_per_token"] == 4.0 and out["adaptive"]["positions_per_token"] == 7 / 4
     assert out["fixed"]["exact_match"] == 0.5
     assert "adaptive mode: exact match 50.0%, 1.75 positions per token" in format_decoding("cyb", out, 4)
-    assert "Recipe 1" in format_decoding("cyb", out, 4)
-    assert "Recipe 2 training" in format_decoding("cyb", out, 4, recipe=2)
+    lost = {**out, "adaptive": {**out["adaptive"], "exact_match": 0.0}}
+    assert "Recipe 1" in format_decoding("cyb", lost, 4)
+    assert "Recipe 2 training" in format_decoding("cyb", lost, 4, recipe=2)
 
 
 def _result(exact, acc, steps, decoding=None):
@@ -217,3 +218,17 @@ def test_reading_says_what_the_numbers_show():
     assert "cyb: 1.0% exact" in text and "it does not meet the demo's criterion" in text
     results["tbys"]["exact_match"] = results["cyb_decoupled"]["exact_match"] = 0.0
     assert "pauses do not pay in this run" in format_reading({"methods": results})
+
+
+def test_decoding_note_says_when_adaptive_mode_keeps_the_answers():
+    from cyb.demo import format_decoding
+
+    kept = {"fixed": {"exact_match": 0.938, "positions_per_token": 4.0, "seconds": 0.1},
+            "adaptive": {"exact_match": 0.939, "positions_per_token": 1.89, "seconds": 0.2}}
+    text = format_decoding("cyb_decoupled", kept, 4)
+    assert "here it keeps the exact match with 2.1x fewer positions per token" in text
+    assert "Recipe 1" not in text
+    lost = {"fixed": {**kept["fixed"]}, "adaptive": {**kept["adaptive"], "exact_match": 0.5}}
+    assert "Recipe 1" in format_decoding("cyb", lost, 4)
+    nothing = {"fixed": {**kept["fixed"], "exact_match": 0.004}, "adaptive": {**kept["adaptive"], "exact_match": 0.006}}
+    assert "keeps the exact match" not in format_decoding("cyb", nothing, 4)
