@@ -336,23 +336,21 @@ def test_fsdp_lora_equals_one_process_and_its_sharded_checkpoint_resumes(tmp_pat
     torch.testing.assert_close(_logits(PauseModel.from_pretrained(tmp_path / "fsdp" / "final"), ids),
                                _logits(PauseModel.from_pretrained(tmp_path / "one" / "final"), ids),
                                atol=1e-5, rtol=1e-5)
+    def resumed_from_step_3(run, procs, *sets):
+        """The last training loss of ``run`` cut back to its checkpoint of step 3 and resumed."""
+        shutil.rmtree(run / "final")
+        for ckpt in list_checkpoints(run):
+            if ckpt.step > 3:
+                shutil.rmtree(ckpt.path)
+        _train_cli(path, run, procs, *sets)
+        return [r for r in read_metrics(run) if r["split"] == "train"][-1]["loss"]
+
+    want = pytest.approx(expected[("train", 6)]["loss"], abs=1e-5, rel=1e-5)
     # the sharded checkpoint of step 3 resumes in one process and ends where the others did
-    shutil.rmtree(tmp_path / "fsdp" / "final")
-    for ckpt in list_checkpoints(tmp_path / "fsdp"):
-        if ckpt.step > 3:
-            shutil.rmtree(ckpt.path)
-    _train_cli(path, tmp_path / "fsdp", 1, "train.checkpoint_format=sharded")
-    last = [r for r in read_metrics(tmp_path / "fsdp") if r["split"] == "train"][-1]
-    assert last["loss"] == pytest.approx(expected[("train", 6)]["loss"], abs=1e-5, rel=1e-5)
+    assert resumed_from_step_3(tmp_path / "fsdp", 1, "train.checkpoint_format=sharded") == want
     # and the one-process (full) checkpoint of step 3 resumes under FSDP2
     shutil.copytree(tmp_path / "one", tmp_path / "back")
-    shutil.rmtree(tmp_path / "back" / "final")
-    for ckpt in list_checkpoints(tmp_path / "back"):
-        if ckpt.step > 3:
-            shutil.rmtree(ckpt.path)
-    _train_cli(path, tmp_path / "back", 2, "train.distributed=fsdp")
-    last = [r for r in read_metrics(tmp_path / "back") if r["split"] == "train"][-1]
-    assert last["loss"] == pytest.approx(expected[("train", 6)]["loss"], abs=1e-5, rel=1e-5)
+    assert resumed_from_step_3(tmp_path / "back", 2, "train.distributed=fsdp") == want
 
 
 def test_gradient_checkpointing_gives_the_same_update(tmp_path, bases):
