@@ -117,3 +117,21 @@ def test_every_method_has_finite_losses_and_counts_targets():
         if case.startswith("cyb"):
             dist = [float.fromhex(v) for v in out["stop_dist"]]
             assert len(dist) == M and sum(dist) == pytest.approx(out["targets"], rel=1e-5)
+
+
+def test_prepared_batches_move_whole_to_a_device():
+    """Recipe 2's layout travels with the batch (its gather indices must sit beside the model's
+    outputs on the GPU)."""
+    import dataclasses
+
+    from cyb.config import MethodConfig
+    from cyb.layout import PauseVocab
+
+    obj = Objective(MethodConfig(name="cyb", num_steps=3, recipe=2, omega=[1, 1, 1]),
+                    PauseVocab(num_steps=3, pause_ids=(10, 11), dk_id=12, vocab_size=13))
+    moved = obj.prepare({"ids": torch.randint(0, 9, (2, 5))}, seeds=[1, 2]).to("meta")
+    assert moved.input_ids.device.type == "meta"
+    ex = moved.variable
+    assert all(getattr(ex, f.name).device.type == "meta" for f in dataclasses.fields(ex)
+               if isinstance(getattr(ex, f.name), torch.Tensor))
+    assert ex.num_steps == 3

@@ -82,13 +82,19 @@ def use_fused(impl: str, device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def _is_instance_of_dataclass(x) -> bool:
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
+
+
 def _move(x, device, non_blocking: bool):
+    """``x`` with every tensor on ``device``: a tensor, or a dataclass whose fields are tensors or
+    such dataclasses (Recipe 2's layout inside a :class:`Prepared`); anything else as it is."""
     if isinstance(x, torch.Tensor):
         return x.to(device, non_blocking=non_blocking)
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: _move(getattr(x, f.name), device, non_blocking)
-                                         for f in dataclasses.fields(x)
-                                         if isinstance(getattr(x, f.name), torch.Tensor)})
+    if _is_instance_of_dataclass(x):
+        values = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+        return dataclasses.replace(x, **{name: _move(v, device, non_blocking) for name, v in values.items()
+                                         if isinstance(v, torch.Tensor) or _is_instance_of_dataclass(v)})
     return x
 
 
