@@ -15,7 +15,9 @@
 # and each reference's final/ is merged (cyb merge) and its logits compared with the adapter's.
 # Writes to $OUT (default /tmp/lora_gpu_out): summary.md and summary.json (per run: exit status,
 # last train loss, largest loss difference from the reference over all logged rows; merge:
-# largest logit difference), env.txt and lora_gpu_logs.tar.gz (every run's log and metrics).
+# largest logit difference), env.txt and lora_gpu_logs.tar.gz (every run's log and metrics);
+# status.txt (exit statuses) and failures.log (the end of each failed run's log) grow as runs
+# finish, so a run cut off by an outer time limit still says what failed and why.
 set -uo pipefail
 OUT=${OUT:-/tmp/lora_gpu_out}
 WORK=${LORA_WORK:-/tmp/lora_gpu_work}
@@ -79,6 +81,11 @@ run() {  # run NAME PROCS CONFIG [--set ...]
     fi
     local rc=$?
     echo "$name rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$WORK/status.txt"
+    # what comes back even when an outer time limit cuts the script off
+    cp "$WORK/status.txt" "$OUT/status.txt"
+    if [ "$rc" != 0 ]; then
+        { echo "== $name (rc=$rc)"; tail -n 40 "$WORK/$name.log"; } >> "$OUT/failures.log"
+    fi
 }
 
 for base in llama gemma; do
