@@ -78,17 +78,24 @@ def test_bench_decode_quick_writes_json(tmp_path):
         for how in ("greedy", "sampled")}
     impls = {(r["impl"], r["mode"], r["num_steps"]) for r in res["results"]}
     want = {(i, "fixed", m) for i in ("hf_eager", "cyb_eager", "cyb_static") for m in (1, 4)}
-    want |= {(i, "adaptive", 4) for i in ("cyb_eager", "cyb_static")}
+    want |= {(i, "adaptive", 4) for i in ("cyb_eager", "cyb_static", "cyb_static_pos")}
     assert impls == want
+    adaptive = {}
     for r in res["results"]:
         assert r["status"] == "ok", r
         assert r["steps_timed"] == 3 and r["real_tokens_per_s"] > 0
-        if r["mode"] == "fixed":
+        if r["mode"] == "fixed" or r["impl"] == "cyb_static":  # whole blocks
             assert r["positions_per_token"] == r["num_steps"]
-        else:  # adaptive: between one position and M per token
+        else:  # one position per step: between one position and M per token
             assert 1 <= r["positions_per_token"] <= r["num_steps"]
-        if r["impl"] == "cyb_static":
+            assert r["positions_per_token"] == pytest.approx(r["steps_per_token"])
+        if r["mode"] == "adaptive":
+            adaptive[r["impl"]] = r
+        if r["impl"] in ("cyb_static", "cyb_static_pos"):
             assert r["tokens_vs_cyb_eager"]["equal"]
+    # the block decoder emits a token per step; its steps per token are those of the others
+    assert adaptive["cyb_static"]["real_tokens_timed"] == 2 * 3
+    assert 1 <= adaptive["cyb_static"]["steps_per_token"] <= 4
     assert 0 < res["adaptive_fixture"]["step1_dk_fraction_on_prompts"] < 1
     e2e = res["end_to_end"]["rows"]
     assert {(r["mode"], r["batch"]) for r in e2e} == {("fixed", 2), ("adaptive", 2)}

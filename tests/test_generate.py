@@ -266,12 +266,18 @@ def test_batch_equals_alone(family, mode):
 # ------------------------------------------------------------------ static decoder == eager
 
 
-def _same_results(got: list[GenerationResult], want: list[GenerationResult]) -> None:
+def _same_results(got: list[GenerationResult], want: list[GenerationResult], *,
+                  whole_blocks: bool = False) -> None:
+    """``whole_blocks``: ``got`` fed every token with all its pauses (the block-adaptive
+    decoder), so its positions are those of fixed mode."""
     for g, w in zip(got, want, strict=True):
         assert g.token_ids == w.token_ids
         assert g.steps == w.steps
         assert g.text == w.text and g.stop_reason == w.stop_reason
-        assert g.positions == w.positions
+        if whole_blocks:
+            assert g.positions == g.num_steps * (len(g.prompt_ids) + len(g.token_ids) - 1)
+        else:
+            assert g.positions == w.positions
         torch.testing.assert_close(torch.tensor(g.d), torch.tensor(w.d), equal_nan=True,
                                    atol=1e-5, rtol=1e-4)
         if w.expected_steps is not None:
@@ -297,17 +303,58 @@ def test_static_decoder_equals_eager(kind, scheme, mode, sample):
     want = generate(pm, PROMPTS, decoder="eager", **opts)
     assert len({len(r.token_ids) for r in want}) > 1  # rows finish at different steps
     got = generate(pm, PROMPTS, decoder="static", **opts)
-    _same_results(got, want)
+    _same_results(got, want, whole_blocks=mode == "adaptive" and not sample)
     if kind == "cyb" and scheme == "shared" and not sample:  # both decisions were made
         assert len({s for r in want for s in r.steps}) > 1
 
 
-def test_static_decoder_streams_the_same_events():
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_static_decoder_streams_the_same_events(sample):
+    """Sampled, the one-position decoder emits the eager events in the same order; greedy, the
+    block decoder emits every row's token at each step, so each row's events are the same but
+    rows interleave differently."""
     pm = model("llama")
     opts = dict(mode="adaptive", max_new_tokens=5, eos_token_ids=())
+    if sample:
+        opts.update(sample=True, temperature=0.9, seed=3)
     want = [dataclasses.astuple(e) for e in stream(pm, PROMPTS[:3], decoder="eager", **opts)]
     got = [dataclasses.astuple(e) for e in stream(pm, PROMPTS[:3], decoder="static", **opts)]
-    assert got == want
+    if sample:
+        assert got == want
+    else:
+        assert sorted(got) == sorted(want)
+
+
+def test_block_adaptive_decoder_is_one_step_per_token_and_keeps_adaptive_positions():
+    """Greedy adaptive decoding on the static path feeds whole blocks: one step per token for
+    every row, the steps after each stop step masked out, positions as adaptive mode has them."""
+    from cyb.generation.decoders import StepReadout
+    from cyb.generation.static import StaticBlockAdaptiveDecoder, static_decoder
+    from cyb.layout import left_pad
+
+    pm = build("llama", "cyb", scheme="advance")
+    ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
+    greedy = StepReadout(pm.vocab, pm.dk_bias)
+    with torch.inference_mode():
+        dec = static_decoder(pm, ids, mask, greedy, mode="adaptive", max_new_tokens=6)
+        assert isinstance(dec, StaticBlockAdaptiveDecoder) and dec.positions_per_step == pm.num_steps
+        outs = [dec.start()] + [dec.step() for _ in range(4)]
+        m, t0 = pm.num_steps, ids.shape[1] * pm.num_steps
+        steps = torch.stack([o.steps for o in outs], 1)  # [B, 5]
+        assert all(bool(o.answered.all()) for o in outs)
+        assert (steps.min() >= 1) and (steps.max() <= m) and len(set(steps.flatten().tolist())) > 1
+        # the cache's mask keeps steps 1..s of each block (the last prompt block included)
+        kept = dec.valid[:, t0 - m:t0 + 4 * m].view(len(PROMPTS), 5, m)
+        assert torch.equal(kept.sum(-1), steps)
+        assert torch.equal(kept, torch.arange(m) < steps.unsqueeze(-1))
+        # advance scheme: the next token sits right after the last kept step
+        last_prompt_pos = mask.sum(1) * m - m
+        assert torch.equal(dec.step_pos[:, 0], last_prompt_pos + steps.sum(1))
+    sampled = StepReadout(pm.vocab, pm.dk_bias, sample=True, generator=torch.Generator())
+    with pytest.raises(ValueError, match="greedy"):
+        StaticBlockAdaptiveDecoder(pm, ids, mask, sampled, max_new_tokens=4)
+    assert not isinstance(static_decoder(pm, ids, mask, sampled, mode="adaptive", max_new_tokens=4),
+                          StaticBlockAdaptiveDecoder)
 
 
 def test_decoder_choice():
@@ -377,7 +424,7 @@ def test_cuda_graph_decoder_equals_eager(mode, dtype):
         want = generate(pm, PROMPTS, decoder="eager", **opts)
         got = generate(pm, PROMPTS, **opts)
         if dtype == torch.float32:
-            _same_results(got, want)
+            _same_results(got, want, whole_blocks=mode == "adaptive" and not sample)
         else:
             same = sum(a == b for g, w in zip(got, want) for a, b in zip(g.token_ids, w.token_ids))
             assert same >= 0.5 * sum(len(w.token_ids) for w in want)

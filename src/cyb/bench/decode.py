@@ -12,15 +12,19 @@ token are measured, not assumed).  Implementations:
   the last logits.  The reference for "eager HF per-step latency".
 * ``cyb_eager``: :class:`cyb.generation.decoders.FixedDecoder` / ``AdaptiveDecoder`` (the eager
   decoders: explicit positions and 4-D mask, ``DynamicCache``, sequential readout).
-* ``cyb_graph``: :class:`cyb.generation.static.StaticFixedDecoder` / ``StaticAdaptiveDecoder``
-  (preallocated KV cache, the decode step captured as a CUDA graph on CUDA; on CPU it runs the
-  same step eagerly and the row is called ``cyb_static``).
+* ``cyb_graph``: :class:`cyb.generation.static.StaticFixedDecoder` /
+  ``StaticBlockAdaptiveDecoder`` (preallocated KV cache, the decode step captured as a CUDA graph
+  on CUDA; on CPU it runs the same step eagerly and the row is called ``cyb_static``): what
+  greedy decoding uses.  In adaptive mode it feeds whole blocks, one replay per real token.
+* ``cyb_graph_pos`` (adaptive mode only): ``StaticAdaptiveDecoder``, one position per replay
+  (what sampling in adaptive mode uses); ``cyb_static_pos`` on CPU.
 
 Every step reads its decisions back to the host (as a streaming generator must), and is timed on
 the host clock.  Fixed mode: a real token per row per step.  Adaptive mode: a row answers at
 some steps and pauses at others; ``ms_per_token`` is the time per real token of a row
-(total time / (real tokens / batch)) and ``positions_per_token`` the positions fed per real
-token.  Checks: the graph (static) decoders against the eager ones through
+(total time / (real tokens / batch)), ``positions_per_token`` the positions fed per real token
+and ``steps_per_token`` the steps the readout took per real token (``E[S]`` realised: the
+positions adaptive mode keeps).  Checks: the graph (static) decoders against the eager ones through
 :func:`cyb.generation.generate` in float32 on a left-padded batch (fixed and adaptive, greedy
 and sampled: must be equal), and on the timed bf16 runs (reported; bf16 rounding in different
 kernels may flip near-ties, and a flipped token changes everything after it).  End to end:
@@ -42,7 +46,7 @@ from ..runtime import resolve_device
 from .timing import Budget, environment, free_memory, guarded, median, sync, time_calls
 from .timing import write_json
 
-IMPLS = ("hf_eager", "cyb_eager", "cyb_graph")
+IMPLS = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_graph_pos")
 MODES = ("fixed", "adaptive")
 #: Anchor: eager Hugging Face decode, batch 1, 1 new position per step, one H200 (ms).
 HF_EAGER_ANCHOR_MS = 8.4
@@ -151,6 +155,7 @@ def hf_eager_loop(hf_model, ids: torch.Tensor, pause_ids: list[int], steps: int)
     times, tokens = _timed_steps(step, steps)
     b = ids.shape[0]
     return {"prefill_ms": prefill_ms, "times": times, "answered": [b] * steps,
+            "steps_used": [b * (len(pause_ids) + 1)] * steps,
             "positions_per_step": len(pause_ids) + 1, "tokens": [first] + tokens}
 
 
@@ -164,12 +169,16 @@ def _new_cache(hf_model):
 
 
 def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: int,
-                 cuda_graph: bool | None = None):
-    """A greedy decoder of ``mode``: the eager one, or the static one (``graph``)."""
+                 cuda_graph: bool | None = None, one_position: bool = False):
+    """A greedy decoder of ``mode``: the eager one, or the static one (``graph``); in adaptive
+    mode ``one_position`` picks the static decoder that feeds one position per step."""
     from ..generation.decoders import AdaptiveDecoder, FixedDecoder, StepReadout
-    from ..generation.static import static_decoder
+    from ..generation.static import StaticAdaptiveDecoder, static_decoder
 
     readout = StepReadout(model.vocab, model.dk_bias)
+    if graph and one_position and mode == "adaptive":
+        return StaticAdaptiveDecoder(model, ids, mask, readout, max_new_tokens=max_new_tokens,
+                                     cuda_graph=cuda_graph)
     if graph:
         return static_decoder(model, ids, mask, readout, mode=mode, max_new_tokens=max_new_tokens,
                               cuda_graph=cuda_graph)
@@ -177,17 +186,14 @@ def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: in
 
 
 def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
-             cuda_graph: bool | None = None) -> dict:
+             cuda_graph: bool | None = None, one_position: bool = False) -> dict:
     """``steps`` decode steps of the library's eager (``static=False``) or static decoder; each
     step's decisions are read back as :func:`cyb.generation.generate` reads them."""
-    m = model.vocab.num_steps
-    # adaptive: a row makes at most M decisions per token, so steps + 1 decisions fit
-    new = steps + 1 if mode == "fixed" else steps // m + 2
-    dec = make_decoder(model, ids, mask, mode=mode, graph=static, max_new_tokens=new,
-                       cuda_graph=cuda_graph)
+    dec = make_decoder(model, ids, mask, mode=mode, graph=static, max_new_tokens=steps + 1,
+                       cuda_graph=cuda_graph, one_position=one_position)
 
     def read(out) -> list[list[int]]:
-        return torch.stack([out.answered.long(), out.token]).tolist()
+        return torch.stack([out.answered.long(), out.token, out.steps]).tolist()
 
     t0 = time.perf_counter()
     first = read(dec.start())
@@ -205,9 +211,10 @@ def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
         times.append((time.perf_counter() - t0) * 1e3)
     # per row, the tokens in the order they were emitted
     b = ids.shape[0]
-    tokens = [[tok for (ans, toks) in decisions for a, tok in [(ans[r], toks[r])] if a] for r in range(b)]
+    tokens = [[tok for (ans, toks, _) in decisions for a, tok in [(ans[r], toks[r])] if a] for r in range(b)]
     return {"prefill_ms": prefill_ms, "capture_ms": capture_ms, "times": times,
-            "answered": [sum(ans) for ans, _ in decisions[1:]],
+            "answered": [sum(ans) for ans, _, _ in decisions[1:]],
+            "steps_used": [sum(a * s for a, s in zip(ans, st)) for ans, _, st in decisions[1:]],
             "positions_per_step": dec.positions_per_step, "row_tokens": tokens}
 
 
@@ -226,8 +233,10 @@ def _summary(res: dict, batch: int, warmup: int) -> dict:
         out["per_real_token_ms"] = total / (answered / batch)
         out["real_tokens_per_s"] = answered * 1e3 / total
         out["positions_per_token"] = len(times) * res["positions_per_step"] * batch / answered
+        out["steps_per_token"] = sum(res["steps_used"][warmup:]) / answered
     else:
         out["per_real_token_ms"] = out["real_tokens_per_s"] = out["positions_per_token"] = None
+        out["steps_per_token"] = None
     return out
 
 
@@ -424,7 +433,8 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     result = {"kind": "decode", "env": environment(device), "config": cfg.to_dict(),
               "anchor_hf_eager_ms": HF_EAGER_ANCHOR_MS, "results": []}
     rows = result["results"]
-    graph_name = "cyb_graph" if device.type == "cuda" else "cyb_static"
+    names = {"cyb_graph": "cyb_graph", "cyb_graph_pos": "cyb_graph_pos"} if device.type == "cuda" \
+        else {"cyb_graph": "cyb_static", "cyb_graph_pos": "cyb_static_pos"}
     graph_kind = "graph" if device.type == "cuda" else "static"
     m_big = cfg.num_steps
     total = cfg.warmup_steps + cfg.new_tokens
@@ -450,12 +460,12 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     for impl in [i for i in IMPLS if i in cfg.impls]:
         for batch in cfg.batches:
             for mode, m in cases:
-                if impl == "hf_eager" and mode != "fixed":
+                if (impl == "hf_eager" and mode != "fixed") or (impl == "cyb_graph_pos" and mode != "adaptive"):
                     continue
-                row = {"impl": graph_name if impl == "cyb_graph" else impl, "mode": mode,
+                static = impl in ("cyb_graph", "cyb_graph_pos")
+                row = {"impl": names.get(impl, impl), "mode": mode,
                        "batch": batch, "num_steps": m, "prompt_len": cfg.prompt_len,
-                       "new_tokens": cfg.new_tokens,
-                       "cuda_graph": impl == "cyb_graph" and device.type == "cuda"}
+                       "new_tokens": cfg.new_tokens, "cuda_graph": static and device.type == "cuda"}
                 if not budget.allows(5.0):
                     row.update(status="skipped", reason=f"time budget ({cfg.budget_s} s) spent")
                 else:
@@ -468,13 +478,14 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                                 res["row_tokens"] = [list(r) for r in zip(*res["tokens"])]
                             else:
                                 res = cyb_loop(models[(mode, m)], ids, torch.ones_like(ids), total,
-                                               static=impl == "cyb_graph", mode=mode)
+                                               static=static, mode=mode,
+                                               one_position=impl == "cyb_graph_pos")
                         tokens_by[(impl, batch, mode, m)] = res["row_tokens"]
                         return _summary(res, batch, cfg.warmup_steps)
                     row.update(guarded(measure, device))
                     ref = tokens_by.get(("cyb_eager", batch, mode, m))
-                    got = tokens_by.get(("cyb_graph", batch, mode, m))
-                    if impl == "cyb_graph" and ref is not None and got is not None:
+                    got = tokens_by.get((impl, batch, mode, m))
+                    if static and ref is not None and got is not None:
                         row["tokens_vs_cyb_eager"] = _row_compare(ref, got)
                 rows.append(row)
                 log(format_row(row))
@@ -521,7 +532,8 @@ def format_row(row: dict) -> str:
     if row["per_real_token_ms"] is None:
         return f"{head} no real token in the timed steps{tail}"
     return (f"{head} {row['per_real_token_ms']:8.3f} ms/token  step {row['step_ms']:.3f} ms  "
-            f"{row['positions_per_token']:.2f} pos/token  {row['real_tokens_per_s']:9.1f} real tok/s  "
+            f"{row['positions_per_token']:.2f} pos/token  {row['steps_per_token']:.2f} steps/token  "
+            f"{row['real_tokens_per_s']:9.1f} real tok/s  "
             f"prefill {row['prefill_ms']:.1f} ms{tail}")
 
 

@@ -55,8 +55,8 @@ def _index(order, value) -> int:
 def decode_table(result: dict) -> str:
     """One line per (implementation, mode, batch, M), then the end-to-end and check lines."""
     headers = ["impl", "mode", "B", "M", "ms / real token", "ms / step (median)", "positions / token",
-               "real tok/s", "prefill ms", "graph capture ms", "tokens = eager"]
-    impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static")
+               "steps / token", "real tok/s", "prefill ms", "graph capture ms", "tokens = eager"]
+    impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static", "cyb_graph_pos", "cyb_static_pos")
     modes = ("fixed", "adaptive")
     rows = []
     key = lambda r: (r["batch"], _index(modes, r.get("mode", "fixed")), r["num_steps"],  # noqa: E731
@@ -65,12 +65,13 @@ def decode_table(result: dict) -> str:
         head = [r["impl"], r.get("mode", "fixed"), r["batch"], r["num_steps"]]
         bad = _status(r)
         if bad is not None:
-            rows.append(head + [bad] + [""] * 6)
+            rows.append(head + [bad] + [""] * 7)
             continue
         cmp = r.get("tokens_vs_cyb_eager")
         same = "-" if cmp is None else f"{cmp['match_fraction']:.2f}"
         rows.append(head + [_num(r.get("per_real_token_ms"), ".3f"), _num(r["step_ms"], ".3f"),
                             _num(r.get("positions_per_token"), ".2f"),
+                            _num(r.get("steps_per_token"), ".2f"),
                             _num(r.get("real_tokens_per_s"), ",.1f"), _num(r["prefill_ms"], ".1f"),
                             _num(r.get("capture_ms"), ".1f"), same])
     out = markdown_table(headers, rows)

@@ -17,9 +17,20 @@ shape and address:
   projection, readout, input update -- is captured once as a CUDA graph and each decode step
   is one ``graph.replay()``.  Elsewhere the same step runs eagerly (``cuda_graph=False``).
 
-Fixed mode feeds ``M`` positions per step; adaptive mode feeds one position per step (a
-one-position graph replayed once per step: every row feeds its real token or its next pause,
-as its last decision says), so a row that rarely says dk costs about one position per token.
+Fixed mode feeds ``M`` positions per step.  Adaptive mode has two decoders:
+
+* :class:`StaticBlockAdaptiveDecoder` (greedy; what :func:`static_decoder` picks for it): one
+  replay per real token.  It feeds the whole block ``[x, <pause_1>, ..., <pause_{M-1}>]`` as
+  fixed mode does; attention within a block is causal, so step ``i`` of the block is computed
+  exactly as adaptive mode computes it after ``i - 1`` dk decisions.  The sequential readout
+  gives the stop step ``s``, and the block's slots after ``s`` are marked invalid in the
+  cache's mask (the next real token sits at the position adaptive mode gives it), so every
+  later step sees what adaptive mode would have cached.  Same tokens, steps and ``d`` as the
+  one-position decoder, in one replay per token instead of ``E[S]``; it saves latency where a
+  step costs about the same for 1 and ``M`` positions (small batches on a GPU), not FLOPs.
+* :class:`StaticAdaptiveDecoder` (greedy or sampled): one position per step (a one-position
+  graph replayed once per step: every row feeds its real token or its next pause, as its last
+  decision says), so a row that rarely says dk costs about one position per token.
 Rows never leave the batch: the caller ignores the rows it has finished (their steps still
 run, at positions clamped below ``max_position_embeddings``).  Sampling takes its uniforms
 from the readout's CPU generator before each step (a host-to-device copy into a fixed buffer),
@@ -140,6 +151,8 @@ class _StaticDecoder:
 
     keeps_rows = True
     mode = "fixed"
+    #: how the prompt pass lays the prompt out (:func:`~cyb.generation.decoders.prompt_layout`)
+    prompt_mode = "fixed"
 
     def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor,
                  readout: StepReadout | None = None, *, max_new_tokens: int,
@@ -224,7 +237,7 @@ class _StaticDecoder:
     # ------------------------------------------------------------------ public
     def start(self) -> StepOutput:
         """Run the prompts (eagerly) and make every row's first decision."""
-        input_ids, pos, valid, next_pos = prompt_layout(self.ids, self.mask, self.vocab, self.mode)
+        input_ids, pos, valid, next_pos = prompt_layout(self.ids, self.mask, self.vocab, self.prompt_mode)
         t = input_ids.shape[1]
         self.valid[:, :t] = valid.bool()
         hidden = self._forward(input_ids, pos, torch.arange(t, device=self.device))
@@ -332,6 +345,7 @@ class StaticAdaptiveDecoder(_StaticDecoder):
     position, or the next pause after a dk -- decided on the device by the previous step."""
 
     mode = "adaptive"
+    prompt_mode = "adaptive"
 
     def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None) -> None:
         super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
@@ -378,10 +392,68 @@ class StaticAdaptiveDecoder(_StaticDecoder):
                                f"max_new_tokens * M = {self.max_new_tokens * self.m} decisions")
 
 
+class StaticBlockAdaptiveDecoder(StaticFixedDecoder):
+    """Adaptive mode, greedy, one replay per real token: each step feeds a row's token with its
+    ``M - 1`` pauses (as fixed mode does), reads the block out sequentially and marks the
+    block's steps after the stop step ``s`` invalid, so that what later steps attend to and the
+    positions of later tokens are those of adaptive mode (see the module docstring).
+
+    The prompt pass lays the last prompt token out with its pauses too, and its block is cut
+    at its stop step alike.  Outputs follow adaptive mode: ``d`` is NaN for the steps after
+    ``s`` (``d_M = 0``), ``expected_steps`` is None.  ``positions_per_step`` is ``M``: the
+    positions that go through the network, of which ``s`` stay visible.
+    """
+
+    mode = "adaptive"
+    prompt_mode = "fixed"
+
+    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None) -> None:
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+        if self.readout.random:
+            raise ValueError("block-adaptive decoding is greedy; sampling in adaptive mode "
+                             "uses StaticAdaptiveDecoder")
+        self.step_in_block = torch.arange(self.m, device=self.device)
+
+    def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
+        out = self.readout.block(self.model.logits(block_hidden))
+        kept = self.step_in_block < out.steps.unsqueeze(1)  # [B, M]: steps 1..s
+        # the steps adaptive mode never runs: invisible to later steps, d unknown (d_M = 0)
+        self.valid.index_copy_(1, self.slots_of_block, kept)
+        d = torch.where(kept, out.d, torch.nan)
+        d[:, -1] = 0.0
+        return StepOutput(out.answered, out.token, out.steps, d)
+
+    def _first(self, hidden, next_pos, t) -> StepOutput:
+        m = self.m
+        self.slots_of_block = torch.arange(t - m, t, device=self.device)
+        out = super()._first(hidden, next_pos, t)
+        self._rewind(out.steps)
+        return out
+
+    def _rewind(self, steps: torch.Tensor) -> None:
+        """Under the advance scheme the next token follows the ``s``-th step, not the ``M``-th:
+        move the next block's positions back by ``M - s`` (in place)."""
+        if self.advance:
+            self.step_pos.sub_((self.m - steps).unsqueeze(1))
+
+    def _state(self):
+        return [self.step_ids, self.step_pos, self.slots, self.valid]
+
+    def _step_body(self) -> StepOutput:
+        self.slots_of_block = self.slots
+        out = super()._step_body()
+        self._rewind(out.steps)
+        return out
+
+
 def static_decoder(model, ids, mask, readout: StepReadout, *, mode: str, max_new_tokens: int,
                    cuda_graph: bool | None = None) -> _StaticDecoder:
-    """The static decoder of ``mode`` (``"fixed"`` or ``"adaptive"``)."""
-    cls = StaticFixedDecoder if mode == "fixed" else StaticAdaptiveDecoder
+    """The static decoder of ``mode`` (``"fixed"`` or ``"adaptive"``): in adaptive mode the
+    block decoder (one replay per token) when greedy, the one-position decoder when sampling."""
+    if mode == "fixed":
+        cls = StaticFixedDecoder
+    else:
+        cls = StaticAdaptiveDecoder if readout.random else StaticBlockAdaptiveDecoder
     return cls(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
 
 
