@@ -76,6 +76,11 @@ class DecodeBenchConfig:
     device: str | None = None
     budget_s: float | None = None
     seed: int = 0
+    #: a saved pause model (folder) to time instead of the random one: its ``M``, vocabulary and
+    #: dk decisions are used as they are (no adaptive fixture, no float32 check or loglikelihood)
+    model: str | None = None
+    #: a text file of prompts, one per line, for ``model`` (needs its tokenizer; default random ids)
+    prompts: str | None = None
 
     @classmethod
     def quick(cls, **overrides) -> "DecodeBenchConfig":
@@ -106,6 +111,8 @@ class DecodeBenchConfig:
         for name in ("ll_batch", "ll_context", "ll_continuation"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompts is not None and self.model is None:
+            raise ValueError("prompts: a prompts file goes with a trained model (model)")
         if not 0.0 <= self.pause_fraction <= 1.0:
             raise ValueError(f"pause_fraction must lie in [0, 1], got {self.pause_fraction}")
         return self
@@ -348,7 +355,8 @@ def agreement_check(hf_model, cfg: DecodeBenchConfig, device, graph_kind: str) -
     return out
 
 
-def end_to_end(models: dict, prompts: dict, cfg: DecodeBenchConfig, graph_kind: str) -> list[dict]:
+def end_to_end(models: dict, prompts: dict, masks: dict, cfg: DecodeBenchConfig,
+               graph_kind: str) -> list[dict]:
     """:func:`cyb.generation.generate` after a warm-up call, no EOS, with the graph decoder (the
     default on CUDA; the static one elsewhere): tokens/s of the whole call (prefill, capture and
     decoding) and of its decoding part (from the 3rd token event to the last)."""
@@ -358,7 +366,7 @@ def end_to_end(models: dict, prompts: dict, cfg: DecodeBenchConfig, graph_kind: 
     for mode in cfg.modes:
         for batch in cfg.batches:
             pm = models[("adaptive" if mode == "adaptive" else "fixed", cfg.num_steps)]
-            ids = prompts[batch].tolist()
+            ids = [row[mk.bool()].tolist() for row, mk in zip(prompts[batch], masks[batch])]
             opts = dict(mode=mode, max_new_tokens=cfg.e2e_tokens, eos_token_ids=(), decoder=graph_kind)
             row = {"mode": mode, "batch": batch, "num_steps": cfg.num_steps,
                    "new_tokens": cfg.e2e_tokens, "decoder": graph_kind}
@@ -424,6 +432,38 @@ def loglikelihood_bench(model, cfg: DecodeBenchConfig, device) -> dict:
     return out
 
 
+def trained_model(cfg: DecodeBenchConfig, device, dtype):
+    """``(model, prompts {batch: [B, P] ids}, masks {batch: [B, P]}, info)`` for ``cfg.model``:
+    the saved pause model in ``dtype`` on ``device`` and the first ``B`` prompts of
+    ``cfg.prompts`` (cycled; left-padded), or random real ids of ``prompt_len``."""
+    from ..layout import left_pad
+    from ..model import PauseModel
+
+    model = PauseModel.from_pretrained(cfg.model).to(device=device, dtype=dtype).eval()
+    limit = min(model.vocab.special_ids, default=model.vocab.vocab_size)  # ids below every special one
+    if cfg.prompts is None:
+        encoded = random_ids(max(cfg.batches), cfg.prompt_len, limit, seed=cfg.seed).tolist()
+        source = f"random ids, {cfg.prompt_len} per prompt"
+    else:
+        if model.tokenizer is None:
+            raise ValueError(f"{cfg.model} has no tokenizer to encode the prompts of {cfg.prompts}")
+        from ..generation.text import encode_prompt
+
+        with open(cfg.prompts, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f if line.strip()]
+        if not lines:
+            raise ValueError(f"{cfg.prompts} holds no prompt")
+        encoded = [encode_prompt(model.tokenizer, line, i) for i, line in enumerate(lines)]
+        source = f"{len(lines)} prompts of {cfg.prompts}"
+    prompts, masks = {}, {}
+    for b in cfg.batches:
+        rows = [encoded[i % len(encoded)] for i in range(b)]
+        prompts[b], masks[b] = left_pad(rows, device)
+    info = {"path": str(cfg.model), "num_steps": model.num_steps, "method": model.settings.method,
+            "vocab": model.vocab.vocab_size, "prompts": source}
+    return model, prompts, masks, info
+
+
 def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     """Run the decode benchmark; returns (and writes to ``out`` after every row) the result."""
     cfg.validate()
@@ -436,19 +476,27 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     names = {"cyb_graph": "cyb_graph", "cyb_graph_pos": "cyb_graph_pos"} if device.type == "cuda" \
         else {"cyb_graph": "cyb_static", "cyb_graph_pos": "cyb_static_pos"}
     graph_kind = "graph" if device.type == "cuda" else "static"
-    m_big = cfg.num_steps
     total = cfg.warmup_steps + cfg.new_tokens
-    e2e = max(cfg.e2e_tokens, cfg.check_tokens)
-    max_pos = max((cfg.prompt_len + max(total, e2e) + 2) * m_big,
-                  (cfg.ll_context + cfg.ll_continuation) * m_big) + 16
-    hf_model = build_hf_model(cfg.shape, cfg.vocab, dtype=dtype, device=device,
-                              max_positions=max_pos, seed=cfg.seed).eval()
-    spread_weights(hf_model, cfg.seed)
-    limit = real_ids_limit(cfg.vocab, m_big)
-    prompts = {b: random_ids(b, cfg.prompt_len, limit, seed=cfg.seed).to(device) for b in cfg.batches}
-    fixture, info = adaptive_fixture(hf_model, m_big, prompts[max(cfg.batches)], cfg.pause_fraction)
-    result["adaptive_fixture"] = info
-    models = {("fixed", m_big): wrap(hf_model, "cyb", m_big), ("fixed", 1): wrap(hf_model, "baseline", 1),
+    if cfg.model is None:
+        m_big = cfg.num_steps
+        e2e = max(cfg.e2e_tokens, cfg.check_tokens)
+        max_pos = max((cfg.prompt_len + max(total, e2e) + 2) * m_big,
+                      (cfg.ll_context + cfg.ll_continuation) * m_big) + 16
+        hf_model = build_hf_model(cfg.shape, cfg.vocab, dtype=dtype, device=device,
+                                  max_positions=max_pos, seed=cfg.seed).eval()
+        spread_weights(hf_model, cfg.seed)
+        limit = real_ids_limit(cfg.vocab, m_big)
+        prompts = {b: random_ids(b, cfg.prompt_len, limit, seed=cfg.seed).to(device) for b in cfg.batches}
+        masks = {b: torch.ones_like(ids) for b, ids in prompts.items()}
+        fixture, info = adaptive_fixture(hf_model, m_big, prompts[max(cfg.batches)], cfg.pause_fraction)
+        result["adaptive_fixture"] = info
+        trained = wrap(hf_model, "cyb", m_big)
+    else:
+        trained, prompts, masks, info = trained_model(cfg, device, dtype)
+        fixture, hf_model, m_big = trained, trained.hf_model, trained.num_steps
+        result["trained_model"] = info
+        result["config"]["num_steps"] = m_big  # the model's M, not the option's
+    models = {("fixed", m_big): trained, ("fixed", 1): wrap(hf_model, "baseline", 1),
               ("adaptive", m_big): fixture}
     pause_ids = {m_big: list(models[("fixed", m_big)].vocab.pause_ids), 1: []}
 
@@ -460,8 +508,9 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
     for impl in [i for i in IMPLS if i in cfg.impls]:
         for batch in cfg.batches:
             for mode, m in cases:
-                if (impl == "hf_eager" and mode != "fixed") or (impl == "cyb_graph_pos" and mode != "adaptive"):
-                    continue
+                if (impl == "hf_eager" and (mode != "fixed" or not bool(masks[batch].all()))) \
+                        or (impl == "cyb_graph_pos" and mode != "adaptive"):
+                    continue  # the plain loop has no padding
                 static = impl in ("cyb_graph", "cyb_graph_pos")
                 row = {"impl": names.get(impl, impl), "mode": mode,
                        "batch": batch, "num_steps": m, "prompt_len": cfg.prompt_len,
@@ -477,7 +526,7 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                                 res = hf_eager_loop(hf_model, ids, pause_ids[m], total)
                                 res["row_tokens"] = [list(r) for r in zip(*res["tokens"])]
                             else:
-                                res = cyb_loop(models[(mode, m)], ids, torch.ones_like(ids), total,
+                                res = cyb_loop(models[(mode, m)], ids, masks[batch], total,
                                                static=static, mode=mode,
                                                one_position=impl == "cyb_graph_pos")
                         tokens_by[(impl, batch, mode, m)] = res["row_tokens"]
@@ -492,9 +541,11 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                 write_json(out, result)
 
     for key, fn in (("agreement_fp32", lambda: agreement_check(hf_model, cfg, device, graph_kind)),
-                    ("end_to_end", lambda: {"rows": end_to_end(models, prompts, cfg, graph_kind)}),
+                    ("end_to_end", lambda: {"rows": end_to_end(models, prompts, masks, cfg, graph_kind)}),
                     ("loglikelihood", lambda: loglikelihood_bench(models[("fixed", m_big)], cfg, device))):
-        if budget.allows(5.0):
+        if cfg.model is not None and key != "end_to_end":
+            result[key] = {"status": "skipped", "reason": "random-model check (not run with --model)"}
+        elif budget.allows(5.0):
             result[key] = guarded(fn, device)
         else:
             result[key] = {"status": "skipped", "reason": f"time budget ({cfg.budget_s} s) spent"}

@@ -95,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--vocab", type=int, help="vocabulary size (default 32768)" + _OWN_DEFAULT)
     decode.add_argument("--prompt-len", type=int, help="real prompt tokens (default 128)" + _OWN_DEFAULT)
     decode.add_argument("--new-tokens", type=int, help="timed decode steps (default 64)" + _OWN_DEFAULT)
-    decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_graph (default: all)" + _OWN_DEFAULT)
+    decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_graph cyb_graph_pos (default: all)" + _OWN_DEFAULT)
     decode.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16)" + _OWN_DEFAULT)
     decode.add_argument("--modes", nargs="+", help="fixed adaptive (default: both)" + _OWN_DEFAULT)
     decode.add_argument("--pause-fraction", type=float,
@@ -103,6 +103,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "dk prior (default 0.5)" + _OWN_DEFAULT)
     decode.add_argument("--budget-s", type=float,
                         help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
+    decode.add_argument("--model", metavar="DIR",
+                        help="time a saved pause model (its M, vocabulary and dk decisions) instead of "
+                             "the random one; the float32 check and loglikelihood rows are skipped (without it: the random 134M model)")
+    decode.add_argument("--prompts", metavar="FILE",
+                        help="with --model: prompts, one per line (without it: random ids)")
 
     from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
 
@@ -213,7 +218,8 @@ def run(args) -> int:
         kw = _given(args, {"batches": "batches", "num_steps": "num_steps", "vocab": "vocab",
                            "prompt_len": "prompt_len", "new_tokens": "new_tokens",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
-                           "device": "device", "modes": "modes", "pause_fraction": "pause_fraction"})
+                           "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
+                           "model": "model", "prompts": "prompts"})
         cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
         result = decode.run(cfg, out=args.out)
     result["command"] = command
