@@ -194,9 +194,10 @@ def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: in
 
 def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
              cuda_graph: bool | None = None, one_position: bool = False) -> dict:
-    """``steps`` decode steps of the library's eager (``static=False``) or static decoder; each
-    step's decisions are read back as :func:`cyb.generation.generate` reads them."""
-    dec = make_decoder(model, ids, mask, mode=mode, graph=static, max_new_tokens=steps + 1,
+    """``steps`` decode steps of the library's eager (``static=False``) or static decoder (in
+    adaptive mode, decoders of one position per step run until every row has ``steps + 1``
+    tokens); each step's decisions are read back as :func:`cyb.generation.generate` reads them."""
+    dec = make_decoder(model, ids, mask, mode=mode, graph=static, max_new_tokens=steps + 2,
                        cuda_graph=cuda_graph, one_position=one_position)
 
     def read(out) -> list[list[int]]:
@@ -212,10 +213,16 @@ def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
         sync(ids.device)
         capture_ms = (time.perf_counter() - t0) * 1e3
     times, decisions = [], [first]
-    for _ in range(steps):
+    # a decoder that feeds one position per step runs until every row has ``steps + 1`` tokens
+    # (as many as a token-per-step decoder gives), at most ``steps * M`` steps
+    per_token = mode == "fixed" or dec.positions_per_step > 1
+    emitted = torch.tensor(first[0])
+    limit = steps if per_token else steps * model.vocab.num_steps
+    while len(times) < limit and (len(times) < steps or int(emitted.min()) < steps + 1):
         t0 = time.perf_counter()
         decisions.append(read(dec.step()))
         times.append((time.perf_counter() - t0) * 1e3)
+        emitted += torch.tensor(decisions[-1][0])
     # per row, the tokens in the order they were emitted
     b = ids.shape[0]
     tokens = [[tok for (ans, toks, _) in decisions for a, tok in [(ans[r], toks[r])] if a] for r in range(b)]

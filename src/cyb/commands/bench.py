@@ -95,6 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--vocab", type=int, help="vocabulary size (default 32768)" + _OWN_DEFAULT)
     decode.add_argument("--prompt-len", type=int, help="real prompt tokens (default 128)" + _OWN_DEFAULT)
     decode.add_argument("--new-tokens", type=int, help="timed decode steps (default 64)" + _OWN_DEFAULT)
+    decode.add_argument("--warmup-steps", type=int,
+                        help="untimed decode steps before them (default 3)" + _OWN_DEFAULT)
     decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_graph cyb_graph_pos (default: all)" + _OWN_DEFAULT)
     decode.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16)" + _OWN_DEFAULT)
     decode.add_argument("--modes", nargs="+", help="fixed adaptive (default: both)" + _OWN_DEFAULT)
@@ -216,7 +218,7 @@ def run(args) -> int:
         from ..bench import decode
 
         kw = _given(args, {"batches": "batches", "num_steps": "num_steps", "vocab": "vocab",
-                           "prompt_len": "prompt_len", "new_tokens": "new_tokens",
+                           "prompt_len": "prompt_len", "new_tokens": "new_tokens", "warmup_steps": "warmup_steps",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
                            "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
                            "model": "model", "prompts": "prompts"})
