@@ -83,10 +83,12 @@ def test_bench_decode_quick_writes_json(tmp_path):
     adaptive = {}
     for r in res["results"]:
         assert r["status"] == "ok", r
-        assert r["steps_timed"] == 3 and r["real_tokens_per_s"] > 0
+        assert r["real_tokens_per_s"] > 0
         if r["mode"] == "fixed" or r["impl"] == "cyb_static":  # whole blocks
+            assert r["steps_timed"] == 3
             assert r["positions_per_token"] == r["num_steps"]
-        else:  # one position per step: between one position and M per token
+        else:  # one position per step (until every row has as many tokens): 1..M per token
+            assert 3 <= r["steps_timed"] <= 3 * 4
             assert 1 <= r["positions_per_token"] <= r["num_steps"]
             assert r["positions_per_token"] == pytest.approx(r["steps_per_token"])
         if r["mode"] == "adaptive":
