@@ -90,7 +90,6 @@ def test_bench_decode_quick_writes_json(tmp_path):
         else:  # one position per step (until every row has as many tokens): 1..M per token
             assert 3 <= r["steps_timed"] <= 3 * 4
             assert 1 <= r["positions_per_token"] <= r["num_steps"]
-            assert r["positions_per_token"] == pytest.approx(r["steps_per_token"])
         if r["mode"] == "adaptive":
             adaptive[r["impl"]] = r
         if r["impl"] in ("cyb_static", "cyb_static_pos"):
