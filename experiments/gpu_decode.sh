@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The decode benchmark, a profile of the decode step and the GPU decode tests on one GPU
-# (about 3 minutes; every part has its own time limit, 5 minutes in all at most).
+# (about 4 minutes; every part has its own time limit, BENCH_TOTAL_S = 400 s in all at most).
 #
 #   OUT=/some/folder bash experiments/gpu_decode.sh       # from the repository root
 #   BENCH_QUICK=1 OUT=/tmp/x bash experiments/gpu_decode.sh   # tiny CPU smoke run of the script
@@ -11,12 +11,16 @@
 #   decode.md         the same rendered as docs/benchmarks.md renders it (tables, targets)
 #   decode.log        what the benchmark printed
 #   profile.tar.gz    experiments/profile_decode.py: top-ops tables per decoder, summary.json
+#   parts.json        experiments/decode_step_parts.py: graph step time, M = 1 vs 4, per attention
+#                     backend, sequential readout vs a bare argmax
+#   trained.json      (with TRAINED_MODEL=DIR [TRAINED_PROMPTS=FILE]) cyb bench decode --model on a
+#                     trained model, batch 1 and 32, timing each prompt's first tokens
 #   pytest_gpu.log    the tests marked gpu of tests/test_generate.py and tests/test_bench.py
 #   gpu_decode.log    everything printed, with the device and versions first
 set -uo pipefail
 
 START=$(date +%s)
-TOTAL_S=${BENCH_TOTAL_S:-300}
+TOTAL_S=${BENCH_TOTAL_S:-400}
 OUT=${OUT:-outputs/gpu_decode}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_decode.log") 2>&1
@@ -67,6 +71,19 @@ PROF=$(mktemp -d)
 part profile 90 python3 experiments/profile_decode.py ${QUICK[@]+"${QUICK[@]}"} --out "$PROF/profile"
 tar czf "$OUT/profile.tar.gz" -C "$PROF" profile 2>/dev/null && cat "$PROF/profile/summary.json"
 rm -rf "$PROF"
+
+# 2b. where the graph step's time goes (attention backends, readout)
+part parts 90 python3 experiments/decode_step_parts.py ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/parts.json"
+
+# 2c. a trained model: its own dk decisions, real prompts
+if [[ -n "${TRAINED_MODEL:-}" ]]; then
+    TP=()
+    [[ -n "${TRAINED_PROMPTS:-}" ]] && TP=(--prompts "$TRAINED_PROMPTS")
+    part trained 120 python3 -m cyb bench decode ${QUICK[@]+"${QUICK[@]}"} --model "$TRAINED_MODEL" \
+        ${TP[@]+"${TP[@]}"} --new-tokens "${TRAINED_TOKENS:-4}" --warmup-steps 0 \
+        --out "$OUT/trained.json" --budget-s 90 > "$OUT/trained.log" 2>&1
+    grep -v '^N/A' "$OUT/trained.log" | tail -n 30
+fi
 
 # 3. the GPU tests of the decoders (graph = eager in float32)
 if python3 -c "import pytest" 2>/dev/null; then
