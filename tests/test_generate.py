@@ -325,10 +325,29 @@ def test_static_decoder_streams_the_same_events(sample):
         assert sorted(got) == sorted(want)
 
 
+@pytest.mark.parametrize("kind,scheme", [("cyb", "shared"), ("cyb", "advance"), ("tbys", "shared")])
+def test_eager_block_adaptive_decoder_equals_one_position_decoder(kind, scheme, monkeypatch):
+    """The eager block decoder (greedy adaptive decoding on CUDA) against the one-position one
+    (on a CPU), float32: same tokens, steps and ``d`` for left-padded prompts; the finished rows
+    leave its batch as they leave the other's."""
+    import cyb.generation.api as api
+
+    pm = model("llama", kind) if scheme == "shared" else build("llama", kind, scheme=scheme)
+    opts = dict(mode="adaptive", max_new_tokens=9, decoder="eager")
+    eos = (generate(pm, PROMPTS, **opts)[0].token_ids[2],)
+    want = generate(pm, PROMPTS, eos_token_ids=eos, **opts)
+    real = api.eager_decoder
+    monkeypatch.setattr(api, "eager_decoder",  # what generate builds on CUDA
+                        lambda *a, **k: real(*a, **{**k, "one_position": False}))
+    got = generate(pm, PROMPTS, eos_token_ids=eos, **opts)
+    assert len({len(r.token_ids) for r in want}) > 1
+    _same_results(got, want, whole_blocks=True)
+
+
 def test_block_adaptive_decoder_is_one_step_per_token_and_keeps_adaptive_positions():
     """Greedy adaptive decoding on the static path feeds whole blocks: one step per token for
     every row, the steps after each stop step masked out, positions as adaptive mode has them."""
-    from cyb.generation.decoders import StepReadout
+    from cyb.generation.decoders import BlockAdaptiveDecoder, StepReadout
     from cyb.generation.static import StaticBlockAdaptiveDecoder, static_decoder
     from cyb.layout import left_pad
 
@@ -353,6 +372,8 @@ def test_block_adaptive_decoder_is_one_step_per_token_and_keeps_adaptive_positio
     sampled = StepReadout(pm.vocab, pm.dk_bias, sample=True, generator=torch.Generator())
     with pytest.raises(ValueError, match="greedy"):
         StaticBlockAdaptiveDecoder(pm, ids, mask, sampled, max_new_tokens=4)
+    with pytest.raises(ValueError, match="greedy"):
+        BlockAdaptiveDecoder(pm, ids, mask, sampled)
     assert not isinstance(static_decoder(pm, ids, mask, sampled, mode="adaptive", max_new_tokens=4),
                           StaticBlockAdaptiveDecoder)
 
@@ -733,7 +754,8 @@ def test_bench_decode_times_a_saved_model(tmp_path):
     rows = {(r["impl"], r["mode"], r["num_steps"]): r for r in res["results"]}
     assert set(rows) == {("cyb_eager", "fixed", 1), ("cyb_eager", "fixed", 3), ("cyb_static", "fixed", 1),
                          ("cyb_static", "fixed", 3), ("cyb_eager", "adaptive", 3),
-                         ("cyb_static", "adaptive", 3), ("cyb_static_pos", "adaptive", 3)}
+                         ("cyb_eager_pos", "adaptive", 3), ("cyb_static", "adaptive", 3),
+                         ("cyb_static_pos", "adaptive", 3)}
     assert all(r["status"] == "ok" for r in rows.values())
     assert rows[("cyb_static", "adaptive", 3)]["tokens_vs_cyb_eager"]["equal"]
     assert res["agreement_fp32"]["status"] == "skipped"

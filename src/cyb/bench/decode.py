@@ -10,8 +10,11 @@ token are measured, not assumed).  Implementations:
 * ``hf_eager``: a plain Hugging Face loop -- the causal LM's forward with a ``DynamicCache``,
   ``M`` new positions per step (the token and ``M - 1`` pause ids, default positions), argmax of
   the last logits.  The reference for "eager HF per-step latency".
-* ``cyb_eager``: :class:`cyb.generation.decoders.FixedDecoder` / ``AdaptiveDecoder`` (the eager
-  decoders: explicit positions and 4-D mask, ``DynamicCache``, sequential readout).
+* ``cyb_eager``: :class:`cyb.generation.decoders.FixedDecoder` / ``BlockAdaptiveDecoder`` (the
+  eager decoders: explicit positions and 4-D mask, ``DynamicCache``, sequential readout; in
+  adaptive mode whole blocks, one forward per real token, what greedy decoding uses on CUDA).
+* ``cyb_eager_pos`` (adaptive mode only): ``AdaptiveDecoder``, one position per forward (what
+  sampling, and greedy decoding on a CPU, use).
 * ``cyb_graph``: :class:`cyb.generation.static.StaticFixedDecoder` /
   ``StaticBlockAdaptiveDecoder`` (preallocated KV cache, the decode step captured as a CUDA graph
   on CUDA; on CPU it runs the same step eagerly and the row is called ``cyb_static``): what
@@ -46,7 +49,7 @@ from ..runtime import resolve_device
 from .timing import Budget, environment, free_memory, guarded, median, sync, time_calls
 from .timing import write_json
 
-IMPLS = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_graph_pos")
+IMPLS = ("hf_eager", "cyb_eager", "cyb_eager_pos", "cyb_graph", "cyb_graph_pos")
 MODES = ("fixed", "adaptive")
 #: Anchor: eager Hugging Face decode, batch 1, 1 new position per step, one H200 (ms).
 HF_EAGER_ANCHOR_MS = 8.4
@@ -178,8 +181,9 @@ def _new_cache(hf_model):
 def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: int,
                  cuda_graph: bool | None = None, one_position: bool = False):
     """A greedy decoder of ``mode``: the eager one, or the static one (``graph``); in adaptive
-    mode ``one_position`` picks the static decoder that feeds one position per step."""
-    from ..generation.decoders import AdaptiveDecoder, FixedDecoder, StepReadout
+    mode the one that feeds whole blocks (one forward per token), or with ``one_position`` the
+    one that feeds one position per step."""
+    from ..generation.decoders import StepReadout, eager_decoder
     from ..generation.static import StaticAdaptiveDecoder, static_decoder
 
     readout = StepReadout(model.vocab, model.dk_bias)
@@ -189,7 +193,7 @@ def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: in
     if graph:
         return static_decoder(model, ids, mask, readout, mode=mode, max_new_tokens=max_new_tokens,
                               cuda_graph=cuda_graph)
-    return (FixedDecoder if mode == "fixed" else AdaptiveDecoder)(model, ids, mask, readout)
+    return eager_decoder(model, ids, mask, readout, mode=mode, one_position=one_position)
 
 
 def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
@@ -516,7 +520,7 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
         for batch in cfg.batches:
             for mode, m in cases:
                 if (impl == "hf_eager" and (mode != "fixed" or not bool(masks[batch].all()))) \
-                        or (impl == "cyb_graph_pos" and mode != "adaptive"):
+                        or (impl.endswith("_pos") and mode != "adaptive"):
                     continue  # the plain loop has no padding
                 static = impl in ("cyb_graph", "cyb_graph_pos")
                 row = {"impl": names.get(impl, impl), "mode": mode,
@@ -535,11 +539,12 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                             else:
                                 res = cyb_loop(models[(mode, m)], ids, masks[batch], total,
                                                static=static, mode=mode,
-                                               one_position=impl == "cyb_graph_pos")
+                                               one_position=impl.endswith("_pos"))
                         tokens_by[(impl, batch, mode, m)] = res["row_tokens"]
                         return _summary(res, batch, cfg.warmup_steps)
                     row.update(guarded(measure, device))
-                    ref = tokens_by.get(("cyb_eager", batch, mode, m))
+                    ref = tokens_by.get(("cyb_eager_pos" if impl.endswith("_pos") else "cyb_eager",
+                                         batch, mode, m))
                     got = tokens_by.get((impl, batch, mode, m))
                     if static and ref is not None and got is not None:
                         row["tokens_vs_cyb_eager"] = _row_compare(ref, got)

@@ -56,7 +56,8 @@ def decode_table(result: dict) -> str:
     """One line per (implementation, mode, batch, M), then the end-to-end and check lines."""
     headers = ["impl", "mode", "B", "M", "ms / real token", "ms / step (median)", "positions / token",
                "steps / token", "real tok/s", "prefill ms", "graph capture ms", "tokens = eager"]
-    impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static", "cyb_graph_pos", "cyb_static_pos")
+    impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static", "cyb_eager_pos", "cyb_graph_pos",
+             "cyb_static_pos")
     modes = ("fixed", "adaptive")
     rows = []
     key = lambda r: (r["batch"], _index(modes, r.get("mode", "fixed")), r["num_steps"],  # noqa: E731

@@ -97,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--new-tokens", type=int, help="timed decode steps (default 64)" + _OWN_DEFAULT)
     decode.add_argument("--warmup-steps", type=int,
                         help="untimed decode steps before them (default 3)" + _OWN_DEFAULT)
-    decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_graph cyb_graph_pos (default: all)" + _OWN_DEFAULT)
+    decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_eager_pos cyb_graph cyb_graph_pos (default: all)" + _OWN_DEFAULT)
     decode.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16)" + _OWN_DEFAULT)
     decode.add_argument("--modes", nargs="+", help="fixed adaptive (default: both)" + _OWN_DEFAULT)
     decode.add_argument("--pause-fraction", type=float,

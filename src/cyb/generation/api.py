@@ -49,7 +49,7 @@ import torch
 
 from ..layout import left_pad
 from ..model import hf as _hf
-from .decoders import AdaptiveDecoder, FixedDecoder, StepOutput, StepReadout
+from .decoders import StepOutput, StepReadout, eager_decoder
 from .static import DECODERS, resolve_decoder, static_decoder
 from .text import TextStream, decode_fn, encode_prompt, split_prompts
 
@@ -399,7 +399,7 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
     with torch.inference_mode():
         ids, mask = left_pad(encoded, model.device)
         if kind == "eager":
-            decoder = (FixedDecoder if cfg.mode == "fixed" else AdaptiveDecoder)(model, ids, mask, readout)
+            decoder = eager_decoder(model, ids, mask, readout, mode=cfg.mode)
         else:
             decoder = static_decoder(model, ids, mask, readout, mode=cfg.mode,
                                      max_new_tokens=cfg.max_new_tokens, cuda_graph=kind == "graph")

@@ -353,6 +353,48 @@ class AdaptiveDecoder(_Decoder):
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
 
+class BlockAdaptiveDecoder(FixedDecoder):
+    """Adaptive mode, greedy, one forward per real token: each step feeds a row's token with
+    its ``M - 1`` pauses (as fixed mode does); the sequential readout gives the stop step ``s``
+    and the block's steps after ``s`` are marked invalid, so later steps attend to what
+    adaptive mode would have cached and later tokens take adaptive mode's positions.  Attention
+    within a block is causal, so the decisions are those of :class:`AdaptiveDecoder` (see
+    :mod:`cyb.generation.static`, whose block decoder this mirrors); ``positions_per_step`` is
+    ``M``.  Chosen by :func:`eager_decoder` on CUDA, where a forward of ``M`` positions costs
+    about what one of a single position costs and the host time per forward dominates."""
+
+    mode = "adaptive"
+
+    def __init__(self, model, ids, mask, readout) -> None:
+        super().__init__(model, ids, mask, readout)
+        if readout.random:
+            raise ValueError("block-adaptive decoding is greedy; sampling uses AdaptiveDecoder")
+        self.step_in_block = torch.arange(self.m, device=self.device)
+
+    def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
+        out = self.readout.block(self.model.logits(block_hidden))
+        kept = self.step_in_block < out.steps.unsqueeze(1)  # [b, M]: steps 1..s
+        self.valid[:, -self.m:] = kept  # the block just fed ends the cache
+        if self.advance:  # the next token follows step s, not step M
+            self.next_pos = self.next_pos - (self.m - out.steps)
+        self.token = out.token
+        d = torch.where(kept, out.d, torch.nan)
+        d[:, -1] = 0.0
+        return StepOutput(out.answered, out.token, out.steps, d)
+
+
+def eager_decoder(model, ids: torch.Tensor, mask: torch.Tensor, readout: StepReadout, *,
+                  mode: str, one_position: bool | None = None) -> _Decoder:
+    """The eager decoder of ``mode``.  Adaptive mode: :class:`BlockAdaptiveDecoder` when
+    greedy on CUDA (one forward per token), else :class:`AdaptiveDecoder` (one position per
+    forward: fewer FLOPs, what a CPU wants); ``one_position`` forces the choice."""
+    if mode == "fixed":
+        return FixedDecoder(model, ids, mask, readout)
+    if one_position is None:
+        one_position = readout.random or ids.device.type != "cuda"
+    return (AdaptiveDecoder if one_position else BlockAdaptiveDecoder)(model, ids, mask, readout)
+
+
 def fresh_d(b: int, m: int, device) -> torch.Tensor:
     """``[b, M]``: NaN for steps not run yet, ``d_M = 0`` by definition."""
     d = torch.full((b, m), math.nan, dtype=torch.float32, device=device)
