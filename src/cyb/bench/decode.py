@@ -23,7 +23,8 @@ token are measured, not assumed).  Implementations:
   (what sampling in adaptive mode uses); ``cyb_static_pos`` on CPU.
 
 Every step reads its decisions back to the host (as a streaming generator must), and is timed on
-the host clock.  Fixed mode: a real token per row per step.  Adaptive mode: a row answers at
+the host clock; each library row first runs an untimed short decode of the same shapes (the
+first launches of kernels are slow), then ``warmup_steps`` untimed steps of the timed decode.  Fixed mode: a real token per row per step.  Adaptive mode: a row answers at
 some steps and pauses at others; ``ms_per_token`` is the time per real token of a row
 (total time / (real tokens / batch)), ``positions_per_token`` the positions fed per real token
 and ``steps_per_token`` the steps the readout took per real token (``E[S]`` realised: the
@@ -537,9 +538,11 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                                 res = hf_eager_loop(hf_model, ids, pause_ids[m], total)
                                 res["row_tokens"] = [list(r) for r in zip(*res["tokens"])]
                             else:
-                                res = cyb_loop(models[(mode, m)], ids, masks[batch], total,
-                                               static=static, mode=mode,
-                                               one_position=impl.endswith("_pos"))
+                                run_loop = lambda n: cyb_loop(  # noqa: E731
+                                    models[(mode, m)], ids, masks[batch], n, static=static,
+                                    mode=mode, one_position=impl.endswith("_pos"))
+                                run_loop(2)  # untimed: first launches of this row's kernels
+                                res = run_loop(total)
                         tokens_by[(impl, batch, mode, m)] = res["row_tokens"]
                         return _summary(res, batch, cfg.warmup_steps)
                     row.update(guarded(measure, device))
