@@ -45,14 +45,17 @@ NOTES = {
     ],
     "decode": [
         "Per step: fixed mode feeds every row's token and its M-1 pauses in one forward of M "
-        "positions (a real token per row per step); adaptive mode feeds one position per row "
-        "(the answer, or the next pause after a dk).  Decisions are read back to the host at "
-        "every step; host clock.  `ms / real token` = time per real token of a row; "
-        "`positions / token` = positions fed per real token.",
+        "positions (a real token per row per step); so does greedy adaptive mode in `cyb_eager` "
+        "and `cyb_graph`, which then masks the block's steps after the stop step out of the "
+        "cache; the `_pos` rows feed one position per row (the answer, or the next pause after "
+        "a dk).  Decisions are read back to the host at every step; host clock.  `ms / real "
+        "token` = time per real token of a row; `positions / token` = positions fed per real "
+        "token; `steps / token` = steps the readout took per real token.",
         "`hf_eager`: plain Hugging Face loop with a DynamicCache; `cyb_eager`: the eager decoders "
         "(`cyb.generation.decoders`, DynamicCache); `cyb_graph`: static KV cache with the decode "
         "step captured as a CUDA graph (`cyb.generation.static`), the default of "
-        "`cyb generate` on CUDA.",
+        "`cyb generate` on CUDA; `cyb_eager_pos` / `cyb_graph_pos`: adaptive mode one position "
+        "per forward / replay (what sampling uses).",
         "Adaptive rows run a CYB model whose dk prior is set so that a given share of the "
         "prompts' step-1 decisions say dk (the run's `adaptive_fixture`); a random model's "
         "pauses are otherwise arbitrary.",
