@@ -372,15 +372,23 @@ class BlockAdaptiveDecoder(FixedDecoder):
         self.step_in_block = torch.arange(self.m, device=self.device)
 
     def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
-        out = self.readout.block(self.model.logits(block_hidden))
-        kept = self.step_in_block < out.steps.unsqueeze(1)  # [b, M]: steps 1..s
+        kept, out = cut_block(self.readout.block(self.model.logits(block_hidden)), self.step_in_block)
         self.valid[:, -self.m:] = kept  # the block just fed ends the cache
         if self.advance:  # the next token follows step s, not step M
             self.next_pos = self.next_pos - (self.m - out.steps)
         self.token = out.token
-        d = torch.where(kept, out.d, torch.nan)
-        d[:, -1] = 0.0
-        return StepOutput(out.answered, out.token, out.steps, d)
+        return out
+
+
+def cut_block(out: StepOutput, step_in_block: torch.Tensor) -> tuple[torch.Tensor, StepOutput]:
+    """A block's sequential readout ``out`` as adaptive mode reports it: ``(kept [b, M] bool,
+    output)``, where ``kept`` marks the steps ``1..s`` that adaptive mode runs (``s`` =
+    ``out.steps``; ``step_in_block`` = ``arange(M)``) and the output's ``d`` is NaN for the
+    steps after ``s`` (``d_M = 0``), without ``E[S]``."""
+    kept = step_in_block < out.steps.unsqueeze(1)
+    d = torch.where(kept, out.d, torch.nan)
+    d[:, -1] = 0.0
+    return kept, StepOutput(out.answered, out.token, out.steps, d)
 
 
 def eager_decoder(model, ids: torch.Tensor, mask: torch.Tensor, readout: StepReadout, *,

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 
 from ..model import hf
-from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4d, fresh_d
+from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4d, cut_block, fresh_d
 from .decoders import prompt_layout
 
 DECODERS = ("auto", "graph", "static", "eager")
@@ -415,13 +415,10 @@ class StaticBlockAdaptiveDecoder(StaticFixedDecoder):
         self.step_in_block = torch.arange(self.m, device=self.device)
 
     def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
-        out = self.readout.block(self.model.logits(block_hidden))
-        kept = self.step_in_block < out.steps.unsqueeze(1)  # [B, M]: steps 1..s
-        # the steps adaptive mode never runs: invisible to later steps, d unknown (d_M = 0)
+        kept, out = cut_block(self.readout.block(self.model.logits(block_hidden)), self.step_in_block)
+        # the steps adaptive mode never runs are invisible to later steps
         self.valid.index_copy_(1, self.slots_of_block, kept)
-        d = torch.where(kept, out.d, torch.nan)
-        d[:, -1] = 0.0
-        return StepOutput(out.answered, out.token, out.steps, d)
+        return out
 
     def _first(self, hidden, next_pos, t) -> StepOutput:
         m = self.m
