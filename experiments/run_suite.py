@@ -344,6 +344,9 @@ def main() -> int:
     p.add_argument("--pack", type=Path, default=None, help="write a .tar.gz of the results after every run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scale parameter, e.g. --set pre_steps=800")
+    p.add_argument("--only", nargs="+", default=None, metavar="PART",
+                   help="run only the jobs whose name contains one of these parts (and the bases "
+                        "they fine-tune), e.g. --only rc-cyb-p3 ponder_cost-0.02")
     args = p.parse_args()
     s = dict(SCALES[args.scale])
     for item in args.set:
@@ -357,6 +360,10 @@ def main() -> int:
             for j in suite_jobs(suite, seed, s, files, out)]  # two epochs: the first seed shows the trend
     if {"hparams", "recipes"} & set(args.suites) and "finetune" not in args.suites:  # they need the bases
         jobs += [j for seed in seeds for j in suite_jobs("finetune", seed, s, files, out) if j.name.startswith("base-")]
+    if args.only:
+        keep = {j.name for j in jobs if any(part in j.name for part in args.only)}
+        keep |= {j.needs for j in jobs if j.name in keep and j.needs}
+        jobs = [j for j in jobs if j.name in keep]
     slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
