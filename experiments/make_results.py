@@ -161,10 +161,14 @@ def curves_figure(rows: list[dict], path: Path) -> None:
 
 
 def write_recipes(folder: Path, rows: list[dict]) -> None:
-    """The recipe comparison (``run_suite.py recipes``) into docs/recipes.md."""
-    order = ["Baseline", "TBYS 3 pauses", "CYB 3 pauses"] + [g for g in by_label(rows) if g.startswith("CYB-")]
-    tables = {"recipes": table([r for r in rows if r["suite"] == "recipes"],
-                               references=("CYB 3 pauses", "Baseline", "TBYS 3 pauses"), order=order)}
+    """The recipe comparison (``run_suite.py recipes``, all of it or a part) into
+    docs/recipes.md, between the markers named after the folder (``recipes``, ``recipes-h100``)."""
+    rows = [r for r in rows if r["suite"] == "recipes"]
+    labels = list(by_label(rows))
+    paper = [g for g in ("Baseline", "TBYS 3 pauses", "CYB 3 pauses") if g in labels]
+    order = paper + [g for g in labels if g not in paper]
+    references = tuple(g for g in ("CYB 3 pauses", "Baseline", "TBYS 3 pauses") if g in labels)
+    tables = {folder.name: table(rows, references=references, order=order)}
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
     _fill(HERE.parent / "docs" / "recipes.md", tables)
     print(f"wrote {folder / 'tables.md'} and the tables of docs/recipes.md")
@@ -184,7 +188,7 @@ def _fill(doc: Path, tables: dict) -> None:
 def main() -> None:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
     rows = load(folder)
-    if folder.name == "recipes":
+    if folder.name.startswith("recipes"):
         return write_recipes(folder, rows)
     suite = lambda name: [r for r in rows if r["suite"] == name]  # noqa: E731
     ft = suite("finetune")
