@@ -395,11 +395,14 @@ def eager_decoder(model, ids: torch.Tensor, mask: torch.Tensor, readout: StepRea
                   mode: str, one_position: bool | None = None) -> _Decoder:
     """The eager decoder of ``mode``.  Adaptive mode: :class:`BlockAdaptiveDecoder` when
     greedy on CUDA (one forward per token), else :class:`AdaptiveDecoder` (one position per
-    forward: fewer FLOPs, what a CPU wants); ``one_position`` forces the choice."""
+    forward: fewer FLOPs, what a CPU wants); ``one_position`` forces the choice.  Models with
+    sliding-window layers always get the latter: their window counts cache slots, and the
+    block decoder's cache also holds the masked-out steps."""
     if mode == "fixed":
         return FixedDecoder(model, ids, mask, readout)
     if one_position is None:
-        one_position = readout.random or ids.device.type != "cuda"
+        one_position = (readout.random or ids.device.type != "cuda"
+                        or hf.has_sliding_window(model.config))
     return (AdaptiveDecoder if one_position else BlockAdaptiveDecoder)(model, ids, mask, readout)
 
 
