@@ -426,6 +426,30 @@ def test_decode_steps_read_nothing_back_to_the_host(mode, decoder):
     assert reads == {}
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_block_adaptive_steps_read_nothing_back_to_the_host(static):
+    from torch.profiler import ProfilerActivity, profile
+
+    from cyb.generation.decoders import BlockAdaptiveDecoder, StepReadout
+    from cyb.generation.static import StaticBlockAdaptiveDecoder
+    from cyb.layout import left_pad
+
+    pm = build("llama", "cyb", scheme="advance")
+    ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
+    readout = StepReadout(pm.vocab, pm.dk_bias)
+    with torch.inference_mode():
+        dec = (StaticBlockAdaptiveDecoder(pm, ids, mask, readout, max_new_tokens=8) if static
+               else BlockAdaptiveDecoder(pm, ids, mask, readout))
+        dec.start()
+        dec.step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                dec.step()
+    reads = {e.key: e.count for e in prof.key_averages()
+             if e.key in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")}
+    assert reads == {}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
