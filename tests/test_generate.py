@@ -308,6 +308,35 @@ def test_static_decoder_equals_eager(kind, scheme, mode, sample):
         assert len({s for r in want for s in r.steps}) > 1
 
 
+@pytest.mark.parametrize("mode,sample", [("fixed", False), ("adaptive", False), ("adaptive", True)])
+def test_static_decoder_attends_over_the_written_prefix(mode, sample, monkeypatch):
+    """With small attention buckets the static decoder's attention covers only the slots
+    written so far (rounded up to a bucket), growing as it decodes, and gives the eager tokens."""
+    from cyb.generation import static
+    from cyb.generation.decoders import StepReadout
+    from cyb.layout import left_pad
+
+    monkeypatch.setattr(static, "ATTENTION_BUCKET", 8)
+    pm = build("llama", "cyb", scheme="advance")
+    opts = dict(mode=mode, max_new_tokens=9, eos_token_ids=())
+    if sample:
+        opts.update(sample=True, temperature=0.9, top_p=0.9, seed=5)
+    want = generate(pm, PROMPTS, decoder="eager", **opts)
+    got = generate(pm, PROMPTS, decoder="static", **opts)
+    _same_results(got, want, whole_blocks=mode == "adaptive" and not sample)
+    ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
+    with torch.inference_mode():
+        dec = static.static_decoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias), mode=mode,
+                                    max_new_tokens=9)
+        dec.start()
+        limits = []
+        for _ in range(6):
+            dec.step()
+            limits.append(dec.cache.limit)
+            assert dec.cache.length <= dec.cache.limit < dec.cache.length + 8 or dec.cache.limit == dec.capacity
+    assert limits == sorted(limits) and limits[0] < dec.capacity
+
+
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 def test_static_decoder_streams_the_same_events(sample):
     """Sampled, the one-position decoder emits the eager events in the same order; greedy, the
@@ -785,3 +814,32 @@ def test_bench_decode_times_a_saved_model(tmp_path):
     assert res["agreement_fp32"]["status"] == "skipped"
     assert any("latency M=3" in c["target"] for c in res["targets"])  # the model's M
     assert main(["bench", "decode", "--quick", "--prompts", str(prompts)]) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_cuda_graph_decoder_recaptures_as_attention_grows(mode, monkeypatch):
+    """Small attention buckets: the graph decoder captures a new graph each time decoding
+    outgrows the current attention limit, and still gives the eager tokens in float32."""
+    from cyb.generation import static
+    from cyb.generation.decoders import StepReadout
+    from cyb.layout import left_pad
+
+    monkeypatch.setattr(static, "ATTENTION_BUCKET", 8)
+    pm = build("llama", "cyb", init=0.3, dk_scale=0.3, psi_dk=0.5).to("cuda")
+    for sample in (False, True):
+        opts = dict(mode=mode, max_new_tokens=12, eos_token_ids=())
+        if sample:
+            opts.update(sample=True, temperature=0.9, top_p=0.9, seed=5)
+        want = generate(pm, PROMPTS, decoder="eager", **opts)
+        got = generate(pm, PROMPTS, decoder="graph", **opts)
+        _same_results(got, want, whole_blocks=mode == "adaptive" and not sample)
+    ids, mask = left_pad([encode(p) for p in PROMPTS], "cuda")
+    with torch.inference_mode():
+        dec = static.static_decoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias), mode=mode,
+                                    max_new_tokens=12)
+        dec.start()
+        for _ in range(10):
+            dec.step().token.tolist()
+    assert dec.graphs_captured > 1

@@ -8,8 +8,11 @@ shape and address:
 
 * :class:`StaticKVCache` holds each layer's keys and values in ``[B, heads, capacity, dim]``
   buffers and writes new steps at the slots of a device tensor (``index_copy_``); attention
-  runs over all ``capacity`` slots with an explicit 4-D mask (slots not yet written, padding of
-  the prompt and, within the new block, later steps are masked out);
+  runs over the first ``limit`` slots with an explicit 4-D mask (slots not yet written, padding
+  of the prompt and, within the new block, later steps are masked out).  ``limit`` covers the
+  slots written so far, rounded up to a multiple of :data:`ATTENTION_BUCKET`: each bucket is
+  its own CUDA graph, captured when decoding reaches it, so attention never reads the empty
+  end of the cache (which at large batches is most of a step's memory traffic);
 * the step's inputs (ids, positions, slots, the adaptive state) live in fixed tensors that the
   step itself advances: the decision is made on the device and becomes the next step's input
   (fixed mode: the decided token heads the next block of ``M``; adaptive mode: the token at a
@@ -52,6 +55,8 @@ from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4
 from .decoders import prompt_layout
 
 DECODERS = ("auto", "graph", "static", "eager")
+#: attention covers the written slots rounded up to a multiple of this (one graph per multiple)
+ATTENTION_BUCKET = 256
 
 
 class StaticKVCache:
@@ -71,6 +76,7 @@ class StaticKVCache:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        self.limit = capacity  # slots that attention covers (a prefix of the buffers)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.slots: torch.Tensor | None = None
@@ -79,7 +85,7 @@ class StaticKVCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``[B, heads, T, dim]`` keys/values at :attr:`slots` (``T`` of them) and return
-        the full ``[B, heads, capacity, dim]`` buffers of layer ``layer_idx``."""
+        the first :attr:`limit` slots, ``[B, heads, limit, dim]``, of layer ``layer_idx``."""
         if layer_idx == len(self.keys):
             b, h, _, dk = key_states.shape
             self.keys.append(key_states.new_zeros(b, h, self.capacity, dk))
@@ -89,7 +95,7 @@ class StaticKVCache:
         k, v = self.keys[layer_idx], self.values[layer_idx]
         k.index_copy_(2, self.slots, key_states.to(k.dtype))
         v.index_copy_(2, self.slots, value_states.to(v.dtype))
-        return k, v
+        return k[:, :, :self.limit], v[:, :, :self.limit]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
@@ -183,8 +189,10 @@ class _StaticDecoder:
         self.valid = torch.ones(self.num_rows, self.capacity, dtype=torch.bool, device=self.device)
         self.uniforms: torch.Tensor | None = None  # [B, width] buffer when sampling
         self.slots: torch.Tensor | None = None  # slots the next step writes
-        self.graph = None
+        self.graph = None  # the graph of the current attention limit
         self.graph_out: StepOutput | None = None
+        self.graph_pool = None  # one memory pool for the graphs of every limit
+        self.graphs_captured = 0
         self.steps_taken = 0
         self.prompt_positions: torch.Tensor | None = None
 
@@ -216,7 +224,7 @@ class _StaticDecoder:
     # ------------------------------------------------------------------ pieces
     def _forward(self, input_ids, position_ids, slots) -> torch.Tensor:
         self.cache.slots = slots
-        mask = attention_mask_4d(self.valid, slots, additive_dtype=self.additive)
+        mask = attention_mask_4d(self.valid[:, :self.cache.limit], slots, additive_dtype=self.additive)
         out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                            use_cache=True, **{self.cache_arg: self.cache})
         return out.last_hidden_state
@@ -240,20 +248,31 @@ class _StaticDecoder:
         input_ids, pos, valid, next_pos = prompt_layout(self.ids, self.mask, self.vocab, self.prompt_mode)
         t = input_ids.shape[1]
         self.valid[:, :t] = valid.bool()
+        self.cache.limit = self._limit_for(t)
         hidden = self._forward(input_ids, pos, torch.arange(t, device=self.device))
         self.cache.length = t
         self.prompt_positions = valid.sum(-1)
         self._draw()
         return self._first(hidden, next_pos, t)
 
+    def _limit_for(self, slots_used: int) -> int:
+        """The attention limit that covers ``slots_used`` slots: a multiple of
+        :data:`ATTENTION_BUCKET`, at most the capacity."""
+        return min(self.capacity, -(-slots_used // ATTENTION_BUCKET) * ATTENTION_BUCKET)
+
     def capture(self) -> None:
-        """Capture the decode step as a CUDA graph (after :meth:`start`; done by the first
-        :meth:`step` when ``cuda_graph``).  Two warm-up steps run on a side stream first; the
-        inputs are then put back, and what they wrote is rewritten by the real steps."""
+        """Capture the decode step as a CUDA graph for the next step's attention limit (after
+        :meth:`start`; done by :meth:`step` when ``cuda_graph``, again whenever decoding
+        outgrows the limit).  The limit also covers the two warm-up steps that run on a side
+        stream first; the inputs are then put back, and what the warm-up wrote is rewritten by
+        the real steps.  Every limit's graph draws on one memory pool; the previous graph is
+        dropped first."""
         if self.slots is None:
             raise RuntimeError("call start() before capture()")
         if self.readout.random and self.uniforms is None:
             raise RuntimeError("sampling: the uniforms buffer is made by start()")
+        self.graph = self.graph_out = None
+        self.cache.limit = self._limit_for(self.cache.length + 3 * self.positions_per_step)
         state = self._state()
         saved = [t.clone() for t in state]
         main = torch.cuda.current_stream(self.device)
@@ -265,10 +284,13 @@ class _StaticDecoder:
         main.wait_stream(side)
         for t, v in zip(state, saved):
             t.copy_(v)
+        if self.graph_pool is None:
+            self.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self.graph_pool):
             self.graph_out = self._step_body()
         self.graph = graph
+        self.graphs_captured += 1
 
     def _check_room(self) -> None:
         raise NotImplementedError
@@ -279,12 +301,14 @@ class _StaticDecoder:
             raise RuntimeError("call start() before step()")
         self._check_room()
         self._draw()
+        needed = self._limit_for(self.cache.length + self.positions_per_step)
         if self.use_graph:
-            if self.graph is None:
+            if self.graph is None or needed > self.cache.limit:
                 self.capture()
             self.graph.replay()
             out = self.graph_out
         else:
+            self.cache.limit = needed
             out = self._step_body()
         self.cache.length += self.positions_per_step
         self.steps_taken += 1
