@@ -52,10 +52,17 @@ def _index(order, value) -> int:
     return order.index(value) if value in order else len(order)
 
 
+def _captures(row: dict) -> str:
+    """``ms`` of every graph capture of a row, with the number of graphs when known."""
+    ms = _num(row.get("capture_ms"), ".1f")
+    n = row.get("graphs_captured")
+    return ms if n is None else f"{ms} ({n})"
+
+
 def decode_table(result: dict) -> str:
     """One line per (implementation, mode, batch, M), then the end-to-end and check lines."""
     headers = ["impl", "mode", "B", "M", "ms / real token", "ms / step (median)", "positions / token",
-               "steps / token", "real tok/s", "prefill ms", "graph capture ms", "tokens = eager"]
+               "steps / token", "real tok/s", "prefill ms", "graph capture ms (graphs)", "tokens = eager"]
     impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static", "cyb_eager_pos", "cyb_graph_pos",
              "cyb_static_pos")
     modes = ("fixed", "adaptive")
@@ -74,7 +81,7 @@ def decode_table(result: dict) -> str:
                             _num(r.get("positions_per_token"), ".2f"),
                             _num(r.get("steps_per_token"), ".2f"),
                             _num(r.get("real_tokens_per_s"), ",.1f"), _num(r["prefill_ms"], ".1f"),
-                            _num(r.get("capture_ms"), ".1f"), same])
+                            _captures(r), same])
     out = markdown_table(headers, rows)
     e2e = (result.get("end_to_end") or {}).get("rows") or []
     if e2e:

@@ -9,10 +9,13 @@ shape and address:
 * :class:`StaticKVCache` holds each layer's keys and values in ``[B, heads, capacity, dim]``
   buffers and writes new steps at the slots of a device tensor (``index_copy_``); attention
   runs over the first ``limit`` slots with an explicit 4-D mask (slots not yet written, padding
-  of the prompt and, within the new block, later steps are masked out).  ``limit`` covers the
-  slots written so far, rounded up to a multiple of :data:`ATTENTION_BUCKET`: each bucket is
-  its own CUDA graph, captured when decoding reaches it, so attention never reads the empty
-  end of the cache (which at large batches is most of a step's memory traffic);
+  of the prompt and, within the new block, later steps are masked out).  With
+  :data:`ATTENTION_BUCKET_MIN_ROWS` rows or more, ``limit`` covers the slots written so far,
+  rounded up to :data:`ATTENTION_BUCKET` times a power of two, and each limit is its own CUDA
+  graph, captured when decoding reaches it: attention does not read the empty end of the cache,
+  which at large batches is a large part of a step's memory traffic, for a few extra captures
+  per call.  Smaller batches attend over the whole capacity with one graph (reading the empty
+  slots costs them less than a capture);
 * the step's inputs (ids, positions, slots, the adaptive state) live in fixed tensors that the
   step itself advances: the decision is made on the device and becomes the next step's input
   (fixed mode: the decided token heads the next block of ``M``; adaptive mode: the token at a
@@ -48,6 +51,8 @@ returned by :meth:`_StaticDecoder.step` are overwritten by the next step: read t
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..model import hf
@@ -55,8 +60,10 @@ from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4
 from .decoders import prompt_layout
 
 DECODERS = ("auto", "graph", "static", "eager")
-#: attention covers the written slots rounded up to a multiple of this (one graph per multiple)
+#: attention covers the written slots rounded up to this times a power of two (one graph each)
 ATTENTION_BUCKET = 256
+#: batches with fewer rows attend over the whole cache (one graph per call)
+ATTENTION_BUCKET_MIN_ROWS = 8
 
 
 class StaticKVCache:
@@ -193,6 +200,7 @@ class _StaticDecoder:
         self.graph_out: StepOutput | None = None
         self.graph_pool = None  # one memory pool for the graphs of every limit
         self.graphs_captured = 0
+        self.capture_ms = 0.0  # host time of every capture so far (warm-up steps included)
         self.steps_taken = 0
         self.prompt_positions: torch.Tensor | None = None
 
@@ -256,9 +264,15 @@ class _StaticDecoder:
         return self._first(hidden, next_pos, t)
 
     def _limit_for(self, slots_used: int) -> int:
-        """The attention limit that covers ``slots_used`` slots: a multiple of
-        :data:`ATTENTION_BUCKET`, at most the capacity."""
-        return min(self.capacity, -(-slots_used // ATTENTION_BUCKET) * ATTENTION_BUCKET)
+        """The attention limit that covers ``slots_used`` slots: :data:`ATTENTION_BUCKET` times
+        the smallest power of two that covers them, at most the capacity (the capacity for
+        batches of fewer than :data:`ATTENTION_BUCKET_MIN_ROWS` rows)."""
+        if self.num_rows < ATTENTION_BUCKET_MIN_ROWS:
+            return self.capacity
+        limit = ATTENTION_BUCKET
+        while limit < slots_used:
+            limit *= 2
+        return min(self.capacity, limit)
 
     def capture(self) -> None:
         """Capture the decode step as a CUDA graph for the next step's attention limit (after
@@ -271,6 +285,7 @@ class _StaticDecoder:
             raise RuntimeError("call start() before capture()")
         if self.readout.random and self.uniforms is None:
             raise RuntimeError("sampling: the uniforms buffer is made by start()")
+        t0 = time.perf_counter()
         self.graph = self.graph_out = None
         self.cache.limit = self._limit_for(self.cache.length + 3 * self.positions_per_step)
         state = self._state()
@@ -291,6 +306,8 @@ class _StaticDecoder:
             self.graph_out = self._step_body()
         self.graph = graph
         self.graphs_captured += 1
+        torch.cuda.synchronize(self.device)  # a capture is rare: time it whole
+        self.capture_ms += (time.perf_counter() - t0) * 1e3
 
     def _check_room(self) -> None:
         raise NotImplementedError
