@@ -64,6 +64,8 @@ DECODERS = ("auto", "graph", "static", "eager")
 ATTENTION_BUCKET = 256
 #: batches with fewer rows attend over the whole cache (one graph per call)
 ATTENTION_BUCKET_MIN_ROWS = 8
+#: the cache's slots per row are rounded up to a multiple of this
+CAPACITY_MULTIPLE = 128
 
 
 class StaticKVCache:
@@ -191,14 +193,15 @@ class _StaticDecoder:
         self.max_new_tokens = max_new_tokens
         limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
         self.max_position = limit - 1 if isinstance(limit, int) else None
-        self.capacity = self._prompt_steps() + self._decode_slots()
+        # a multiple of CAPACITY_MULTIPLE: attention kernels run faster on aligned key lengths
+        needed = self._prompt_steps() + self._decode_slots()
+        self.capacity = -(-needed // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
         self.cache = StaticKVCache(self.capacity)
         self.valid = torch.ones(self.num_rows, self.capacity, dtype=torch.bool, device=self.device)
         self.uniforms: torch.Tensor | None = None  # [B, width] buffer when sampling
         self.slots: torch.Tensor | None = None  # slots the next step writes
         self.graph = None  # the graph of the current attention limit
         self.graph_out: StepOutput | None = None
-        self.graph_pool = None  # one memory pool for the graphs of every limit
         self.graphs_captured = 0
         self.capture_ms = 0.0  # host time of every capture so far (warm-up steps included)
         self.steps_taken = 0
@@ -279,8 +282,8 @@ class _StaticDecoder:
         :meth:`start`; done by :meth:`step` when ``cuda_graph``, again whenever decoding
         outgrows the limit).  The limit also covers the two warm-up steps that run on a side
         stream first; the inputs are then put back, and what the warm-up wrote is rewritten by
-        the real steps.  Every limit's graph draws on one memory pool; the previous graph is
-        dropped first."""
+        the real steps.  The previous limit's graph is dropped (its memory goes back once its
+        last outputs are released)."""
         if self.slots is None:
             raise RuntimeError("call start() before capture()")
         if self.readout.random and self.uniforms is None:
@@ -299,10 +302,8 @@ class _StaticDecoder:
         main.wait_stream(side)
         for t, v in zip(state, saved):
             t.copy_(v)
-        if self.graph_pool is None:
-            self.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.graph_pool):
+        with torch.cuda.graph(graph):
             self.graph_out = self._step_body()
         self.graph = graph
         self.graphs_captured += 1
