@@ -313,38 +313,49 @@ def test_static_decoder_attends_over_the_written_prefix(mode, sample, monkeypatc
     """With small attention buckets the static decoder's attention covers only the slots
     written so far (rounded up to a bucket), growing as it decodes, and gives the eager tokens."""
     from cyb.generation import static
-    from cyb.generation.decoders import StepReadout
-    from cyb.layout import left_pad
 
     monkeypatch.setattr(static, "ATTENTION_BUCKET", 4)
     monkeypatch.setattr(static, "ATTENTION_BUCKET_MIN_ROWS", 1)
     pm = build("llama", "cyb", scheme="advance")
-    opts = dict(mode=mode, max_new_tokens=16, eos_token_ids=())
+    _same_as_eager(pm, "static", mode, sample, 16)
+    seen = []
+    dec = _stepped(pm, mode, 16, 14, lambda d: seen.append((d.cache.length, d.cache.limit)))
+    for length, limit in seen:  # the written slots, rounded up to 4 x a power of two
+        assert length <= limit and (limit < 2 * length or limit == dec.capacity)
+    limits = [limit for _, limit in seen]
+    assert limits == sorted(limits) and limits[0] < dec.capacity
+    monkeypatch.setattr(static, "ATTENTION_BUCKET_MIN_ROWS", 8)  # small batches: the whole cache
+    dec = _stepped(pm, mode, 16, 1)
+    assert dec.cache.limit == dec.capacity
+
+
+def _same_as_eager(pm, decoder: str, mode: str, sample: bool, max_new_tokens: int) -> None:
+    """``generate`` with ``decoder`` gives the eager decoder's results on PROMPTS."""
+    opts = dict(mode=mode, max_new_tokens=max_new_tokens, eos_token_ids=())
     if sample:
         opts.update(sample=True, temperature=0.9, top_p=0.9, seed=5)
     want = generate(pm, PROMPTS, decoder="eager", **opts)
-    got = generate(pm, PROMPTS, decoder="static", **opts)
+    got = generate(pm, PROMPTS, decoder=decoder, **opts)
     _same_results(got, want, whole_blocks=mode == "adaptive" and not sample)
-    ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
+
+
+def _stepped(pm, mode: str, max_new_tokens: int, steps: int, each=None):
+    """A greedy static decoder of PROMPTS (graph on CUDA) after ``steps`` steps; ``each(dec)``
+    after every step."""
+    from cyb.generation.decoders import StepReadout
+    from cyb.generation.static import static_decoder
+    from cyb.layout import left_pad
+
+    ids, mask = left_pad([encode(p) for p in PROMPTS], pm.device)
     with torch.inference_mode():
-        dec = static.static_decoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias), mode=mode,
-                                    max_new_tokens=16)
+        dec = static_decoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias), mode=mode,
+                             max_new_tokens=max_new_tokens)
         dec.start()
-        limits = []
-        for _ in range(14):
-            dec.step()
-            limits.append(dec.cache.limit)
-            # the written slots, rounded up to 4 x a power of two
-            assert dec.cache.length <= dec.cache.limit
-            assert dec.cache.limit < 2 * dec.cache.length or dec.cache.limit == dec.capacity
-    assert limits == sorted(limits) and limits[0] < dec.capacity
-    monkeypatch.setattr(static, "ATTENTION_BUCKET_MIN_ROWS", 8)  # small batches: the whole cache
-    with torch.inference_mode():
-        dec = static.static_decoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias), mode=mode,
-                                    max_new_tokens=16)
-        dec.start()
-        dec.step()
-    assert dec.cache.limit == dec.capacity
+        for _ in range(steps):
+            dec.step().token.tolist()
+            if each is not None:
+                each(dec)
+    return dec
 
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
@@ -440,8 +451,6 @@ def test_decoder_choice():
 def test_decode_steps_read_nothing_back_to_the_host(mode, decoder):
     """A decode step leaves the device alone: no ``.item()``-like read (on CUDA each would wait
     for the queued work); the one read per step is the caller's (the decisions)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from cyb.generation.decoders import AdaptiveDecoder, FixedDecoder, StepReadout
     from cyb.generation.static import static_decoder
     from cyb.layout import left_pad
@@ -455,20 +464,11 @@ def test_decode_steps_read_nothing_back_to_the_host(mode, decoder):
             dec = (FixedDecoder if mode == "fixed" else AdaptiveDecoder)(pm, ids, mask, readout)
         else:
             dec = static_decoder(pm, ids, mask, readout, mode=mode, max_new_tokens=8)
-        dec.start()
-        dec.step()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(3):
-                dec.step()
-    reads = {e.key: e.count for e in prof.key_averages()
-             if e.key in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")}
-    assert reads == {}
+    assert _host_reads(dec) == {}
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
 def test_block_adaptive_steps_read_nothing_back_to_the_host(static):
-    from torch.profiler import ProfilerActivity, profile
-
     from cyb.generation.decoders import BlockAdaptiveDecoder, StepReadout
     from cyb.generation.static import StaticBlockAdaptiveDecoder
     from cyb.layout import left_pad
@@ -476,17 +476,24 @@ def test_block_adaptive_steps_read_nothing_back_to_the_host(static):
     pm = build("llama", "cyb", scheme="advance")
     ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
     readout = StepReadout(pm.vocab, pm.dk_bias)
+    dec = (StaticBlockAdaptiveDecoder(pm, ids, mask, readout, max_new_tokens=8) if static
+           else BlockAdaptiveDecoder(pm, ids, mask, readout))
+    assert _host_reads(dec) == {}
+
+
+def _host_reads(dec) -> dict:
+    """Host reads of device values (``.item()`` and the like) during 3 steps of a new decoder,
+    after its start and one untimed step: ``{op: count}``."""
+    from torch.profiler import ProfilerActivity, profile
+
     with torch.inference_mode():
-        dec = (StaticBlockAdaptiveDecoder(pm, ids, mask, readout, max_new_tokens=8) if static
-               else BlockAdaptiveDecoder(pm, ids, mask, readout))
         dec.start()
         dec.step()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(3):
                 dec.step()
-    reads = {e.key: e.count for e in prof.key_averages()
-             if e.key in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")}
-    assert reads == {}
+    return {e.key: e.count for e in prof.key_averages()
+            if e.key in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")}
 
 
 @pytest.mark.gpu
@@ -833,24 +840,10 @@ def test_cuda_graph_decoder_recaptures_as_attention_grows(mode, monkeypatch):
     """Small attention buckets: the graph decoder captures a new graph each time decoding
     outgrows the current attention limit, and still gives the eager tokens in float32."""
     from cyb.generation import static
-    from cyb.generation.decoders import StepReadout
-    from cyb.layout import left_pad
 
     monkeypatch.setattr(static, "ATTENTION_BUCKET", 4)
     monkeypatch.setattr(static, "ATTENTION_BUCKET_MIN_ROWS", 1)
     pm = build("llama", "cyb", init=0.3, dk_scale=0.3, psi_dk=0.5).to("cuda")
     for sample in (False, True):
-        opts = dict(mode=mode, max_new_tokens=24, eos_token_ids=())
-        if sample:
-            opts.update(sample=True, temperature=0.9, top_p=0.9, seed=5)
-        want = generate(pm, PROMPTS, decoder="eager", **opts)
-        got = generate(pm, PROMPTS, decoder="graph", **opts)
-        _same_results(got, want, whole_blocks=mode == "adaptive" and not sample)
-    ids, mask = left_pad([encode(p) for p in PROMPTS], "cuda")
-    with torch.inference_mode():
-        dec = static.static_decoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias), mode=mode,
-                                    max_new_tokens=24)
-        dec.start()
-        for _ in range(20):
-            dec.step().token.tolist()
-    assert dec.graphs_captured > 1
+        _same_as_eager(pm, "graph", mode, sample, 24)
+    assert _stepped(pm, mode, 24, 20).graphs_captured > 1
