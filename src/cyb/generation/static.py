@@ -20,8 +20,8 @@ shape and address:
   step itself advances: the decision is made on the device and becomes the next step's input
   (fixed mode: the decided token heads the next block of ``M``; adaptive mode: the token at a
   new position, or ``<pause_i>`` after a dk), so on CUDA the whole step -- decoder, output
-  projection, readout, input update -- is captured once as a CUDA graph and each decode step
-  is one ``graph.replay()``.  Elsewhere the same step runs eagerly (``cuda_graph=False``).
+  projection, readout, input update -- is captured as a CUDA graph (once per attention limit)
+  and each decode step is one ``graph.replay()``.  Elsewhere the same step runs eagerly (``cuda_graph=False``).
 
 Fixed mode feeds ``M`` positions per step.  Adaptive mode has two decoders:
 
@@ -37,6 +37,7 @@ Fixed mode feeds ``M`` positions per step.  Adaptive mode has two decoders:
 * :class:`StaticAdaptiveDecoder` (greedy or sampled): one position per step (a one-position
   graph replayed once per step: every row feeds its real token or its next pause, as its last
   decision says), so a row that rarely says dk costs about one position per token.
+
 Rows never leave the batch: the caller ignores the rows it has finished (their steps still
 run, at positions clamped below ``max_position_embeddings``).  Sampling takes its uniforms
 from the readout's CPU generator before each step (a host-to-device copy into a fixed buffer),
