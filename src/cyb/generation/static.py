@@ -464,9 +464,9 @@ class StaticBlockAdaptiveDecoder(StaticFixedDecoder):
         return out
 
     def _first(self, hidden, next_pos, t) -> StepOutput:
-        m = self.m
-        self.slots_of_block = torch.arange(t - m, t, device=self.device)
+        self.slots_of_block = torch.arange(t - self.m, t, device=self.device)  # the prompt's last
         out = super()._first(hidden, next_pos, t)
+        self.slots_of_block = self.slots  # from here on the block each step feeds (advanced in place)
         self._rewind(out.steps)
         return out
 
@@ -480,7 +480,6 @@ class StaticBlockAdaptiveDecoder(StaticFixedDecoder):
         return [self.step_ids, self.step_pos, self.slots, self.valid]
 
     def _step_body(self) -> StepOutput:
-        self.slots_of_block = self.slots
         out = super()._step_body()
         self._rewind(out.steps)
         return out
