@@ -96,9 +96,9 @@ def hf_config_for(cfg: RunConfig, vocab_size: int, tokenizer=None):
 
 def build_model(cfg: RunConfig, tokenizer):
     """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch), with
-    LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.lora.apply_lora`;
+    LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.model.lora.apply_lora`;
     before any DDP/FSDP wrapping, which must see the final set of trainable parameters)."""
-    from .lora import apply_lora, is_lora
+    from .model.lora import apply_lora, is_lora
 
     model = _load_model(cfg, tokenizer)
     if is_lora(model):

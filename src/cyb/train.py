@@ -34,8 +34,8 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
-from .lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
+from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
 from .runtime import autocast
@@ -439,7 +439,7 @@ class Trainer:
 
     def save_final(self) -> Path:
         """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``; for a LoRA
-        run the adapter folder of :func:`cyb.lora.save_adapter`), replaced atomically."""
+        run the adapter folder of :func:`cyb.model.lora.save_adapter`), replaced atomically."""
         state = None
         if self.info.mode == "fsdp" and self.info.enabled:
             hf_model = self.model.hf_model

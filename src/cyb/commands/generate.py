@@ -88,7 +88,7 @@ def _check_model_dir(path: str) -> Path:
             f"{path} is not a saved cyb model: expected {SETTINGS_FILE} (the pause settings) beside a "
             "Hugging Face checkpoint (config.json, model.safetensors) and its tokenizer, as written by "
             "`cyb train` or PauseModel.save_pretrained")
-    from ..lora import lora_folder
+    from ..model.lora import lora_folder
 
     if not (folder / "config.json").is_file() and lora_folder(folder) is None:
         raise ValueError(f"{path} has {SETTINGS_FILE} but no config.json: the Hugging Face checkpoint is missing")

@@ -31,6 +31,10 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import DamagedFileError, check_safetensors
+from . import hf
+from .tokens import TokenPlan, apply_plan
+
 #: Written into a LoRA folder: marks it and names the base model.
 LORA_FILE = "cyb_lora.json"
 LORA_FORMAT = "cyb.LoRA"
@@ -245,8 +249,6 @@ def read_lora_file(folder) -> dict:
 def check_lora_folder(folder) -> None:
     """Raise :class:`~cyb.checkpoint.DamagedFileError` naming the first file of a LoRA folder
     that is missing or does not read back (the adapter config and weights, ``cyb_lora.json``)."""
-    from .checkpoint import DamagedFileError, check_safetensors
-
     folder = Path(folder)
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         if not (folder / name).is_file():
@@ -266,9 +268,6 @@ def load_adapter_model(folder, settings, *, torch_dtype=None, attn_implementatio
     Returns the Hugging Face model (frozen, adapters in place) for a PauseModel to wrap."""
     peft = require_peft()
     from transformers import AutoModelForCausalLM
-
-    from .model import hf
-    from .model.tokens import TokenPlan, apply_plan
 
     folder = Path(folder)
     check_lora_folder(folder)
@@ -298,14 +297,12 @@ def merge_lora(model):
     """A plain :class:`~cyb.model.PauseModel` with the adapters and pause rows folded into its
     weights (same logits, no peft needed to load it once saved).  Consumes ``model``: its
     Hugging Face model is the one merged."""
-    from .model import PauseModel
-
     peft_model = peft_model_of(model)
     hf_model = peft_model.merge_and_unload()
     hf_model.__dict__.pop(_PEFT_ATTR, None)
     for p in hf_model.parameters():
         p.requires_grad_(True)
-    return PauseModel(hf_model, model.settings, model.tokenizer)
+    return type(model)(hf_model, model.settings, model.tokenizer)
 
 
 __all__ = ["ADAPTER", "LORA_FILE", "apply_lora", "check_lora_folder", "is_lora", "load_adapter_model",
