@@ -284,7 +284,8 @@ def score_model(model, dataset, *, batch_size: int = 256) -> dict:
 
     * ``exact_match``: fraction of examples whose whole answer (and ``<eos>``) is right.
     * ``token_accuracy``: fraction of answer tokens right.
-    * ``ppl``: exp of the mean per-answer-token loss (CYB with gamma=1 and its own stopping,
+    * ``ppl``: exp of the mean per-answer-token loss, the perplexity of the model's method
+      (:meth:`~cyb.methods.MethodSpec.perplexity_loss`: CYB with gamma=1 and its own stopping,
       TBYS cross-entropy at step M, baseline plain cross-entropy).
     * ``mean_steps``: mean ``E[S]`` per answer token (1..M; M for TBYS, 1 for the baseline).
     * ``greedy_steps``: mean steps the greedy decision used per answer token.
@@ -293,22 +294,22 @@ def score_model(model, dataset, *, batch_size: int = 256) -> dict:
       (0 where nothing is scored), and ``predictions``: ``[N, L]`` long greedy ids, aligned.
     """
     from .decision import greedy_decision
-    from .losses import cross_entropy_loss, cyb_loss, expected_stop_step
+    from .losses import expected_stop_step
 
     was_training = model.training
     model.eval()
     device = model.device
     dk_id = model.settings.dk_id
+    perplexity_loss = methods.of_model(model.settings).perplexity_loss(model.num_steps)
     preds, greedy, expected, nll = [], [], [], []
     for batch in dataset.batches(batch_size, device=device):
         out = model(batch["ids"], batch["attention_mask"], batch["loss_mask"], return_logits=True)
         token, steps = greedy_decision(out.logits, dk_id=dk_id, dk_bias=model.dk_bias)
         if dk_id is not None:
             e_s = expected_stop_step(out.log_d, out.log_not_d)
-            loss = cyb_loss(out.log_t, out.log_d, out.log_not_d)
         else:
             e_s = torch.full(token.shape, float(model.num_steps), device=device)
-            loss = cross_entropy_loss(out.log_t[..., -1])
+        loss = perplexity_loss(out.log_t, out.log_d, out.log_not_d)
         preds.append(_answer_aligned(token, -1).cpu())
         greedy.append(_answer_aligned(steps.float(), 0.0).cpu())
         expected.append(_answer_aligned(e_s.float(), 0.0).cpu())
