@@ -1,5 +1,5 @@
 """Build a run's pieces from its configuration: device, tokenizer and model (the data streams are
-:mod:`cyb.data.streams`)."""
+:mod:`cyb.run_data`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 
 from . import runtime
 from .config import RunConfig
-from .data.streams import train_texts
 from .distributed import DistInfo, main_first
 from .files import replace_dir
+from .run_data import train_texts
 
 TOKENIZER_DIR = "tokenizer"
 

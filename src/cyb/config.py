@@ -184,13 +184,6 @@ class DataConfig:
     """Synthetic task: held-out examples."""
 
 
-def resolved_shuffle(d: DataConfig) -> str:
-    """``data.shuffle`` with ``auto`` resolved: buffer for hub streams, corpus otherwise."""
-    if d.shuffle != "auto":
-        return d.shuffle
-    return "buffer" if str(d.source).startswith("hf:") else "corpus"
-
-
 @dataclass
 class OptimConfig:
     lr: float | None = None

@@ -385,7 +385,7 @@ def _quiet_transformers() -> None:
 def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
     """Train, score and report every method of ``s``; returns the metrics written to
     ``metrics.json`` (``{"methods": {name: {...}}, "total_seconds": ..., ...}``)."""
-    from .data.streams import synthetic_sets
+    from .run_data import synthetic_sets
     from .model import PauseModel
     from .train import train
 

@@ -28,8 +28,8 @@ from . import __version__
 from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
-from .config import RunConfig, resolved_shuffle
-from .data.streams import build_data
+from .config import RunConfig
+from .data.packing import resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
@@ -38,6 +38,7 @@ from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
+from .run_data import build_data
 from .runtime import autocast
 
 #: Seed family of held-out rows (training rows use the step number).
@@ -501,7 +502,7 @@ class Trainer:
             f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))
         d = self.cfg.data
         if not d.task:
-            order = resolved_shuffle(d)
+            order = resolved_shuffle(d.shuffle, d.source)
             progress.write({"corpus": "training data: all blocks in a seeded random order (data.shuffle = "
                                       "corpus; the corpus is tokenised before the first step)",
                             "buffer": f"training data: random order within windows of {d.shuffle_buffer} "

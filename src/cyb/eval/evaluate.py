@@ -372,7 +372,7 @@ def evaluate(
     if max_tokens == RUN_ROWS:
         max_tokens = None
         if data is None and target.config is not None and block_len in (None, spec.block_len):
-            from ..data.streams import held_out_rows
+            from ..run_data import held_out_rows
 
             spec.max_rows = held_out_rows(target.config)
         else:

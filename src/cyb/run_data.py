@@ -1,4 +1,4 @@
-"""The data a run trains and evaluates on, as resumable streams of global batches.
+"""A run's data, from its configuration: resumable streams of global batches and held-out rows.
 
 * :class:`GlobalBatches`: every process reads the same seeded stream of global batches and
   takes its rows, so any world size sees the same rows in the same steps; the resume state is
@@ -14,9 +14,9 @@ import itertools
 
 import torch
 
-from ..config import RunConfig, resolved_shuffle
-from ..distributed import DistInfo
-from .packing import PackedBlocks, train_valid_sources
+from .config import RunConfig
+from .data.packing import PackedBlocks, resolved_shuffle, train_valid_sources
+from .distributed import DistInfo
 
 
 def train_texts(cfg: RunConfig):
@@ -146,7 +146,7 @@ class TensorRows:
 
 def synthetic_sets(cfg: RunConfig, tokenizer=None):
     """The run's synthetic train and held-out data sets."""
-    from .synthetic import CharTokenizer, SyntheticDataset, make_task
+    from .data.synthetic import CharTokenizer, SyntheticDataset, make_task
 
     task = make_task(cfg.data.task, **cfg.data.task_kwargs)
     tok = CharTokenizer()
@@ -217,8 +217,9 @@ def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
         raise ValueError(f"{what}: {e}") from None
     if first is None:
         raise ValueError(f"{what}: check the path and data.text_field, add documents or lower data.block_len")
-    train = GlobalBatches(TextRows(train_src, tokenizer, block_len, shuffle=resolved_shuffle(d),
-                                   shuffle_buffer=d.shuffle_buffer, seed=t.seed), t.batch_size, info, micro)
+    rows = TextRows(train_src, tokenizer, block_len, shuffle=resolved_shuffle(d.shuffle, d.source),
+                    shuffle_buffer=d.shuffle_buffer, seed=t.seed)
+    train = GlobalBatches(rows, t.batch_size, info, micro)
     valid = []
     if valid_texts is not None:
         # every method is evaluated on the same rows of data.block_len real tokens (baseline_nx
