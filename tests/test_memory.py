@@ -1,4 +1,4 @@
-"""The memory plan: the analytic estimate (``cyb.memory``), the refusal of ``cyb train`` (the
+"""The memory plan: the analytic estimate (``cyb.memory_estimate``), the refusal of ``cyb train`` (the
 GPU's free memory faked on the CPU), ``--estimate-memory`` and ``cyb bench memory --quick``.
 
 Estimates are checked for the properties they must have (monotonic in batch and sequence,
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cyb import memory
+from cyb import memory_estimate as memory
 from cyb.build import hf_config_for
 from cyb.cli import main
 from cyb.config import RunConfig

@@ -251,7 +251,7 @@ class TrainConfig:
     progress: bool = True
     """Show progress: a bar on a terminal, else one line per log step."""
     memory_check: bool = True
-    """On a GPU, estimate the peak memory per process before building the model (cyb.memory:
+    """On a GPU, estimate the peak memory per process before building the model (cyb.memory_estimate:
     weights, gradients, AdamW state, activations, readout, FSDP sharding) and refuse to start
     when it exceeds the GPU's free memory, printing the breakdown and ways to fit; false starts
     anyway (the estimate may be off). `cyb train CONFIG --estimate-memory` prints it."""

@@ -283,25 +283,26 @@ class Trainer:
         exceeds the free memory (``train.memory_check``); say the estimate when it fits."""
         import sys
 
-        from . import memory
+        from . import memory_estimate
 
         if not self.cfg.train.memory_check:
             return
-        capacity = memory.device_capacity(self.device)
+        capacity = memory_estimate.device_capacity(self.device)
         if capacity is None:
             return
         capacity = min(gather_objects(capacity, self.info))  # every process decides alike
-        shape = memory.run_shape(self.cfg, len(self.tokenizer))
+        shape = memory_estimate.run_shape(self.cfg, len(self.tokenizer))
         if shape is None:
             if self.info.is_main:
                 print("note: no memory estimate (the model's config.json is not available locally)",
                       file=sys.stderr, flush=True)
             return
-        est = memory.estimate(self.cfg, shape, world_size=self.info.world_size,
-                              device_type=self.device.type)
-        memory.check_fits(est, capacity, self.cfg)
+        est = memory_estimate.estimate(self.cfg, shape, world_size=self.info.world_size,
+                                       device_type=self.device.type)
+        memory_estimate.check_fits(est, capacity, self.cfg)
         if self.info.is_main:
-            print(f"memory estimate: {est.peak / memory.GIB:.1f} GiB per GPU of {capacity / memory.GIB:.1f} "
+            gib = memory_estimate.GIB
+            print(f"memory estimate: {est.peak / gib:.1f} GiB per GPU of {capacity / gib:.1f} "
                   "GiB free (cyb train --estimate-memory shows the breakdown)", file=sys.stderr, flush=True)
 
     def _check_positions(self) -> None:

@@ -12,7 +12,7 @@
 * :mod:`cyb.bench.loss`: the readout and loss alone, naive, fused, plain cross-entropy and Liger.
 * :mod:`cyb.bench.memory`: peak memory and tokens/s of ``cyb train`` on real-size shapes (full
   fine-tuning or LoRA, with or without gradient checkpointing), one process per configuration,
-  beside the estimate of :mod:`cyb.memory`.
+  beside the estimate of :mod:`cyb.memory_estimate`.
 * :mod:`cyb.bench.tables`: compact text tables of the results.
 
 Everything runs on CPU with tiny shapes (``quick=True``) so the code paths can be tested

@@ -7,7 +7,7 @@ LoRA, with or without gradient checkpointing), one fresh process builds the run 
 2048 real tokens, micro-batch 1, bf16 parameters under bf16 autocast as ``configs/paper/``),
 runs ``warmup`` optimiser steps, then ``steps`` timed ones, and reports
 ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` over the timed steps, real tokens
-per second, and the estimate of :mod:`cyb.memory` that ``cyb train`` checks. A configuration
+per second, and the estimate of :mod:`cyb.memory_estimate` that ``cyb train`` checks. A configuration
 that runs out of memory is recorded as ``oom`` (the process ends, so the next one starts
 clean).
 
@@ -211,7 +211,7 @@ def measure(spec: dict) -> dict:
     """
     import torch
 
-    from .. import memory
+    from .. import memory_estimate as memory
     from ..runtime import resolve_device
     from ..train import Trainer
     from .timing import environment, is_oom, peak_gib, reset_peak, sync
@@ -393,7 +393,7 @@ def memory_markdown(rows: list[dict], command: str = "bash experiments/memory_pl
     where = ", ".join(devices) or "-"
     head = (f"Measured on {where}" + (f" with {'; '.join(versions)}" if versions else "") +
             f" by `{command}`: peak = `torch.cuda.max_memory_allocated` / `max_memory_reserved` over "
-            "the timed steps, estimate = `cyb.memory` as `cyb train` checks it.")
+            "the timed steps, estimate = `cyb.memory_estimate` as `cyb train` checks it.")
     return head + "\n\n" + memory_table(rows)
 
 

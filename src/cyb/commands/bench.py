@@ -115,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     mem = sub.add_parser("memory", formatter_class=_FMT,
                          help="peak GPU memory and tokens/s of fine-tuning 2-8 B shapes, full or LoRA, "
-                              "with or without gradient checkpointing, beside cyb.memory's estimate",
+                              "with or without gradient checkpointing, beside cyb.memory_estimate's estimate",
                          description="Each (shape, configuration) runs a few optimiser steps of "
                                      "cyb train (CYB, M = 4, 2048 real tokens, micro-batch 1, bf16) in "
                                      "a fresh process on random weights, and records the peak memory "
