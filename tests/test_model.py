@@ -339,7 +339,7 @@ def test_no_tokenizer_appends_ids():
 
 
 def test_char_tokenizer_gets_named_tokens():
-    from cyb.data.synthetic.tokenizer import CharTokenizer
+    from cyb.data.synthetic.char_tokenizer import CharTokenizer
 
     tok = CharTokenizer()
     n = len(tok)
@@ -400,7 +400,7 @@ def test_from_pretrained_sets_up_a_plain_folder(tmp_path):
 
 
 def test_from_config_and_char_tokenizer_round_trip(tmp_path):
-    from cyb.data.synthetic.tokenizer import CharTokenizer
+    from cyb.data.synthetic.char_tokenizer import CharTokenizer
 
     tok = CharTokenizer()
     pm = PauseModel.from_config(tiny_config("qwen3", vocab_size=len(tok)), tok, num_steps=2)
