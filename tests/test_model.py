@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+from cyb import families
 from cyb.layout import expand
 from cyb.model import SETTINGS_FILE, PauseForward, PauseModel, PauseSettings
 from cyb.model.tokens import reserve_tokens
@@ -20,7 +21,7 @@ from cyb.readout import dk_logit_bias, readout_reference
 
 V = 96  # vocabulary of the tiny models without a tokenizer
 T_MAX = 128
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+FAMILIES = families.NAMES  # every family a run builds (tiny_config has a case for each)
 
 
 # ----------------------------------------------------------------------------- builders

@@ -18,11 +18,10 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
-from . import methods
+from . import families, methods
 from .vectors import step_vector_problem
 
 METHODS = methods.NAMES
-ARCHES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 
 
 class ConfigError(ValueError):
@@ -35,7 +34,7 @@ class ModelConfig:
     """Hugging Face hub name or local folder of a pretrained causal LM (or a saved cyb model).
     None: build a model from scratch with the fields below."""
     arch: str = "llama"
-    """Family for from-scratch models: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3."""
+    """Family for from-scratch models"""
     hidden_size: int = 128
     """From scratch: width d_model."""
     num_layers: int = 4
@@ -123,10 +122,6 @@ class MethodConfig:
         return self.spec.has_dk
 
 
-#: The attention and MLP projections that Llama, Mistral, Qwen and Gemma name alike.
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
 @dataclass
 class LoraConfig:
     rank: int = 0
@@ -138,7 +133,7 @@ class LoraConfig:
     """LoRA scaling: an adapter adds (alpha / rank) B A x to a projection's output (> 0)."""
     dropout: float = 0.0
     """Dropout on the adapters' input, in [0, 1)."""
-    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    target_modules: list[str] = field(default_factory=lambda: list(families.PROJECTIONS))
     """Modules that get adapters, by name (matched at the end of each module's path, as in
     peft): the attention and MLP projections of Llama, Mistral, Qwen and Gemma."""
 
@@ -334,7 +329,7 @@ def _one_of(value, allowed: tuple, name: str) -> None:
 
 
 def _validate_model(m: ModelConfig) -> None:
-    _one_of(m.arch, ARCHES, "model.arch")
+    _one_of(m.arch, families.NAMES, "model.arch")
     for name in ("hidden_size", "num_layers", "num_heads", "max_position_embeddings"):
         _need(getattr(m, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(m, name)}")
     if m.head_dim is None:
@@ -413,7 +408,7 @@ def _validate_lora(lo: LoraConfig, m: ModelConfig) -> None:
     _need(math.isfinite(lo.alpha) and lo.alpha > 0, "lora.alpha", f"must be finite and > 0, got {lo.alpha}")
     _need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must lie in [0, 1), got {lo.dropout}")
     _need(bool(lo.target_modules) and all(isinstance(t, str) and t.strip() for t in lo.target_modules),
-          "lora.target_modules", f"must list module names (e.g. {', '.join(LORA_TARGETS[:2])}), "
+          "lora.target_modules", f"must list module names (e.g. {', '.join(families.PROJECTIONS[:2])}), "
           f"got {lo.target_modules!r}")
     if lo.rank == 0:
         return
@@ -617,7 +612,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
 
 def field_docs() -> dict[str, str]:
-    """``{"section.field": docstring}`` read from this module's source (for --help-config)."""
+    """``{"section.field": docstring}`` read from this module's source (for --help-config);
+    the text of ``model.arch`` ends with the family names of :mod:`cyb.families`."""
     import inspect
 
     docs: dict[str, str] = {}
@@ -631,4 +627,5 @@ def field_docs() -> dict[str, str]:
                 if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
                     doc = " ".join(str(nxt.value.value).split())
                 docs[f"{section}.{node.target.id}"] = doc
+    docs["model.arch"] += f": {', '.join(families.NAMES)}."
     return docs

@@ -36,16 +36,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-GIB = float(2**30)
+from . import families
 
-#: Linear modules of a Llama/Gemma block, by the names LoRA targets them with.
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-#: Model families whose blocks have four norms (pre/post attention and feed-forward).
-_FOUR_NORMS = ("gemma2", "gemma3", "gemma3_text")
-#: Model families with per-head norms on queries and keys.
-_QK_NORM = ("gemma3", "gemma3_text", "qwen3")
-#: Model families with biases on the q, k and v projections.
-_QKV_BIAS = ("qwen2",)
+GIB = float(2**30)
 
 
 class MemoryPlanError(ValueError):
@@ -103,15 +96,21 @@ class ModelShape:
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
     @property
+    def family(self) -> families.Family:
+        """The family of its ``model_type`` (:mod:`cyb.families`: norms, biases); another
+        architecture is counted as a Llama."""
+        return families.of_model_type(self.model_type) or families.family("llama")
+
+    @property
     def norms_per_layer(self) -> int:
-        return 4 if self.model_type in _FOUR_NORMS else 2
+        return self.family.norms_per_layer
 
     def layer_params(self) -> int:
         """Parameters of one block (linears, norms, biases)."""
         n = sum(a * b for a, b in self.linears().values()) + self.norms_per_layer * self.hidden
-        if self.model_type in _QK_NORM:
+        if self.family.qk_norm:
             n += 2 * self.head_dim
-        if self.model_type in _QKV_BIAS:
+        if self.family.qkv_bias:
             n += self.q_dim + 2 * self.kv_dim
         return n
 
@@ -137,8 +136,8 @@ def lora_trainable(shape: ModelShape, rank: int, target_modules=None, num_new_ro
     per block, plus the embedding rows of the ``num_new_rows`` pause/dk tokens (and their
     output rows when the head is untied).
 
-    ``target_modules``: names from :data:`LINEAR_NAMES`, ``"all-linear"``, or None (all of
-    them); other names are not counted.
+    ``target_modules``: names from :data:`cyb.families.PROJECTIONS`, ``"all-linear"``, or None
+    (all of them); other names are not counted.
     """
     lin = shape.linears()
     if target_modules is None or target_modules == "all-linear" or list(target_modules) == ["all-linear"]:
@@ -270,13 +269,13 @@ def activation_bytes_per_token(shape: ModelShape, param_bytes: int, compute_byte
     # the matmul inputs after the two norms: one tensor, or under autocast with float32
     # weights a bf16 cast per consumer (q, k, v; gate, up)
     casts = 2 if p == a else 5
-    if shape.model_type.startswith("gemma"):
+    if shape.family.float32_norms:
         norms = 2 * 8 * h + casts * a * h + (2 * 8 * h if shape.norms_per_layer == 4 else 0)
         qk_norm = 8 * (q + kv)
     else:
         norms = 2 * (4 + p) * h + casts * a * h
         qk_norm = (4 + p) * (q + kv)
-    if shape.model_type not in _QK_NORM:
+    if not shape.family.qk_norm:
         qk_norm = 0
     return norms + qk_norm + a * (2 * q + 2 * kv) + 4 * shape.heads + a * 4 * i
 
@@ -386,7 +385,7 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         notes.append(f"{shape.sliding_layers} sliding-window layers (window {shape.sliding_window} < "
                      f"{n_pos} positions): a {n_pos} x {n_pos} mask per row")
     # outside the blocks: the final norm, the rotary tables (residual dtype) and the token ids
-    final_norm = 8 if shape.model_type.startswith("gemma") else 4 + p
+    final_norm = 8 if shape.family.float32_norms else 4 + p
     activations += tokens * (final_norm * shape.hidden + 2 * shape.head_dim * p + 12)
     workspace = tokens * (2 * shape.intermediate * a + 2 * shape.q_dim * a + 2 * shape.hidden * 4)
 
@@ -475,6 +474,6 @@ def check_fits(est: MemoryEstimate, capacity: int, cfg) -> None:
         + "to start anyway (the estimate may be off): --set train.memory_check=false")
 
 
-__all__ = ["GIB", "LINEAR_NAMES", "MemoryEstimate", "MemoryPlanError", "ModelShape",
+__all__ = ["GIB", "MemoryEstimate", "MemoryPlanError", "ModelShape",
            "activation_bytes_per_token", "check_fits", "device_capacity", "estimate",
            "lora_trainable", "positions_per_row", "run_shape", "suggestions"]
