@@ -390,7 +390,7 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
     workspace = tokens * (2 * shape.intermediate * a + 2 * shape.q_dim * a + 2 * shape.hidden * 4)
 
     if triton is None:
-        from .kernels.chunked import triton_available
+        from .kernels import triton_available
 
         triton = device_type == "cuda" and triton_available()
     # (Recipe 1 blocks and no-pause rows go through the fused loss, Recipe 2 and inserted pauses
