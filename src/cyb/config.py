@@ -420,7 +420,7 @@ def _validate_data(d: DataConfig) -> None:
     if d.task is None:
         _need(bool(d.source.strip()), "data.source", "must name the training text (or set data.task)")
     else:
-        from .data.synthetic.registry import make_task
+        from .data.synthetic import make_task  # the data layer (below this one) knows the tasks and sizes
 
         try:
             make_task(d.task, **d.task_kwargs)
