@@ -54,7 +54,6 @@ from .static import DECODERS, resolve_decoder, static_decoder
 from .text import TextStream, decode_fn, encode_prompt, split_prompts
 
 MODES = ("fixed", "adaptive")
-STOP_REASONS = ("eos", "stop", "length")
 
 
 @dataclass(frozen=True)

@@ -495,15 +495,3 @@ def static_decoder(model, ids, mask, readout: StepReadout, *, mode: str, max_new
         cls = StaticAdaptiveDecoder if readout.random else StaticBlockAdaptiveDecoder
     return cls(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
 
-
-@torch.inference_mode()
-def greedy_tokens(decoder, num_tokens: int) -> list[list[int]]:
-    """``[B][num_tokens]`` tokens of a new (not yet started) fixed-mode decoder (eager or
-    static); each step's tokens are read before the next step."""
-    out = decoder.start()
-    rows = [[t] for t in out.token.tolist()]
-    for _ in range(num_tokens - 1):
-        out = decoder.step()
-        for row, t in zip(rows, out.token.tolist()):
-            row.append(t)
-    return rows
