@@ -28,9 +28,10 @@ if importlib.util.find_spec("cyb") is None:  # a source checkout without an inst
 
 import torch  # noqa: E402
 
-from cyb.bench.decode import DecodeBenchConfig, make_decoder, spread_weights  # noqa: E402
+from cyb.bench.decode import DecodeBenchConfig, spread_weights  # noqa: E402
 from cyb.bench.models import DTYPES, build_hf_model, random_ids, real_ids_limit, wrap  # noqa: E402
 from cyb.generation.decoders import StepOutput  # noqa: E402
+from cyb.generation.registry import make_decoder  # noqa: E402
 
 BACKENDS = ("default", "cudnn", "efficient", "math")
 
@@ -56,7 +57,8 @@ def argmax_readout(dec):
 
 def time_case(model, ids, steps: int, readout: str, device) -> dict:
     mask = torch.ones_like(ids)
-    dec = make_decoder(model, ids, mask, mode="fixed", graph=True, max_new_tokens=2 * steps + 8)
+    name = "graph" if device.type == "cuda" else "static"
+    dec = make_decoder(name, model, ids, mask, mode="fixed", max_new_tokens=2 * steps + 8)
     if readout == "argmax":
         argmax_readout(dec)
     out = dec.start()

@@ -30,8 +30,9 @@ if importlib.util.find_spec("cyb") is None:  # a source checkout without an inst
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from cyb.bench.decode import DecodeBenchConfig, _new_cache, make_decoder, spread_weights  # noqa: E402
+from cyb.bench.decode import DecodeBenchConfig, spread_weights  # noqa: E402
 from cyb.bench.models import DTYPES, build_hf_model, random_ids, real_ids_limit, wrap  # noqa: E402
+from cyb.generation.registry import make_decoder  # noqa: E402
 
 SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "cudaStreamSynchronize",
                "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync")
@@ -99,7 +100,9 @@ def main(argv=None) -> int:
             continue
         cudnn_off = ctx == "no_cudnn"
         with torch.inference_mode(), (no_cudnn_attention() if cudnn_off else contextlib.nullcontext()):
-            dec = make_decoder(models[mm], ids, mask, mode=mode, graph=graph, max_new_tokens=n_new * m)
+            name = ("graph" if device.type == "cuda" else "static") if graph else "eager"
+            dec = make_decoder(name, models[mm], ids, mask, mode=mode, max_new_tokens=n_new * m,
+                               one_position=False)
             if ctx == "hf_masks":  # the 2-D mask, expanded by the model's own mask code per step
                 dec.four_d = False
             dec.start()
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
         from cyb.model import hf
 
         arg = hf.cache_arg_name(hf_model)
-        state = {"cache": _new_cache(hf_model)}
+        state = {"cache": models[1].new_cache()}
         out = hf_model(input_ids=ids, use_cache=True, **{arg: state["cache"]})
         state["token"] = out.logits[:, -1].argmax(-1)
 

@@ -342,14 +342,13 @@ def _same_as_eager(pm, decoder: str, mode: str, sample: bool, max_new_tokens: in
 def _stepped(pm, mode: str, max_new_tokens: int, steps: int, each=None):
     """A greedy static decoder of PROMPTS (graph on CUDA) after ``steps`` steps; ``each(dec)``
     after every step."""
-    from cyb.generation.decoders import StepReadout
-    from cyb.generation.static import static_decoder
+    from cyb.generation.registry import make_decoder
     from cyb.layout import left_pad
 
     ids, mask = left_pad([encode(p) for p in PROMPTS], pm.device)
     with torch.inference_mode():
-        dec = static_decoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias), mode=mode,
-                             max_new_tokens=max_new_tokens)
+        dec = make_decoder("graph" if pm.device.type == "cuda" else "static", pm, ids, mask,
+                           mode=mode, max_new_tokens=max_new_tokens)
         dec.start()
         for _ in range(steps):
             dec.step().token.tolist()
@@ -380,15 +379,16 @@ def test_eager_block_adaptive_decoder_equals_one_position_decoder(kind, scheme, 
     """The eager block decoder (greedy adaptive decoding on CUDA) against the one-position one
     (on a CPU), float32: same tokens, steps and ``d`` for left-padded prompts; the finished rows
     leave its batch as they leave the other's."""
-    import cyb.generation.api as api
+    from cyb.generation import registry
 
     pm = model("llama", kind) if scheme == "shared" else build("llama", kind, scheme=scheme)
     opts = dict(mode="adaptive", max_new_tokens=9, decoder="eager")
     eos = (generate(pm, PROMPTS, **opts)[0].token_ids[2],)
     want = generate(pm, PROMPTS, eos_token_ids=eos, **opts)
-    real = api.eager_decoder
-    monkeypatch.setattr(api, "eager_decoder",  # what generate builds on CUDA
-                        lambda *a, **k: real(*a, **{**k, "one_position": False}))
+    eager = registry.REGISTRY["eager"]
+    blocks = dataclasses.replace(  # what generate builds on CUDA
+        eager, build=lambda *a, **k: eager.build(*a, **{**k, "one_position": False}))
+    monkeypatch.setitem(registry.REGISTRY, "eager", blocks)
     got = generate(pm, PROMPTS, eos_token_ids=eos, **opts)
     assert len({len(r.token_ids) for r in want}) > 1
     _same_results(got, want, whole_blocks=True)
@@ -398,14 +398,15 @@ def test_block_adaptive_decoder_is_one_step_per_token_and_keeps_adaptive_positio
     """Greedy adaptive decoding on the static path feeds whole blocks: one step per token for
     every row, the steps after each stop step masked out, positions as adaptive mode has them."""
     from cyb.generation.decoders import BlockAdaptiveDecoder, StepReadout
-    from cyb.generation.static import StaticBlockAdaptiveDecoder, static_decoder
+    from cyb.generation.registry import make_decoder
+    from cyb.generation.static import StaticBlockAdaptiveDecoder
     from cyb.layout import left_pad
 
     pm = build("llama", "cyb", scheme="advance")
     ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
     greedy = StepReadout(pm.vocab, pm.dk_bias)
     with torch.inference_mode():
-        dec = static_decoder(pm, ids, mask, greedy, mode="adaptive", max_new_tokens=6)
+        dec = make_decoder("static", pm, ids, mask, greedy, mode="adaptive", max_new_tokens=6)
         assert isinstance(dec, StaticBlockAdaptiveDecoder) and dec.positions_per_step == pm.num_steps
         outs = [dec.start()] + [dec.step() for _ in range(4)]
         m, t0 = pm.num_steps, ids.shape[1] * pm.num_steps
@@ -424,12 +425,12 @@ def test_block_adaptive_decoder_is_one_step_per_token_and_keeps_adaptive_positio
         StaticBlockAdaptiveDecoder(pm, ids, mask, sampled, max_new_tokens=4)
     with pytest.raises(ValueError, match="greedy"):
         BlockAdaptiveDecoder(pm, ids, mask, sampled)
-    assert not isinstance(static_decoder(pm, ids, mask, sampled, mode="adaptive", max_new_tokens=4),
+    assert not isinstance(make_decoder("static", pm, ids, mask, sampled, mode="adaptive", max_new_tokens=4),
                           StaticBlockAdaptiveDecoder)
 
 
 def test_decoder_choice():
-    from cyb.generation.static import resolve_decoder
+    from cyb.generation.registry import resolve_decoder
 
     llama, gemma = model("llama"), model("gemma2")  # gemma2: sliding-window layers
     assert resolve_decoder(llama, "auto") == "eager"  # no CUDA here
@@ -446,13 +447,46 @@ def test_decoder_choice():
     assert GenerationConfig().decoder == "auto"
 
 
+def test_make_decoder_picks_the_class_of_each_mode():
+    from cyb.generation import registry
+    from cyb.generation.decoders import AdaptiveDecoder, BlockAdaptiveDecoder, FixedDecoder, StepReadout
+    from cyb.generation.static import StaticAdaptiveDecoder, StaticBlockAdaptiveDecoder, StaticFixedDecoder
+    from cyb.layout import left_pad
+
+    pm = model("llama")
+    ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
+    sampled = StepReadout(pm.vocab, pm.dk_bias, sample=True, generator=torch.Generator())
+
+    def cls(name, mode, readout=None, model=pm, **kw):
+        return type(registry.make_decoder(name, model, ids, mask, readout, mode=mode, max_new_tokens=4, **kw))
+
+    assert registry.DECODERS == ("auto", *registry.REGISTRY) and registry.DEFAULT == "auto"
+    assert cls("auto", "fixed") is cls("eager", "fixed") is FixedDecoder  # no CUDA here
+    assert cls("eager", "adaptive") is AdaptiveDecoder  # greedy on a CPU: one position per step
+    assert cls("eager", "adaptive", one_position=False) is BlockAdaptiveDecoder
+    assert cls("eager", "adaptive", model=model("gemma2"), one_position=None) is AdaptiveDecoder
+    assert cls("static", "fixed") is StaticFixedDecoder
+    assert cls("static", "adaptive") is StaticBlockAdaptiveDecoder  # greedy: whole blocks
+    assert cls("static", "adaptive", sampled) is cls("static", "adaptive", one_position=True) \
+        is StaticAdaptiveDecoder
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        registry.make_decoder("fast", pm, ids, mask)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        registry.make_decoder("eager", pm, ids, mask, mode="fast")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        registry.make_decoder("static", pm, ids, mask)
+    with pytest.raises(ValueError, match="CUDA"):
+        registry.make_decoder("graph", pm, ids, mask, max_new_tokens=4)
+    assert registry.describe().startswith("graph = ") and "auto = graph on CUDA" in registry.describe()
+
+
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
 @pytest.mark.parametrize("decoder", ["eager", "static"])
 def test_decode_steps_read_nothing_back_to_the_host(mode, decoder):
     """A decode step leaves the device alone: no ``.item()``-like read (on CUDA each would wait
     for the queued work); the one read per step is the caller's (the decisions)."""
     from cyb.generation.decoders import AdaptiveDecoder, FixedDecoder, StepReadout
-    from cyb.generation.static import static_decoder
+    from cyb.generation.registry import make_decoder
     from cyb.layout import left_pad
 
     pm = model("llama")
@@ -463,7 +497,7 @@ def test_decode_steps_read_nothing_back_to_the_host(mode, decoder):
         if decoder == "eager":
             dec = (FixedDecoder if mode == "fixed" else AdaptiveDecoder)(pm, ids, mask, readout)
         else:
-            dec = static_decoder(pm, ids, mask, readout, mode=mode, max_new_tokens=8)
+            dec = make_decoder("static", pm, ids, mask, readout, mode=mode, max_new_tokens=8)
     assert _host_reads(dec) == {}
 
 
@@ -504,7 +538,7 @@ def test_cuda_graph_decoder_equals_eager(mode, dtype):
     """On CUDA the default decoder is the CUDA graph; in float32 it gives the eager tokens
     (greedy and sampled, left padding, early EOS); in bf16 most of them (kernels that sum in
     another order may flip a near-tie, and a row differs from there on)."""
-    from cyb.generation.static import resolve_decoder
+    from cyb.generation.registry import resolve_decoder
 
     pm = build("llama", "cyb", init=0.3, dk_scale=0.3, psi_dk=0.5).to("cuda", dtype)
     assert resolve_decoder(pm, "auto") == "graph"

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..generation.registry import MODES
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, random_ids
 from .models import real_ids_limit, wrap
 from ..runtime import resolve_device
@@ -51,7 +52,6 @@ from .timing import Budget, environment, free_memory, guarded, median, sync, tim
 from .timing import write_json
 
 IMPLS = ("hf_eager", "cyb_eager", "cyb_eager_pos", "cyb_graph", "cyb_graph_pos")
-MODES = ("fixed", "adaptive")
 #: Anchor: eager Hugging Face decode, batch 1, 1 new position per step, one H200 (ms).
 HF_EAGER_ANCHOR_MS = 8.4
 
@@ -142,13 +142,15 @@ def _timed_steps(step, n: int) -> tuple[list[float], list[list[int]]]:
     return times, tokens
 
 
-def hf_eager_loop(hf_model, ids: torch.Tensor, pause_ids: list[int], steps: int) -> dict:
-    """Plain Hugging Face decoding: the last token and ``pause_ids`` (``M`` new positions) per
-    step, default positions, greedy on the last position's logits."""
+def hf_eager_loop(model, ids: torch.Tensor, pause_ids: list[int], steps: int) -> dict:
+    """Plain Hugging Face decoding of ``model.hf_model`` (``model``: a :class:`cyb.PauseModel`
+    that wraps it, for its empty ``DynamicCache``): the last token and ``pause_ids`` (``M`` new
+    positions) per step, default positions, greedy on the last position's logits."""
     from ..model import hf
 
+    hf_model = model.hf_model
     arg = hf.cache_arg_name(hf_model)
-    cache = _new_cache(hf_model)
+    cache = model.new_cache()
     t0 = time.perf_counter()
     out = hf_model(input_ids=ids, use_cache=True, **{arg: cache})
     state = {"token": out.logits[:, -1].argmax(-1), "cache": cache}
@@ -170,40 +172,18 @@ def hf_eager_loop(hf_model, ids: torch.Tensor, pause_ids: list[int], steps: int)
             "positions_per_step": len(pause_ids) + 1, "tokens": [first] + tokens}
 
 
-def _new_cache(hf_model):
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=hf_model.config)
-    except TypeError:
-        return DynamicCache()
-
-
-def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: int,
-                 cuda_graph: bool | None = None, one_position: bool = False):
-    """A greedy decoder of ``mode``: the eager one, or the static one (``graph``); in adaptive
-    mode the one that feeds whole blocks (one forward per token), or with ``one_position`` the
-    one that feeds one position per step."""
-    from ..generation.decoders import StepReadout, eager_decoder
-    from ..generation.static import StaticAdaptiveDecoder, static_decoder
-
-    readout = StepReadout(model.vocab, model.dk_bias)
-    if graph and one_position and mode == "adaptive":
-        return StaticAdaptiveDecoder(model, ids, mask, readout, max_new_tokens=max_new_tokens,
-                                     cuda_graph=cuda_graph)
-    if graph:
-        return static_decoder(model, ids, mask, readout, mode=mode, max_new_tokens=max_new_tokens,
-                              cuda_graph=cuda_graph)
-    return eager_decoder(model, ids, mask, readout, mode=mode, one_position=one_position)
-
-
 def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
-             cuda_graph: bool | None = None, one_position: bool = False) -> dict:
-    """``steps`` decode steps of the library's eager (``static=False``) or static decoder (in
-    adaptive mode, decoders of one position per step run until every row has ``steps + 1``
-    tokens); each step's decisions are read back as :func:`cyb.generation.generate` reads them."""
-    dec = make_decoder(model, ids, mask, mode=mode, graph=static, max_new_tokens=steps + 2,
-                       cuda_graph=cuda_graph, one_position=one_position)
+             one_position: bool = False) -> dict:
+    """``steps`` decode steps of the library's greedy eager (``static=False``) or static decoder
+    (its step a CUDA graph on CUDA); in adaptive mode the decoder that feeds whole blocks, or with
+    ``one_position`` the one that feeds one position per step (those run until every row has
+    ``steps + 1`` tokens).  Each step's decisions are read back as
+    :func:`cyb.generation.generate` reads them."""
+    from ..generation.registry import make_decoder
+
+    name = ("graph" if ids.device.type == "cuda" else "static") if static else "eager"
+    dec = make_decoder(name, model, ids, mask, mode=mode, max_new_tokens=steps + 2,
+                       one_position=one_position)
 
     def read(out) -> list[list[int]]:
         return torch.stack([out.answered.long(), out.token, out.steps]).tolist()
@@ -537,7 +517,7 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                     def measure(impl=impl, m=m, ids=ids, batch=batch, mode=mode):
                         with torch.inference_mode():
                             if impl == "hf_eager":
-                                res = hf_eager_loop(hf_model, ids, pause_ids[m], total)
+                                res = hf_eager_loop(models[("fixed", 1)], ids, pause_ids[m], total)
                                 res["row_tokens"] = [list(r) for r in zip(*res["tokens"])]
                             else:
                                 run_loop = lambda n: cyb_loop(  # noqa: E731

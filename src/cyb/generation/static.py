@@ -25,8 +25,8 @@ shape and address:
 
 Fixed mode feeds ``M`` positions per step.  Adaptive mode has two decoders:
 
-* :class:`StaticBlockAdaptiveDecoder` (greedy; what :func:`static_decoder` picks for it): one
-  replay per real token.  It feeds the whole block ``[x, <pause_1>, ..., <pause_{M-1}>]`` as
+* :class:`StaticBlockAdaptiveDecoder` (greedy; what :mod:`~cyb.generation.registry` picks for
+  it): one replay per real token.  It feeds the whole block ``[x, <pause_1>, ..., <pause_{M-1}>]`` as
   fixed mode does; attention within a block is causal, so step ``i`` of the block is computed
   exactly as adaptive mode computes it after ``i - 1`` dk decisions.  The sequential readout
   gives the stop step ``s``, and the block's slots after ``s`` are marked invalid in the
@@ -60,7 +60,6 @@ from ..model import hf
 from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4d, cut_block, fresh_d
 from .decoders import prompt_layout
 
-DECODERS = ("auto", "graph", "static", "eager")
 #: attention covers the written slots rounded up to this times a power of two (one graph each)
 ATTENTION_BUCKET = 256
 #: batches with fewer rows attend over the whole cache (one graph per call)
@@ -127,31 +126,6 @@ def check_supported(model) -> None:
     reason = unsupported_reason(model)
     if reason is not None:
         raise ValueError(f"static decoding is not available: {reason}; use the eager decoder")
-
-
-def resolve_decoder(model, choice: str) -> str:
-    """The decoder that ``choice`` means for ``model`` on its device: ``"graph"``, ``"static"``
-    or ``"eager"``.
-
-    ``auto``: ``graph`` on CUDA when the model is supported, else ``eager``; ``graph`` and
-    ``static`` raise a ``ValueError`` saying why when they cannot run (``graph`` needs CUDA).
-    """
-    if choice not in DECODERS:
-        raise ValueError(f"decoder must be one of {DECODERS}, got {choice!r}")
-    on_cuda = model.device.type == "cuda"
-    reason = unsupported_reason(model)
-    if choice == "auto":
-        return "graph" if on_cuda and reason is None else "eager"
-    if choice == "eager":
-        return "eager"
-    if reason is not None:
-        raise ValueError(f"decoder={choice!r} is not available: {reason}; use decoder='eager' "
-                         "(or 'auto', which falls back to it)")
-    if choice == "graph" and not on_cuda:
-        raise ValueError(f"decoder='graph' needs the model on a CUDA device, it is on "
-                         f"{model.device}; use 'auto', 'static' (same decoder without the graph) "
-                         "or 'eager'")
-    return choice
 
 
 class _StaticDecoder:
@@ -483,15 +457,4 @@ class StaticBlockAdaptiveDecoder(StaticFixedDecoder):
         out = super()._step_body()
         self._rewind(out.steps)
         return out
-
-
-def static_decoder(model, ids, mask, readout: StepReadout, *, mode: str, max_new_tokens: int,
-                   cuda_graph: bool | None = None) -> _StaticDecoder:
-    """The static decoder of ``mode`` (``"fixed"`` or ``"adaptive"``): in adaptive mode the
-    block decoder (one replay per token) when greedy, the one-position decoder when sampling."""
-    if mode == "fixed":
-        cls = StaticFixedDecoder
-    else:
-        cls = StaticAdaptiveDecoder if readout.random else StaticBlockAdaptiveDecoder
-    return cls(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
 
