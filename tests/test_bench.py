@@ -109,6 +109,34 @@ def test_bench_decode_quick_writes_json(tmp_path):
     assert any(n.startswith("graph (static) decoder tokens == eager") for n in names)
 
 
+def test_bench_decode_cache_options_reach_the_static_rows(tmp_path, monkeypatch, capsys):
+    """``--whole-cache --capacity-multiple N``: the static decoder rows run without attention
+    limits on a cache rounded to N slots; the eager rows have no such cache."""
+    from cyb.generation import registry
+    from cyb.generation.static import StaticCacheOptions
+
+    made = []
+    real = registry.make_decoder
+
+    def spy(name, *args, **kw):
+        made.append((name, kw.get("cache_options")))
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(registry, "make_decoder", spy)
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "2", "--prompt-len", "4",
+                 "--new-tokens", "3", "--impls", "cyb_eager", "cyb_graph", "--modes", "fixed",
+                 "--whole-cache", "--capacity-multiple", "1"]) == 0
+    res = _read(out)
+    assert res["config"]["whole_cache"] and res["config"]["capacity_multiple"] == 1
+    assert "--whole-cache" in res["command"]
+    assert all(r["status"] == "ok" for r in res["results"])
+    options = {opts for name, opts in made if name == "static"}
+    assert options == {StaticCacheOptions(attention_limits=False, capacity_multiple=1)}
+    assert main(["bench", "decode", "--quick", "--capacity-multiple", "0"]) == 2
+    assert "capacity_multiple must be an integer >= 1" in capsys.readouterr().err
+
+
 def test_bench_loss_quick_writes_json(tmp_path, monkeypatch):
     # the script imports triton to record its version: keep a later interpreted-triton test
     # possible (TRITON_INTERPRET counts only when set before the first import)

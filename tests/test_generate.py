@@ -311,22 +311,44 @@ def test_static_decoder_equals_eager(kind, scheme, mode, sample):
 @pytest.mark.parametrize("mode,sample", [("fixed", False), ("adaptive", False), ("adaptive", True)])
 def test_static_decoder_attends_over_the_written_prefix(mode, sample, monkeypatch):
     """With small attention buckets the static decoder's attention covers only the slots
-    written so far (rounded up to a bucket), growing as it decodes, and gives the eager tokens."""
-    from cyb.generation import static
+    written so far (rounded up to a bucket), growing as it decodes, and gives the eager tokens;
+    without attention limits, or for batches below ``bucket_min_rows``, the whole cache."""
+    from cyb.generation.static import StaticCacheOptions
 
-    monkeypatch.setattr(static, "ATTENTION_BUCKET", 4)
-    monkeypatch.setattr(static, "ATTENTION_BUCKET_MIN_ROWS", 1)
+    small = _small_buckets(monkeypatch)
     pm = build("llama", "cyb", scheme="advance")
     _same_as_eager(pm, "static", mode, sample, 16)
     seen = []
-    dec = _stepped(pm, mode, 16, 14, lambda d: seen.append((d.cache.length, d.cache.limit)))
+    dec = _stepped(pm, mode, 16, 14, lambda d: seen.append((d.cache.length, d.cache.limit)),
+                   cache_options=small)
     for length, limit in seen:  # the written slots, rounded up to 4 x a power of two
         assert length <= limit and (limit < 2 * length or limit == dec.capacity)
     limits = [limit for _, limit in seen]
     assert limits == sorted(limits) and limits[0] < dec.capacity
-    monkeypatch.setattr(static, "ATTENTION_BUCKET_MIN_ROWS", 8)  # small batches: the whole cache
-    dec = _stepped(pm, mode, 16, 1)
-    assert dec.cache.limit == dec.capacity
+    assert dec.capacity % 128 == 0
+    for whole in (dataclasses.replace(small, bucket_min_rows=8),  # small batches: the whole cache
+                  dataclasses.replace(small, attention_limits=False, capacity_multiple=1)):
+        dec = _stepped(pm, mode, 16, 1, cache_options=whole)
+        assert dec.cache.limit == dec.capacity
+    assert dec.capacity % 128 != 0  # not rounded up
+    with pytest.raises(ValueError, match="capacity_multiple must be an integer >= 1"):
+        StaticCacheOptions(capacity_multiple=0)
+
+
+def _small_buckets(monkeypatch):
+    """Attention limits of 4 slots from 1 row up for the static decoders built without cache
+    options (as ``generate`` builds them); returns those cache options."""
+    from cyb.generation import registry
+    from cyb.generation.static import StaticCacheOptions
+
+    small = StaticCacheOptions(attention_bucket=4, bucket_min_rows=1)
+    for name in ("static", "graph"):
+        entry = registry.REGISTRY[name]
+
+        def build(*args, entry=entry, cache_options=None, **kw):
+            return entry.build(*args, cache_options=cache_options or small, **kw)
+        monkeypatch.setitem(registry.REGISTRY, name, dataclasses.replace(entry, build=build))
+    return small
 
 
 def _same_as_eager(pm, decoder: str, mode: str, sample: bool, max_new_tokens: int) -> None:
@@ -339,7 +361,7 @@ def _same_as_eager(pm, decoder: str, mode: str, sample: bool, max_new_tokens: in
     _same_results(got, want, whole_blocks=mode == "adaptive" and not sample)
 
 
-def _stepped(pm, mode: str, max_new_tokens: int, steps: int, each=None):
+def _stepped(pm, mode: str, max_new_tokens: int, steps: int, each=None, cache_options=None):
     """A greedy static decoder of PROMPTS (graph on CUDA) after ``steps`` steps; ``each(dec)``
     after every step."""
     from cyb.generation.registry import make_decoder
@@ -348,7 +370,7 @@ def _stepped(pm, mode: str, max_new_tokens: int, steps: int, each=None):
     ids, mask = left_pad([encode(p) for p in PROMPTS], pm.device)
     with torch.inference_mode():
         dec = make_decoder("graph" if pm.device.type == "cuda" else "static", pm, ids, mask,
-                           mode=mode, max_new_tokens=max_new_tokens)
+                           mode=mode, max_new_tokens=max_new_tokens, cache_options=cache_options)
         dec.start()
         for _ in range(steps):
             dec.step().token.tolist()
@@ -873,11 +895,8 @@ def test_bench_decode_times_a_saved_model(tmp_path):
 def test_cuda_graph_decoder_recaptures_as_attention_grows(mode, monkeypatch):
     """Small attention buckets: the graph decoder captures a new graph each time decoding
     outgrows the current attention limit, and still gives the eager tokens in float32."""
-    from cyb.generation import static
-
-    monkeypatch.setattr(static, "ATTENTION_BUCKET", 4)
-    monkeypatch.setattr(static, "ATTENTION_BUCKET_MIN_ROWS", 1)
+    small = _small_buckets(monkeypatch)
     pm = build("llama", "cyb", init=0.3, dk_scale=0.3, psi_dk=0.5).to("cuda")
     for sample in (False, True):
         _same_as_eager(pm, "graph", mode, sample, 24)
-    assert _stepped(pm, mode, 24, 20).graphs_captured > 1
+    assert _stepped(pm, mode, 24, 20, cache_options=small).graphs_captured > 1

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from ..generation.registry import MODES
+from ..generation.static import CAPACITY_MULTIPLE, StaticCacheOptions
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, random_ids
 from .models import real_ids_limit, wrap
 from ..runtime import resolve_device
@@ -85,6 +86,11 @@ class DecodeBenchConfig:
     model: str | None = None
     #: a text file of prompts, one per line, for ``model`` (needs its tokenizer; default random ids)
     prompts: str | None = None
+    #: the static decoder rows (``cyb_graph``, ``cyb_graph_pos``) attend over the whole cache at
+    #: every batch size (no attention limits); the checks and ``generate`` keep the defaults
+    whole_cache: bool = False
+    #: the static decoder rows round their cache's slots per row up to a multiple of this
+    capacity_multiple: int = CAPACITY_MULTIPLE
 
     @classmethod
     def quick(cls, **overrides) -> "DecodeBenchConfig":
@@ -119,7 +125,13 @@ class DecodeBenchConfig:
             raise ValueError("prompts: a prompts file goes with a trained model (model)")
         if not 0.0 <= self.pause_fraction <= 1.0:
             raise ValueError(f"pause_fraction must lie in [0, 1], got {self.pause_fraction}")
+        self.cache_options()
         return self
+
+    def cache_options(self) -> StaticCacheOptions:
+        """The static cache of the decoder rows."""
+        return StaticCacheOptions(attention_limits=not self.whole_cache,
+                                  capacity_multiple=self.capacity_multiple)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -173,17 +185,17 @@ def hf_eager_loop(model, ids: torch.Tensor, pause_ids: list[int], steps: int) ->
 
 
 def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
-             one_position: bool = False) -> dict:
+             one_position: bool = False, cache_options: StaticCacheOptions | None = None) -> dict:
     """``steps`` decode steps of the library's greedy eager (``static=False``) or static decoder
     (its step a CUDA graph on CUDA); in adaptive mode the decoder that feeds whole blocks, or with
     ``one_position`` the one that feeds one position per step (those run until every row has
     ``steps + 1`` tokens).  Each step's decisions are read back as
-    :func:`cyb.generation.generate` reads them."""
+    :func:`cyb.generation.generate` reads them.  ``cache_options``: the static decoder's cache."""
     from ..generation.registry import make_decoder
 
     name = ("graph" if ids.device.type == "cuda" else "static") if static else "eager"
     dec = make_decoder(name, model, ids, mask, mode=mode, max_new_tokens=steps + 2,
-                       one_position=one_position)
+                       one_position=one_position, cache_options=cache_options)
 
     def read(out) -> list[list[int]]:
         return torch.stack([out.answered.long(), out.token, out.steps]).tolist()
@@ -522,7 +534,8 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                             else:
                                 run_loop = lambda n: cyb_loop(  # noqa: E731
                                     models[(mode, m)], ids, masks[batch], n, static=static,
-                                    mode=mode, one_position=impl.endswith("_pos"))
+                                    mode=mode, one_position=impl.endswith("_pos"),
+                                    cache_options=cfg.cache_options())
                                 run_loop(2)  # untimed: first launches of this row's kernels
                                 res = run_loop(total)
                         tokens_by[(impl, batch, mode, m)] = res["row_tokens"]

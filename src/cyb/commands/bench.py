@@ -110,6 +110,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "the random one; the float32 check and loglikelihood rows are skipped (without it: the random 134M model)")
     decode.add_argument("--prompts", metavar="FILE",
                         help="with --model: prompts, one per line (without it: random ids)")
+    decode.add_argument("--whole-cache", action="store_true",
+                        help="the static decoder rows attend over their whole cache at every batch size "
+                             "(no attention limits); the float32 check and generate keep the defaults")
+    decode.add_argument("--capacity-multiple", type=int, metavar="N",
+                        help="the static decoder rows round their cache's slots per row up to a multiple "
+                             "of this (default 128)" + _OWN_DEFAULT)
 
     from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
 
@@ -221,7 +227,8 @@ def run(args) -> int:
                            "prompt_len": "prompt_len", "new_tokens": "new_tokens", "warmup_steps": "warmup_steps",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
                            "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
-                           "model": "model", "prompts": "prompts"})
+                           "model": "model", "prompts": "prompts", "whole_cache": "whole_cache",
+                           "capacity_multiple": "capacity_multiple"})
         cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
         result = decode.run(cfg, out=args.out)
     result["command"] = command

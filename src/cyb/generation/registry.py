@@ -35,8 +35,8 @@ from typing import Callable
 
 from ..model import hf
 from .decoders import AdaptiveDecoder, BlockAdaptiveDecoder, FixedDecoder, StepReadout
-from .static import StaticAdaptiveDecoder, StaticBlockAdaptiveDecoder, StaticFixedDecoder
-from .static import unsupported_reason
+from .static import StaticAdaptiveDecoder, StaticBlockAdaptiveDecoder, StaticCacheOptions
+from .static import StaticFixedDecoder, unsupported_reason
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class Decoder:
     Attributes:
         name: what users choose (``GenerationConfig.decoder``, ``cyb generate --decoder``).
         summary: one line for help texts.
-        build: ``build(model, ids, mask, readout, *, mode, max_new_tokens, one_position)`` ->
-            the decoder object (see :func:`make_decoder`).
+        build: ``build(model, ids, mask, readout, *, mode, max_new_tokens, one_position,
+            cache_options)`` -> the decoder object (see :func:`make_decoder`).
         static_cache: it runs on a preallocated cache, which only full-attention models with
             sdpa or eager attention support (:func:`cyb.generation.static.unsupported_reason`).
         needs_cuda: it runs only with the model on a CUDA device.
@@ -62,7 +62,8 @@ class Decoder:
     instead: str = "use 'auto' or 'eager'"
 
 
-def _eager(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position=None):
+def _eager(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position=None,
+           cache_options=None):
     if mode == "fixed":
         return FixedDecoder(model, ids, mask, readout)
     if one_position is None:
@@ -72,14 +73,16 @@ def _eager(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position
 
 
 def _static(cuda_graph: bool):
-    def build(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position=None):
+    def build(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position=None,
+              cache_options=None):
         if mode == "fixed":
             cls = StaticFixedDecoder
         else:
             if one_position is None:
                 one_position = readout.random
             cls = StaticAdaptiveDecoder if one_position else StaticBlockAdaptiveDecoder
-        return cls(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+        return cls(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
+                   cache_options=cache_options)
     return build
 
 
@@ -145,7 +148,7 @@ def resolve_decoder(model, choice: str) -> str:
 
 def make_decoder(name: str, model, ids, mask, readout: StepReadout | None = None, *,
                  mode: str = "fixed", max_new_tokens: int | None = None,
-                 one_position: bool | None = None):
+                 one_position: bool | None = None, cache_options: StaticCacheOptions | None = None):
     """The decoder ``name`` (``auto`` is resolved first) for ``model`` on a batch of prompts.
 
     Args:
@@ -158,6 +161,8 @@ def make_decoder(name: str, model, ids, mask, readout: StepReadout | None = None
             need it; the eager decoder grows its cache and ignores it).
         one_position: adaptive mode: feed one position per step (True) or whole blocks (False,
             greedy only); None: the decoder's own rule (see the module docstring).
+        cache_options: the static decoders' cache size and attention limits (default: the
+            library's); the eager decoder has no such cache and ignores them.
 
     Returns:
         an object with ``start()`` and ``step()`` (each returns a
@@ -172,4 +177,4 @@ def make_decoder(name: str, model, ids, mask, readout: StepReadout | None = None
     if readout is None:
         readout = StepReadout(model.vocab, model.dk_bias)
     return REGISTRY[name].build(model, ids, mask, readout, mode=mode, max_new_tokens=max_new_tokens,
-                                one_position=one_position)
+                                one_position=one_position, cache_options=cache_options)
