@@ -128,7 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "(allocated and reserved), real tokens/s and the estimate that "
                                      "cyb train checks; a run out of memory is recorded as oom (see "
                                      "cyb.bench.memory). Split the grid over GPUs with --shapes / "
-                                     "--configs and CUDA_VISIBLE_DEVICES (experiments/memory_plan.sh).")
+                                     "--configs and CUDA_VISIBLE_DEVICES (benchmarks/memory_plan.sh).")
     mem.add_argument("--quick", action="store_true",
                      help="the tiny shape on the CPU, one warm-up and one timed step (a smoke run)")
     mem.add_argument("--out", default=None, metavar="FILE.jsonl",

@@ -3,7 +3,7 @@
 # shapes (random weights), full fine-tuning and LoRA, with and without gradient checkpointing,
 # CYB at 2048 real tokens x M = 4, micro-batch 1, bf16 -- split over N GPUs in parallel.
 #
-#   bash experiments/memory_plan.sh [N_GPUS]     # repository root; default: every visible GPU
+#   bash benchmarks/memory_plan.sh [N_GPUS]     # repository root; default: every visible GPU
 #
 # Each (shape, configuration) runs in its own process on one GPU (CUDA_VISIBLE_DEVICES); the
 # pairs are dealt out round-robin, largest model first. Writes to $OUT (default results/memory):
@@ -29,7 +29,7 @@ start=$(date +%s)
 budget=${MEMORY_PLAN_BUDGET_S:-420}  # no new pair starts after this many seconds (each <= 170 s)
 pairs=()
 # MEMORY_PLAN_SHAPES / MEMORY_PLAN_ARGS: other shapes / options (a CPU smoke test of this
-# script: MEMORY_PLAN_SHAPES=tiny MEMORY_PLAN_ARGS=--quick bash experiments/memory_plan.sh 1);
+# script: MEMORY_PLAN_SHAPES=tiny MEMORY_PLAN_ARGS=--quick bash benchmarks/memory_plan.sh 1);
 # MEMORY_PLAN_CONFIGS: a subset of the configurations (e.g. "lora lora-ckpt")
 for shape in ${MEMORY_PLAN_SHAPES:-llama3-8b gemma3-4b gemma1-2b}; do
     for config in ${MEMORY_PLAN_CONFIGS:-full full-ckpt lora lora-ckpt}; do

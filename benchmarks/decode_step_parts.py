@@ -1,6 +1,6 @@
 """Where the graph decoder's time per step goes, fixed mode M = 1 against M = 4 (one GPU).
 
-    PYTHONPATH=src python experiments/decode_step_parts.py --out OUT/parts.json [--quick]
+    PYTHONPATH=src python benchmarks/decode_step_parts.py --out OUT/parts.json [--quick]
 
 The decode benchmark's model (Llama 134M shape, V = 32768, bf16, prompt 128, batch 1) on the
 static decoder with its step captured as a CUDA graph.  For M = 1 and M = 4 and each attention

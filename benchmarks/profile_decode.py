@@ -1,6 +1,6 @@
 """Profile a few decode steps of each decoder with ``torch.profiler``; top-ops tables to a folder.
 
-    PYTHONPATH=src python experiments/profile_decode.py --out OUT/profile [--quick]
+    PYTHONPATH=src python benchmarks/profile_decode.py --out OUT/profile [--quick]
 
 For each case -- the eager decoder (fixed M = 1, fixed M = 4, adaptive M = 4), the same eager
 decoder with cuDNN attention turned off (fixed M = 4), the plain Hugging Face loop (M = 1) and the

@@ -4,9 +4,9 @@
 # the largest world size resumed by half as many processes.
 #
 # Usage (repository root, techdocs in .data/techdocs and a 32k BPE in .data/tok32k):
-#   bash experiments/fsdp_scaling.sh SHAPE "WORLD SIZES" STEPS
-#   bash experiments/fsdp_scaling.sh 134m "1 2 4" 16
-#   bash experiments/fsdp_scaling.sh gemma2b "1 2 4" 8
+#   bash benchmarks/fsdp_scaling.sh SHAPE "WORLD SIZES" STEPS
+#   bash benchmarks/fsdp_scaling.sh 134m "1 2 4" 16
+#   bash benchmarks/fsdp_scaling.sh gemma2b "1 2 4" 8
 # SHAPE: 134m (Llama, d 768, 12 layers, untied, global batch 8, bf16 autocast) or gemma2b
 # (Gemma 1 2B's blocks: d 2048, 18 layers, 8 heads, 1 KV head, MLP 16384, tied; here with the
 # 32k vocabulary; bf16 weights, gradient checkpointing, global batch 4). tiny: a CPU smoke test.

@@ -2,16 +2,16 @@
 # The decode benchmark, a profile of the decode step and the GPU decode tests on one GPU
 # (about 4 minutes; every part has its own time limit, BENCH_TOTAL_S = 400 s in all at most).
 #
-#   OUT=/some/folder bash experiments/gpu_decode.sh       # from the repository root
-#   BENCH_QUICK=1 OUT=/tmp/x bash experiments/gpu_decode.sh   # tiny CPU smoke run of the script
+#   OUT=/some/folder bash benchmarks/gpu_decode.sh       # from the repository root
+#   BENCH_QUICK=1 OUT=/tmp/x bash benchmarks/gpu_decode.sh   # tiny CPU smoke run of the script
 #
 # Writes to $OUT (default outputs/gpu_decode):
 #   decode.json       cyb bench decode: graph vs eager, fixed vs adaptive, M = 1 and 4, batch 1
 #                     and 32, the float32 graph = eager check at batch 32, generate end to end
 #   decode.md         the same rendered as docs/benchmarks.md renders it (tables, targets)
 #   decode.log        what the benchmark printed
-#   profile.tar.gz    experiments/profile_decode.py: top-ops tables per decoder, summary.json
-#   parts.json        experiments/decode_step_parts.py: graph step time, M = 1 vs 4, per attention
+#   profile.tar.gz    benchmarks/profile_decode.py: top-ops tables per decoder, summary.json
+#   parts.json        benchmarks/decode_step_parts.py: graph step time, M = 1 vs 4, per attention
 #                     backend, sequential readout vs a bare argmax
 #   trained.json      (with TRAINED_MODEL=DIR [TRAINED_PROMPTS=FILE]) cyb bench decode --model on a
 #                     trained model, batch 1 and 32, timing each prompt's first tokens
@@ -68,12 +68,12 @@ tail -n 60 "$OUT/decode.log"
 
 # 2. the profile of one step of each decoder
 PROF=$(mktemp -d)
-part profile 90 python3 experiments/profile_decode.py ${QUICK[@]+"${QUICK[@]}"} --out "$PROF/profile"
+part profile 90 python3 benchmarks/profile_decode.py ${QUICK[@]+"${QUICK[@]}"} --out "$PROF/profile"
 tar czf "$OUT/profile.tar.gz" -C "$PROF" profile 2>/dev/null && cat "$PROF/profile/summary.json"
 rm -rf "$PROF"
 
 # 2b. where the graph step's time goes (attention backends, readout)
-part parts 90 python3 experiments/decode_step_parts.py ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/parts.json"
+part parts 90 python3 benchmarks/decode_step_parts.py ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/parts.json"
 
 # 2c. a trained model: its own dk decisions, real prompts
 if [[ -n "${TRAINED_MODEL:-}" ]]; then
