@@ -14,7 +14,7 @@
 set -u
 shape=${1:-134m}; worlds=${2:-"1 2"}; steps=${3:-16}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-out=${OUT:-results}/fsdp-$shape; mkdir -p "$out"
+out=${OUT:-outputs}/fsdp-$shape; mkdir -p "$out"
 (nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo cpu) > "$out/device.txt"
 block=2048
 case $shape in

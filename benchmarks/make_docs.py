@@ -1,4 +1,4 @@
-"""Regenerate ``docs/benchmarks.md`` from the JSON results in ``benchmarks/results/``.
+"""Regenerate ``docs/benchmarks.md`` from the JSON results in ``results/benchmarks/``.
 
 Every ``*.json`` written by ``cyb bench loss|train|decode`` 
 becomes a section: the device and versions, the command that produced it, its table and, for
@@ -182,7 +182,7 @@ def _rel(path: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results",
+    p.add_argument("--results", type=Path, default=ROOT / "results" / "benchmarks",
                    help="folder of JSON results")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="Markdown file")
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@
 #   bash benchmarks/memory_plan.sh [N_GPUS]     # repository root; default: every visible GPU
 #
 # Each (shape, configuration) runs in its own process on one GPU (CUDA_VISIBLE_DEVICES); the
-# pairs are dealt out round-robin, largest model first. Writes to $OUT (default results/memory):
+# pairs are dealt out round-robin, largest model first. Writes to $OUT (default outputs/memory):
 # memory.jsonl (one row per pair), memory.md (the table for docs/training.md) and
 # memory.tar.gz (both, the logs of every GPU and the device list). About 6-8 minutes on one
 # 80 GB GPU, 2-3 minutes on four; no pair starts after MEMORY_PLAN_BUDGET_S (420) seconds, so
@@ -15,7 +15,7 @@
 set -uo pipefail
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 py=${PYTHON:-python3}
-out=${OUT:-results/memory}
+out=${OUT:-outputs/memory}
 work=$(mktemp -d)
 mkdir -p "$out"
 n=${1:-$(nvidia-smi -L 2>/dev/null | wc -l)}

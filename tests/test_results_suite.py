@@ -1,5 +1,5 @@
 """experiments/run_suite.py and make_results.py: the jobs of each suite, the data they read, and
-the tables (the GPU runs themselves are in experiments/results/text)."""
+the tables (the GPU runs themselves are in results/experiments/text)."""
 
 import gzip
 import importlib.util
