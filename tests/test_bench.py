@@ -10,7 +10,6 @@ loss on a GPU.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import make_docs
 from cyb.bench import flops, targets
 from cyb.bench.decode import spread_weights
 from cyb.bench.models import SHAPE_TINY, build_hf_model, pause_settings, random_ids, wrap
@@ -27,7 +27,6 @@ from cyb.bench.timing import Budget, guarded, median, time_calls
 from cyb.cli import main
 from cyb.generation.decoders import FixedDecoder, StepReadout
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
@@ -379,20 +378,13 @@ def test_decode_targets_and_table():
     assert "| fixed M=4 greedy | yes | 1.000 | 32 | 24 | 1.50 |" in text
 
 
-def _make_docs():
-    spec = importlib.util.spec_from_file_location("make_docs", ROOT / "benchmarks" / "make_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_make_docs_renders_results(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     (results / "train.json").write_text(json.dumps(TRAIN_RESULT))
     (results / "notes.json").write_text(json.dumps({"something": "else"}))
     out = tmp_path / "benchmarks.md"
-    assert _make_docs().main(["--results", str(results), "--out", str(out)]) == 0
+    assert make_docs.main(["--results", str(results), "--out", str(out)]) == 0
     text = out.read_text()
     assert "## Training step: `train.json`" in text
     assert "- Device: NVIDIA H200 (torch 2.11)" in text
