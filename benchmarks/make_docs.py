@@ -21,7 +21,7 @@ if importlib.util.find_spec("cyb") is None:  # a source checkout without an inst
     sys.path.insert(0, str(ROOT / "src"))
 
 from cyb.bench.flops import FORMULA  # noqa: E402
-from cyb.bench.tables import table_for  # noqa: E402
+from cyb.bench.markdown import table_for  # noqa: E402
 from cyb.bench.targets import result_kind, targets_for  # noqa: E402
 
 TITLES = {"train": "Training step", "decode": "Decoding", "loss": "Readout + loss (forward and backward)"}

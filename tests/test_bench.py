@@ -22,7 +22,7 @@ from cyb.bench import flops, targets
 from cyb.bench.decode import spread_weights
 from cyb.bench.models import SHAPE_TINY, build_hf_model, pause_settings, random_ids, wrap
 from cyb.generation.static import StaticFixedDecoder
-from cyb.bench.tables import decode_table, loss_table, train_table
+from cyb.bench.markdown import decode_table, loss_table, train_table
 from cyb.bench.timing import Budget, guarded, median, time_calls
 from cyb.cli import main
 from cyb.generation.decoders import FixedDecoder, StepReadout

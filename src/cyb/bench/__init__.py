@@ -13,7 +13,8 @@
 * :mod:`cyb.bench.memory`: peak memory and tokens/s of ``cyb train`` on real-size shapes (full
   fine-tuning or LoRA, with or without gradient checkpointing), one process per configuration,
   beside the estimate of :mod:`cyb.memory`.
-* :mod:`cyb.bench.tables`: compact text tables of the results.
+* :mod:`cyb.bench.markdown`: the Markdown tables of the results (printed by ``cyb bench``, used
+  for docs/benchmarks.md).
 
 Everything runs on CPU with tiny shapes (``quick=True``) so the code paths can be tested
 without a GPU; numbers only mean something on the GPU.

@@ -358,7 +358,7 @@ def _gib(x) -> str:
 def memory_table(rows: list[dict]) -> str:
     """Markdown: one line per (shape, configuration) with the estimate, the measured peaks,
     real tokens/s and whether it ran on the GPU (``OOM``: out of memory)."""
-    from .tables import markdown_table
+    from .markdown import markdown_table
 
     order = {s: i for i, s in enumerate(SHAPES)}
     corder = {c: i for i, c in enumerate(CONFIGS)}

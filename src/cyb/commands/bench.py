@@ -194,7 +194,7 @@ def run(args) -> int:
         print("cyb bench: choose what to benchmark: loss, train, decode or memory (see cyb bench --help)",
               file=sys.stderr)
         return 2
-    from ..bench.tables import table_for
+    from ..bench.markdown import table_for
     from ..bench.targets import format_check, targets_for
     from ..bench.timing import write_json
 
