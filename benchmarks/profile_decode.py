@@ -30,8 +30,9 @@ if importlib.util.find_spec("cyb") is None:  # a source checkout without an inst
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from cyb.bench.decode import DecodeBenchConfig, spread_weights  # noqa: E402
+from cyb.bench.decode import DecodeBenchConfig  # noqa: E402
 from cyb.bench.models import DTYPES, build_hf_model, random_ids, real_ids_limit, wrap  # noqa: E402
+from cyb.bench.models import spread_weights  # noqa: E402
 from cyb.generation.registry import make_decoder  # noqa: E402
 
 SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "cudaStreamSynchronize",

@@ -19,7 +19,7 @@ import torch
 
 from benchmarks import make_docs
 from cyb.bench import flops, targets
-from cyb.bench.decode import spread_weights
+from cyb.bench.models import spread_weights
 from cyb.bench.models import SHAPE_TINY, build_hf_model, pause_settings, random_ids, wrap
 from cyb.generation.static import StaticFixedDecoder
 from cyb.bench.markdown import decode_table, loss_table, train_table

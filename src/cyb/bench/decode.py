@@ -46,8 +46,8 @@ import torch
 
 from ..generation.registry import MODES
 from ..generation.static import CAPACITY_MULTIPLE, StaticCacheOptions
-from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, random_ids
-from .models import real_ids_limit, wrap
+from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, adaptive_fixture, build_hf_model
+from .models import random_ids, real_ids_limit, spread_weights, wrap
 from ..runtime import resolve_device
 from .timing import Budget, environment, free_memory, guarded, median, sync, time_calls
 from .timing import write_json
@@ -268,55 +268,6 @@ def _row_compare(a: list[list[int]], b: list[list[int]]) -> dict:
     """Agreement of per-row token lists, each row cut to the shorter of the two."""
     cut = [(x[:min(len(x), len(y))], y[:min(len(x), len(y))]) for x, y in zip(a, b)]
     return _compare([x for x, _ in cut], [y for _, y in cut])
-
-
-@torch.no_grad()
-def spread_weights(hf_model, seed: int = 0) -> None:
-    """Redraw every matrix with std ``2 / sqrt(fan_in)``: a freshly initialised model repeats
-    its input token, which would make greedy comparisons trivially equal."""
-    g = torch.Generator().manual_seed(seed)
-    for p in hf_model.parameters():
-        if p.dim() == 2:
-            p.copy_(torch.randn(p.shape, generator=g) * (2.0 / p.shape[1] ** 0.5))
-
-
-@torch.inference_mode()
-def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction: float):
-    """A CYB wrapper of ``hf_model`` whose dk prior makes ``pause_fraction`` of the step-1
-    decisions on ``ids`` (the prompts, laid out in fixed mode) say dk under the greedy readout.
-
-    Returns ``(model, info)``; ``info`` has the prior and the fraction it gives on ``ids``.
-    """
-    import math
-
-    from ..layout import expand
-    from ..model import PauseModel
-    from ..readout import dk_logit_bias
-    from .models import pause_settings
-
-    base = wrap(hf_model, "cyb", num_steps)
-    v = base.vocab.vocab_size
-    lay = expand(ids, base.vocab, check_ids=False)
-    hidden, _ = base.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
-    z = base.logits(hidden[:, ::num_steps]).float()  # step 1 of every block
-    z[..., list(base.vocab.pause_ids)] = -math.inf
-    dk = base.vocab.dk_id
-    rest = z.index_fill(-1, torch.tensor([dk], device=z.device), -math.inf).amax(-1)
-    margin = (z[..., dk] - rest).flatten().double().cpu()  # dk wins where margin + bias > 0
-    if pause_fraction <= 0:
-        bias = -float(margin.max()) - 1.0
-    elif pause_fraction >= 1:
-        bias = -float(margin.min()) + 1.0
-    else:
-        bias = -float(torch.quantile(margin, 1.0 - pause_fraction))
-    # the prior psi_dk whose logit bias is `bias`, inside (0, 1)
-    logit = bias - math.log(v - 1)
-    psi = min(max(1.0 / (1.0 + math.exp(-logit)), 1e-12), 1 - 1e-12)
-    settings = dataclasses.replace(pause_settings("cyb", v, num_steps), psi_dk=psi)
-    model = PauseModel(hf_model, settings)
-    got = float(((margin + dk_logit_bias(v, psi)) > 0).double().mean())
-    return model, {"psi_dk": psi, "dk_bias": dk_logit_bias(v, psi), "target_fraction": pause_fraction,
-                   "step1_dk_fraction_on_prompts": got}
 
 
 def agreement_check(hf_model, cfg: DecodeBenchConfig, device, graph_kind: str) -> dict:
