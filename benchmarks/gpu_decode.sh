@@ -15,7 +15,7 @@
 #                     backend, sequential readout vs a bare argmax
 #   trained.json      (with TRAINED_MODEL=DIR [TRAINED_PROMPTS=FILE]) cyb bench decode --model on a
 #                     trained model, batch 1 and 32, timing each prompt's first tokens
-#   pytest_gpu.log    the tests marked gpu of tests/test_generate.py and tests/test_bench.py
+#   pytest_gpu.log    the tests marked gpu of tests/test_generation_static.py and tests/test_bench.py
 #   gpu_decode.log    everything printed, with the device and versions first
 set -uo pipefail
 
@@ -87,7 +87,7 @@ fi
 
 # 3. the GPU tests of the decoders (graph = eager in float32)
 if python3 -c "import pytest" 2>/dev/null; then
-    part pytest 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_generate.py \
+    part pytest 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_generation_static.py \
         tests/test_bench.py > "$OUT/pytest_gpu.log" 2>&1
     tail -n 15 "$OUT/pytest_gpu.log"
 fi

@@ -136,6 +136,32 @@ def test_bench_decode_cache_options_reach_the_static_rows(tmp_path, monkeypatch,
     assert "capacity_multiple must be an integer >= 1" in capsys.readouterr().err
 
 
+def test_bench_decode_times_a_saved_model(tmp_path):
+    """``cyb bench decode --model DIR --prompts FILE``: the rows of a trained model, its own
+    ``M`` and dk decisions, text prompts of different lengths (left-padded; no plain HF rows)."""
+    from generation_helpers import build
+
+    pm = build("llama", "cyb")
+    folder = pm.save_pretrained(tmp_path / "model")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("12+34=\n7+8=\n\n", encoding="utf-8")
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--quick", "--model", str(folder), "--prompts", str(prompts),
+                 "--batches", "2", "--new-tokens", "3", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["trained_model"]["num_steps"] == pm.num_steps and "2 prompts" in res["trained_model"]["prompts"]
+    rows = {(r["impl"], r["mode"], r["num_steps"]): r for r in res["results"]}
+    assert set(rows) == {("cyb_eager", "fixed", 1), ("cyb_eager", "fixed", 3), ("cyb_static", "fixed", 1),
+                         ("cyb_static", "fixed", 3), ("cyb_eager", "adaptive", 3),
+                         ("cyb_eager_pos", "adaptive", 3), ("cyb_static", "adaptive", 3),
+                         ("cyb_static_pos", "adaptive", 3)}
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert rows[("cyb_static", "adaptive", 3)]["tokens_vs_cyb_eager"]["equal"]
+    assert res["agreement_fp32"]["status"] == "skipped"
+    assert any("latency M=3" in c["target"] for c in res["targets"])  # the model's M
+    assert main(["bench", "decode", "--quick", "--prompts", str(prompts)]) == 2
+
+
 def test_bench_loss_quick_writes_json(tmp_path, monkeypatch):
     # the script imports triton to record its version: keep a later interpreted-triton test
     # possible (TRITON_INTERPRET counts only when set before the first import)
