@@ -358,7 +358,7 @@ def _gib(x) -> str:
 def memory_table(rows: list[dict]) -> str:
     """Markdown: one line per (shape, configuration) with the estimate, the measured peaks,
     real tokens/s and whether it ran on the GPU (``OOM``: out of memory)."""
-    from .tables import markdown_table
+    from .markdown import markdown_table
 
     order = {s: i for i, s in enumerate(SHAPES)}
     corder = {c: i for i, c in enumerate(CONFIGS)}
@@ -385,7 +385,7 @@ def memory_table(rows: list[dict]) -> str:
     return markdown_table(headers, out)
 
 
-def memory_markdown(rows: list[dict], command: str = "bash experiments/memory_plan.sh") -> str:
+def memory_markdown(rows: list[dict], command: str = "bash benchmarks/memory_plan.sh") -> str:
     """The table with a line saying where and how it was measured."""
     devices = sorted({f"{r['device_name']} ({r['gpu_memory_gib']} GiB)" for r in rows
                       if r.get("device_name") and r.get("gpu_memory_gib")})
