@@ -242,6 +242,26 @@ def test_logged_rows_average_the_window_and_report_throughput(tmp_path, capsys):
     assert "step 4/4" in err and "tok/s" in err and "E[S]" in err and "eta" in err
 
 
+def test_a_checkpoint_between_logged_steps_trains_on_and_resumes(tmp_path):
+    """A checkpoint taken between two logged steps carries the window of unlogged sums (as
+    lists); training on from it, and resuming from it, add the next steps' tensors to them."""
+    import shutil
+
+    cfg = tiny_cfg(tmp_path / "run", train={"steps": 6, "log_every": 4, "save_every": 3, "keep_last": 5})
+    Trainer(cfg).run()
+    first = read_metrics(cfg.train.out_dir, "train")
+    assert [r["step"] for r in first] == [4, 6]
+    run = tmp_path / "run"
+    shutil.rmtree(run / "ckpt-00000006")
+    shutil.rmtree(run / "final")
+    trainer = Trainer(cfg)
+    assert trainer.step == 3 and isinstance(trainer.window["stop_dist"], list)
+    trainer.run()
+    again = read_metrics(cfg.train.out_dir, "train")
+    assert [r["step"] for r in again] == [4, 6]
+    assert again[0]["loss"] == pytest.approx(first[0]["loss"], rel=1e-5)
+
+
 # ------------------------------------------------------------------------- clear errors
 
 

@@ -289,9 +289,19 @@ class Objective:
 
 
 def merge_sums(total: dict, part: dict) -> dict:
-    """Accumulate metric sums in place (tensors and numbers add; vectors add element-wise)."""
+    """Accumulate metric sums in place (tensors and numbers add; vectors add element-wise).
+
+    A vector may be a tensor or, in sums that went through :func:`cyb.distributed.reduce_sums`
+    (a checkpoint's window of steps not logged yet), a list: mixed, the list becomes a tensor."""
     for k, v in part.items():
         prev = total.get(k)
+        if isinstance(prev, list) and isinstance(v, torch.Tensor):
+            prev = torch.as_tensor(prev, dtype=v.dtype, device=v.device)
+        elif isinstance(v, list) and isinstance(prev, torch.Tensor):
+            v = torch.as_tensor(v, dtype=prev.dtype, device=prev.device)
+        elif isinstance(v, list) and isinstance(prev, list):
+            v = [a + b for a, b in zip(prev, v)]
+            prev = None
         total[k] = v if prev is None else prev + v
     return total
 
