@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from . import config_parsing, families, methods
+from . import config_parsing, families, methods, paths
 from .config_parsing import ConfigError, apply_overrides
 from .vectors import step_vector_problem
 
@@ -312,6 +312,42 @@ class RunConfig:
     def dump(self, path: str | Path) -> None:
         """Write as YAML (loads back with :meth:`load`)."""
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    # ------------------------------------------------------------------ paths
+    def with_local_paths(self, base: str | Path | None = None) -> "RunConfig":
+        """A copy fit to be written into a run folder: every field of :data:`PATH_FIELDS` that
+        names something local (relative to ``base``, default the working folder) made absolute,
+        and ``train.out_dir`` absolute; hub ids and ``hf:``/``builtin:`` sources unchanged."""
+        return type(self).from_dict(local_paths(self.to_dict(), base)).validate()
+
+    @classmethod
+    def load_run(cls, folder: str | Path) -> "RunConfig":
+        """The ``config.yaml`` of a run folder, its relative paths taken relative to the folder
+        where they exist there (:func:`cyb.paths.in_folder`)."""
+        cfg = cls.load(Path(folder) / "config.yaml")
+        for section, name in PATH_FIELDS:
+            part = getattr(cfg, section)
+            setattr(part, name, paths.in_folder(getattr(part, name), folder))
+        return cfg.validate()
+
+
+#: The fields that name local files or folders (or, where they are not local, hub ids and data
+#: set specs): made absolute in what a run folder writes down.
+PATH_FIELDS = (("model", "name_or_path"), ("data", "source"), ("data", "valid_source"), ("data", "tokenizer"))
+
+
+def local_paths(config: dict, base: str | Path | None = None) -> dict:
+    """A configuration dict (:meth:`RunConfig.to_dict`) with :data:`PATH_FIELDS` made absolute
+    where they name something local (:func:`cyb.paths.local`) and ``train.out_dir`` absolute."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+    for section, name in PATH_FIELDS:
+        if isinstance(out.get(section), dict) and out[section].get(name) is not None:
+            out[section][name] = paths.local(out[section][name], base)
+    train = out.get("train")
+    if isinstance(train, dict) and train.get("out_dir"):
+        where = train["out_dir"] if base is None else Path(base) / train["out_dir"]
+        train["out_dir"] = paths.absolute(where)
+    return out
 
 
 def _need(cond: bool, name: str, msg: str) -> None:

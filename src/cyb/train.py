@@ -28,7 +28,7 @@ from . import __version__
 from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
-from .config import RunConfig
+from .config import RunConfig, local_paths
 from .data.packing import resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
@@ -142,8 +142,10 @@ _RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtyp
 
 
 def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
-    """Raise ValueError naming the first field in which a checkpoint's run differs from ``cfg``."""
-    now = cfg.to_dict()
+    """Raise ValueError naming the first field in which a checkpoint's run differs from ``cfg``
+    (paths compared as absolute paths: a checkpoint of an older version may hold them relative)."""
+    now = local_paths(cfg.to_dict())
+    saved = local_paths(saved)
     defaults = RunConfig().to_dict()  # a section the checkpoint's version did not have yet
     for section, names in _RESUME_FIELDS.items():
         keys = names if names is not None else [k for k in now[section] if k not in _RESUME_FREE.get(section, ())]
@@ -170,12 +172,12 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig):
         cfg.validate()
-        self.cfg = cfg
+        self.run_dir = Path(cfg.train.out_dir)  # as given (the paths written into it are absolute)
+        self.cfg = cfg = cfg.with_local_paths()
         t = cfg.train
         self.info = info = init_distributed(
             t.distributed, "cuda" if t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available()) else "cpu")
         self.device = resolve_device(t.device, info)
-        self.run_dir = Path(t.out_dir)
         per_rank = t.batch_size // info.world_size
         if per_rank * info.world_size != t.batch_size:
             raise ValueError(f"train.batch_size ({t.batch_size}) must be a multiple of the number of "

@@ -197,7 +197,7 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
     for i, method in enumerate(s.methods, 1):
         cfg = run_config(s, method)
         cfg.model.name_or_path = str(initial[method])
-        configs[method] = cfg.to_dict()
+        configs[method] = cfg.with_local_paths().to_dict()  # as the run folder has it
         echo(present.training_line(i, len(s.methods), method))
         t0 = time.perf_counter()
         train(cfg)
@@ -212,7 +212,7 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
         results[method] = {**score, "train_seconds": train_s,
                            "num_parameters": model.num_parameters(),
                            "num_steps": model.num_steps, "recipe": cfg.method.recipe,
-                           "run_dir": cfg.train.out_dir}
+                           "run_dir": configs[method]["train"]["out_dir"]}
         echo(present.score_line(method, score, train_s))
         if methods.spec(method).has_dk:
             results[method]["decoding"] = decoding_cost(model, test)

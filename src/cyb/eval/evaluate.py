@@ -78,11 +78,11 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
         if not (p / "final" / SETTINGS_FILE).is_file():
             raise ValueError(f"run folder {p} has no final model (final/{SETTINGS_FILE}): training has not "
                              "finished; evaluate a finished run")
-        return EvalTarget(p, p / "final", p, RunConfig.load(p / "config.yaml"))
+        return EvalTarget(p, p / "final", p, RunConfig.load_run(p))
     if (p / SETTINGS_FILE).is_file():
         parent = p.parent
         if p.name == "final" and _is_run(parent):
-            return EvalTarget(p, p, parent, RunConfig.load(parent / "config.yaml"))
+            return EvalTarget(p, p, parent, RunConfig.load_run(parent))
         return EvalTarget(p, p)
     raise ValueError(f"{p} is neither a run folder (config.yaml and final/ written by cyb train) nor a saved "
                      f"cyb model ({SETTINGS_FILE})")

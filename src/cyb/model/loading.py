@@ -84,10 +84,14 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "tf_model.h5", "flax_
 def model_advice(folder: Path) -> str:
     """What to do about a damaged file in ``folder``: for the ``final/`` of a ``cyb train`` run,
     running the run again writes it anew from the run's last checkpoint."""
-    folder = Path(folder)
+    import os
+    import shlex
+
+    folder = Path(os.path.abspath(folder))  # a command that works from any folder
     run = folder.parent
     if (folder / TRAINING_STATE_FILE).is_file() and (run / "config.yaml").is_file():
-        return (f"{DAMAGE}; `cyb train {run / 'config.yaml'} --set train.out_dir={run}` writes "
+        config, out_dir = shlex.quote(str(run / "config.yaml")), shlex.quote(f"train.out_dir={run}")
+        return (f"{DAMAGE}; `cyb train {config} --set {out_dir}` writes "
                 f"{folder.name}/ anew from the run's last checkpoint (or restore it from a copy)")
     return MODEL_ADVICE
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from .. import paths
 from ..checkpoint import DamagedFileError, check_safetensors
 from . import hf
 from .tokens import TokenPlan, apply_plan
@@ -109,10 +110,7 @@ def _token_layers(hf_model, ids: list[int]) -> dict[str, list[int]] | None:
 def _base_name(hf_model, base: str | None) -> str | None:
     """Where the frozen weights come from: a hub name as given, a local folder made absolute."""
     name = base if base is not None else getattr(hf_model, "name_or_path", None) or None
-    if name is None:
-        return None
-    path = Path(str(name)).expanduser()
-    return str(path.resolve()) if path.is_dir() else str(name)
+    return None if name is None else paths.local(str(name))
 
 
 def apply_lora(model, settings, *, base: str | None = None):
@@ -140,8 +138,7 @@ def apply_lora(model, settings, *, base: str | None = None):
     config = peft.LoraConfig(
         r=int(settings.rank), lora_alpha=float(settings.alpha), lora_dropout=float(settings.dropout),
         target_modules=list(settings.target_modules), bias="none",
-        trainable_token_indices=_token_layers(hf_model, trainable_token_ids(model.settings)),
-        base_model_name_or_path=_base_name(hf_model, base))
+        trainable_token_indices=_token_layers(hf_model, trainable_token_ids(model.settings)))
     try:
         with _quiet_peft():
             peft_model = peft.get_peft_model(hf_model, config, adapter_name=ADAPTER)
@@ -152,6 +149,8 @@ def apply_lora(model, settings, *, base: str | None = None):
                         if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"lora.target_modules {list(settings.target_modules)}: no such module in "
                          f"{type(hf_model).__name__}; its linear layers are {', '.join(names)}") from None
+    # set after: peft writes the name the model was loaded by (a folder as typed) into the config
+    peft_model.peft_config[ADAPTER].base_model_name_or_path = _base_name(hf_model, base)
     hf_model.__dict__[_PEFT_ATTR] = peft_model
     for p in hf_model.parameters():  # float32 masters (peft already keeps adapters so) for bf16 bases
         if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
@@ -272,7 +271,9 @@ def load_adapter_model(folder, settings, *, torch_dtype=None, attn_implementatio
     folder = Path(folder)
     check_lora_folder(folder)
     info = read_lora_file(folder)
-    base = info["base_model"]
+    # absolute as written; a relative folder (moved by hand, or an older version's) is taken
+    # relative to the LoRA folder where it exists there
+    base = paths.in_folder(info["base_model"], folder)
     kwargs = {k: v for k, v in hf_kwargs.items() if k != "subfolder"}
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(

@@ -81,7 +81,7 @@ def load_run(path: str | os.PathLike, *, eval_dir: str = EVAL_DIR) -> RunSummary
         raise FileNotFoundError(f"run folder {p} does not exist")
     if not p.is_dir() or not (p / "config.yaml").is_file():
         raise ValueError(f"{p} is not a run folder: it has no config.yaml (give folders written by cyb train)")
-    cfg = RunConfig.load(p / "config.yaml")
+    cfg = RunConfig.load_run(p)
     final = _read_json(p / "final_metrics.json") or {}
     ev_dir = p / eval_dir
     ev = _read_json(ev_dir / "metrics.json")
