@@ -224,6 +224,36 @@ def test_final_model_round_trip(tmp_path):
     assert RunConfig.load(tmp_path / "run" / "config.yaml").to_dict() == cfg.to_dict()
 
 
+@pytest.mark.parametrize("how", ["full", "lora", "tokenizer", "other_method"])
+def test_a_saved_synthetic_task_model_is_fine_tuned(tmp_path, how, text_data):
+    """A model trained on a synthetic task (character tokenizer plus its pause and dk tokens)
+    fine-tunes on a task: fully, with LoRA, with data.tokenizer naming it, with another method."""
+    from cyb.model import PauseModel
+
+    first = tiny_cfg(tmp_path / "first", train={"steps": 2})
+    Trainer(first).run()
+    final = str(tmp_path / "first" / "final")
+    sections = {"model": {"name_or_path": final}, "train": {"steps": 2}}
+    name = "tbys" if how == "other_method" else "cyb"
+    if how == "lora":
+        pytest.importorskip("peft")
+        sections["lora"] = {"rank": 2}
+    if how == "tokenizer":
+        sections["data"] = {"tokenizer": final}
+    cfg = tiny_cfg(tmp_path / "again", name, **sections)
+    trainer = Trainer(cfg)
+    start = PauseModel.from_pretrained(final)
+    if how != "other_method":  # it starts from the saved weights
+        assert trainer.model.settings == start.settings
+        for a, b in zip(trainer.model.hf_model.get_input_embeddings().weight, start.hf_model.get_input_embeddings().weight):
+            torch.testing.assert_close(a, b)
+    trainer.run()
+    assert PauseModel.from_pretrained(tmp_path / "again" / "final").num_steps == 3
+    bpe = tiny_cfg(tmp_path / "bpe", model={"name_or_path": final}, data={"tokenizer": text_data["tokenizer"]})
+    with pytest.raises(ValueError, match=r"data\.tokenizer .* does not give the characters of data\.task"):
+        Trainer(bpe)
+
+
 def test_logged_rows_average_the_window_and_report_throughput(tmp_path, capsys):
     cfg = tiny_cfg(tmp_path / "run", train={"steps": 4, "log_every": 2, "eval_every": 2, "progress": True})
     Trainer(cfg).run()

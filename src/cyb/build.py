@@ -38,9 +38,7 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
 
     saved = run_dir / TOKENIZER_DIR
     if cfg.data.task:
-        from .data.synthetic import CharTokenizer
-
-        return CharTokenizer().to_hf()
+        return _task_tokenizer(cfg)
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
     if cfg.model.name_or_path:
@@ -61,6 +59,30 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
             train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, tmp)
             replace_dir(tmp, saved)
     return load_tokenizer(saved)
+
+
+def _task_tokenizer(cfg: RunConfig):
+    """The character tokenizer of a synthetic task; for a model saved by an earlier task run
+    (``model.name_or_path``, or ``data.tokenizer``), the tokenizer saved with it: the same
+    characters plus that model's pause and dk tokens, which its settings name."""
+    from .data.synthetic import CharTokenizer
+    from .data.tokenizer import load_tokenizer
+
+    chars = CharTokenizer().to_hf()
+    given = cfg.data.tokenizer
+    name = given or cfg.model.name_or_path
+    if not name or (not given and not os.path.isdir(os.path.expanduser(name))):
+        return chars  # a hub model fine-tuned on a task reads the task through the characters
+    saved = load_tokenizer(name)
+    vocab = chars.get_vocab()
+    same = all(saved.convert_tokens_to_ids(token) == i for token, i in vocab.items())
+    if same:
+        return saved
+    if given:
+        raise ValueError(f"data.tokenizer ({given}) does not give the characters of data.task "
+                         f"({cfg.data.task}) the ids of the task's character tokenizer; leave it "
+                         "unset, or give the folder of a model trained on a synthetic task")
+    return chars
 
 
 # --------------------------------------------------------------------------------- model
