@@ -63,7 +63,7 @@ def test_jsonl(tmp_path, name):
 def test_jsonl_text_field_and_missing_field(tmp_path):
     p = write_jsonl(tmp_path / "d.jsonl", ["x", "y"], field="content")
     assert list(iter_texts(p, text_field="content")) == ["x", "y"]
-    with pytest.raises(KeyError, match="text_field='text'"):
+    with pytest.raises(KeyError, match=r"no field 'text' \(data.text_field\)"):
         list(iter_texts(p))
 
 

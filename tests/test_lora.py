@@ -277,10 +277,27 @@ def test_lora_needs_a_pretrained_model_and_peft(tmp_path, monkeypatch):
         _cfg(tmp_path, None)
     assert _cfg(tmp_path, None, lora_cfg={"rank": 0}).lora.rank == 0  # full fine-tuning from scratch
     monkeypatch.setitem(sys.modules, "peft", None)
-    with pytest.raises(ConfigError, match=r"pip install 'cyb\[lora\]'"):
+    hint = r"\.venv/bin/pip install -e '\.\[lora\]' \(or CYB_EXTRAS=lora bash scripts/setup\.sh\)"
+    with pytest.raises(ConfigError, match=hint):
         _cfg(tmp_path, "some/model")
-    with pytest.raises(ImportError, match=r"pip install 'cyb\[lora\]'"):
+    with pytest.raises(ImportError, match=hint):
         lora.require_peft()
+
+
+def test_without_peft_merge_and_generate_say_what_to_install_in_one_line(lora_run, tmp_path, monkeypatch, capsys):
+    from cyb.cli import main
+
+    cfg, _ = lora_run
+    monkeypatch.setitem(sys.modules, "peft", None)
+    capsys.readouterr()
+    for command in (["merge", cfg.train.out_dir, str(tmp_path / "merged")],
+                    ["generate", cfg.train.out_dir, "--prompt", "1+2=", "--max-new-tokens", "2"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"cyb {command[0]}: error: the LoRA folder ") and "\n" not in err, err
+        assert "needs the peft package, which is not installed: in the cyb clone, " \
+               ".venv/bin/pip install -e '.[lora]' (or CYB_EXTRAS=lora bash scripts/setup.sh)" in err
+    assert not (tmp_path / "merged").exists()
 
 
 def test_lora_fields_come_from_set_and_help_config(tmp_path):

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import torch
 
-from . import families, runtime
+from . import families, paths, runtime
 from .config import RunConfig
 from .distributed import DistInfo, main_first
 from .files import replace_dir
 from .run_data import train_texts
 
 TOKENIZER_DIR = "tokenizer"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def resolve_device(spec: str, info: DistInfo) -> torch.device:
@@ -40,9 +41,9 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
     if cfg.data.task:
         return _task_tokenizer(cfg)
     if cfg.data.tokenizer:
-        return load_tokenizer(cfg.data.tokenizer)
+        return _named(load_tokenizer, cfg.data.tokenizer, "data.tokenizer")
     if cfg.model.name_or_path:
-        return load_tokenizer(cfg.model.name_or_path)
+        return _named(load_tokenizer, cfg.model.name_or_path, "model.name_or_path")
     with main_first(info):
         if not (saved / "tokenizer.json").is_file() and info.is_main:
             texts, _ = train_texts(cfg)
@@ -71,9 +72,10 @@ def _task_tokenizer(cfg: RunConfig):
     chars = CharTokenizer().to_hf()
     given = cfg.data.tokenizer
     name = given or cfg.model.name_or_path
-    if not name or (not given and not os.path.isdir(os.path.expanduser(name))):
-        return chars  # a hub model fine-tuned on a task reads the task through the characters
-    saved = load_tokenizer(name)
+    folder = Path(os.path.expanduser(name)) if name else None
+    if not given and not (folder is not None and any((folder / f).is_file() for f in _TOKENIZER_FILES)):
+        return chars  # a hub model, or a folder without a tokenizer, reads the task through the characters
+    saved = _named(load_tokenizer, name, "data.tokenizer" if given else "model.name_or_path")
     vocab = chars.get_vocab()
     same = all(saved.convert_tokens_to_ids(token) == i for token, i in vocab.items())
     if same:
@@ -83,6 +85,91 @@ def _task_tokenizer(cfg: RunConfig):
                          f"({cfg.data.task}) the ids of the task's character tokenizer; leave it "
                          "unset, or give the folder of a model trained on a synthetic task")
     return chars
+
+
+# ------------------------------------------------------------------------- names and paths
+
+
+def _missing_path(name: str, field: str) -> FileNotFoundError | None:
+    """The error for a ``field`` that can only be a local path (:func:`cyb.paths.looks_like_path`)
+    and does not exist; None for one that exists or may be a hub id."""
+    if os.path.exists(os.path.expanduser(name)) or not paths.looks_like_path(name):
+        return None
+    return FileNotFoundError(f"{field} ({name}) does not exist: give the folder of a saved model or "
+                             "tokenizer, or a hub id (ORG/NAME)")
+
+
+def _named(load, name: str, field: str):
+    """``load(name)``, with a missing folder or a hub id that cannot be loaded said in one line
+    naming ``field``."""
+    problem = _missing_path(name, field)
+    if problem is not None:
+        raise problem
+    try:
+        return load(name)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{field} ({name}): {e}") from None
+    except OSError as e:  # a hub id: not in the local cache, or the hub not reachable
+        if os.path.exists(os.path.expanduser(name)):
+            raise
+        cause = e.__cause__ if isinstance(e.__cause__, Exception) else e  # not our loader's advice
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ValueError(f"{field} ({name}) is not a local folder, and as a hub id it cannot be loaded "
+                         f"({reason[:200]}); give the folder of a saved model, or a hub id whose files "
+                         "are in the local cache") from None
+
+
+def check_paths(cfg: RunConfig) -> list[str]:
+    """Check that the data sources, tokenizer and model a run names exist (``cyb train --check``).
+
+    Raises FileNotFoundError or ValueError naming the field of the first that does not, or
+    :class:`~cyb.extras.MissingPackage` when reading one needs a package that is not installed.
+    Returns notes on what can only be checked when the run starts: hub ids (``ORG/NAME`` that is
+    no local folder) and ``hf:`` data sets, which need the hub or its local cache.
+    """
+    from . import extras
+    from .data.sources import HUB_PREFIX, text_source
+
+    notes = []
+    d = cfg.data
+    if not d.task:
+        for field, spec in (("data.source", d.source), ("data.valid_source", d.valid_source)):
+            if spec is None:
+                continue
+            if spec.startswith(HUB_PREFIX):
+                extras.require("datasets", f"{field} ({spec})")
+                notes.append(f"{field} ({spec}) streams from the Hugging Face hub, which must be reachable "
+                             "when the run starts")
+                continue
+            try:
+                text_source(spec)  # a local source exists, a built-in one is known
+            except (FileNotFoundError, ValueError) as e:
+                raise type(e)(f"{field}: {e}") from None
+    for field, name in (("model.name_or_path", cfg.model.name_or_path), ("data.tokenizer", d.tokenizer)):
+        if not name:
+            continue
+        problem = _missing_path(name, field)
+        if problem is not None:
+            raise problem
+        if not os.path.exists(os.path.expanduser(name)) and not _in_hub_cache(name):
+            notes.append(f"{field} ({name}) is not a local folder: it is read as a hub id, whose files must "
+                         "be in the local cache or the hub reachable when the run starts")
+    return notes
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether the hub id ``name`` has a config or tokenizer in the local Hugging Face cache."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - comes with transformers
+        return False
+    for filename in ("config.json", "tokenizer_config.json"):
+        try:
+            if isinstance(try_to_load_from_cache(name, filename), str):
+                return True
+        except ValueError:  # not a valid repository id
+            return False
+    return False
 
 
 # --------------------------------------------------------------------------------- model
@@ -126,10 +213,9 @@ def _load_model(cfg: RunConfig, tokenizer):
              "float16": torch.float16}[cfg.model.dtype]
     try:
         if cfg.model.name_or_path:
-            return PauseModel.from_pretrained(cfg.model.name_or_path, tokenizer=tokenizer,
-                                              torch_dtype=dtype,
-                                              attn_implementation=cfg.model.attn_implementation,
-                                              reconfigure=True, **pause_kw)
+            return _named(lambda name: PauseModel.from_pretrained(
+                name, tokenizer=tokenizer, torch_dtype=dtype, attn_implementation=cfg.model.attn_implementation,
+                reconfigure=True, **pause_kw), cfg.model.name_or_path, "model.name_or_path")
         hf_config = hf_config_for(cfg, len(tokenizer), tokenizer)
         return PauseModel.from_config(hf_config, tokenizer, torch_dtype=dtype,
                                       attn_implementation=cfg.model.attn_implementation,

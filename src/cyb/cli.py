@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from .commands import NAMES
+from .extras import MissingPackage
 
 
 def _modules() -> dict:
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, MissingPackage) as e:
         print(f"cyb {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from . import config_parsing, families, methods, paths
+from . import config_parsing, extras, families, methods, paths
 from .config_parsing import ConfigError, apply_overrides
 from .vectors import step_vector_problem
 
@@ -123,7 +123,7 @@ class LoraConfig:
     """LoRA rank r: 0 = off (full fine-tuning); r > 0 freezes the pretrained weights of
     model.name_or_path and trains rank-r adapters on lora.target_modules plus the embedding
     rows of the pause and dk tokens (and their output rows when the model does not tie them);
-    needs peft (pip install 'cyb[lora]')."""
+    needs peft (the lora extra: .venv/bin/pip install -e '.[lora]' in the cyb clone)."""
     alpha: float = 16.0
     """LoRA scaling: an adapter adds (alpha / rank) B A x to a projection's output (> 0)."""
     dropout: float = 0.0
@@ -237,7 +237,7 @@ class TrainConfig:
     distributed: str = "auto"
     """auto (DDP when started by torchrun), ddp, fsdp or none."""
     tensorboard: bool = False
-    """Also log to TensorBoard (needs the tensorboard package)."""
+    """Also log to TensorBoard (needs the tensorboard package: the tensorboard extra)."""
     progress: bool = True
     """Show progress: a bar on a terminal, else one line per log step."""
     memory_check: bool = True
@@ -446,10 +446,8 @@ def _validate_lora(lo: LoraConfig, m: ModelConfig) -> None:
     _need(m.name_or_path is not None, "lora.rank",
           "LoRA adapts a pretrained model: set model.name_or_path (a randomly initialised model "
           "would keep its random weights frozen), or set lora.rank = 0")
-    import importlib.util
-
-    _need(importlib.util.find_spec("peft") is not None, "lora.rank",
-          "LoRA needs the peft package: pip install 'cyb[lora]'")
+    _need(extras.available("peft"), "lora.rank",
+          f"LoRA needs the peft package, which is not installed: {extras.install_hint('peft')}")
 
 
 def _validate_data(d: DataConfig) -> None:
@@ -505,6 +503,9 @@ def _validate_train(t: TrainConfig) -> None:
         _need(getattr(t, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(t, name)}")
     _need(t.keep_last >= 1, "train.keep_last", f"must be >= 1, got {t.keep_last}")
     _one_of(t.checkpoint_format, ("full", "sharded"), "train.checkpoint_format")
+    if t.tensorboard:
+        _need(extras.available("tensorboard"), "train.tensorboard",
+              f"true needs the tensorboard package, which is not installed: {extras.install_hint('tensorboard')}")
 
 
 # ---------------------------------------------------------------------- sections and their docs

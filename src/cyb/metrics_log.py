@@ -41,11 +41,11 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
         if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise RuntimeError("train.tensorboard=true needs the tensorboard package "
-                                   "(pip install tensorboard)") from e
+            from .extras import require
+
+            require("tensorboard", "train.tensorboard = true")
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def log(self, split: str, metrics: dict) -> None:

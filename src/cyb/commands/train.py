@@ -15,7 +15,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a field, e.g. --set train.steps=100 --set method.name=tbys")
     p.add_argument("--help-config", action="store_true",
                    help="list every configuration field with its default and meaning, then exit")
-    p.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    p.add_argument("--check", action="store_true",
+                   help="validate the configuration, check that the data sources and the model and tokenizer "
+                        "folders it names exist, and exit")
     p.add_argument("--estimate-memory", action="store_true",
                    help="print the estimated peak GPU memory per process of this run (weights, "
                         "gradients, AdamW state, activations, readout; see cyb.memory_estimate) and exit")
@@ -41,7 +43,18 @@ def run(args) -> int:
         print(f"cyb train: invalid configuration: {e}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"{args.config}: configuration is valid")
+        from ..build import check_paths
+        from ..extras import MissingPackage
+
+        try:
+            notes = check_paths(cfg)
+        except (FileNotFoundError, ValueError, MissingPackage) as e:
+            print(f"cyb train: invalid configuration: {e}", file=sys.stderr)
+            return 2
+        for note in notes:
+            print(f"note: {note}")
+        print(f"{args.config}: configuration is valid; "
+              + ("the local paths it names exist" if notes else "the data and model it names exist"))
         return 0
     if args.estimate_memory:
         return _estimate_memory(cfg, args.world_size)

@@ -43,13 +43,14 @@ MB of text (about 700,000 tokens of a 2,048-id BPE), read in under half a second
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import importlib
 import glob as _glob
 import gzip
 import inspect
 import io
+import itertools
 import json
 import os
 import re
@@ -70,6 +71,19 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt",)
 PARQUET_SUFFIXES = (".parquet",)
 _GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+class MissingFieldError(KeyError, ValueError):
+    """A record without the text field: a ValueError (bad input, one line on the command line)
+    that is also a KeyError."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _no_field(where: str, text_field: str, found) -> MissingFieldError:
+    return MissingFieldError(f"{where}: no field {text_field!r} (data.text_field), found {found}; set "
+                             "data.text_field to the field that holds the text")
 
 
 def _format_of(path: Path) -> str | None:
@@ -105,9 +119,7 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[str]:
                 raise ValueError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
             if not isinstance(record, dict) or text_field not in record:
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise KeyError(
-                    f"{path}:{lineno}: no field text_field={text_field!r} (found {keys})"
-                )
+                raise _no_field(f"{path}:{lineno}", text_field, keys)
             text = record[text_field]
             if not isinstance(text, str):
                 raise TypeError(
@@ -133,14 +145,10 @@ def _read_txt(path: Path, paragraphs: bool) -> Iterator[str]:
             yield "".join(lines).rstrip("\n")
 
 
-def _import(module: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(
-            f"reading {extra} needs the package {module.split('.')[0]!r}: "
-            f"pip install {module.split('.')[0]}  (or pip install 'cyb[data]')"
-        ) from None
+def _import(module: str, what: str) -> Any:
+    from ..extras import require
+
+    return require(module, f"reading {what}")
 
 
 def _read_parquet(path: Path, text_field: str, batch_rows: int = 1024) -> Iterator[str]:
@@ -148,7 +156,7 @@ def _read_parquet(path: Path, text_field: str, batch_rows: int = 1024) -> Iterat
     pf = pq.ParquetFile(path)
     names = pf.schema_arrow.names
     if text_field not in names:
-        raise KeyError(f"{path}: no column text_field={text_field!r} (found {names})")
+        raise _no_field(str(path), text_field, names)
     for batch in pf.iter_batches(batch_size=batch_rows, columns=[text_field]):
         for text in batch.column(0).to_pylist():
             if text is not None:
@@ -166,7 +174,7 @@ def _iter_hf_dataset(
 ) -> Iterator[str]:
     columns = ds.column_names
     if columns is not None and text_field not in columns:
-        raise KeyError(f"{where}: no column text_field={text_field!r} (found {columns})")
+        raise _no_field(where, text_field, columns)
     if hasattr(ds, "select_columns") and columns is not None:
         ds = ds.select_columns([text_field])
     for batch in ds.iter(batch_size=batch_rows):
@@ -199,17 +207,45 @@ def _read_saved_dataset(path: Path, text_field: str, split: str | None) -> Itera
     yield from _iter_hf_dataset(ds, text_field, str(path))
 
 
+@contextlib.contextmanager
+def _quiet_hub_logs():
+    """No warning per failed request from the hub client while a data set opens (the error that
+    follows says what went wrong, once)."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("huggingface_hub", "datasets")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
 def _read_hub(spec: str, text_field: str, split: str | None) -> Iterator[str]:
     body, _, at_split = spec[len(HUB_PREFIX):].partition("@")
     split = at_split or split
     name, _, config = body.partition(":")
     if not name:
         raise ValueError(f"hub spec {spec!r} names no data set; write hf:NAME[:CONFIG][@SPLIT]")
-    datasets = _import("datasets", "a hub data set")
-    ds = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
-    for record in ds:
+    datasets = _import("datasets", "a hub data set (hf:)")
+    records = iter(())
+    try:
+        with _quiet_hub_logs():
+            ds = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
+            records = iter(ds)
+            first = next(records, None)
+    except (OSError, ValueError, RuntimeError) as e:  # no network (ConnectionError), no such set...
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{spec}: the hub data set cannot be opened ({reason}); hf: sources stream from "
+                         "the Hugging Face hub, which must be reachable: without a network, write the data "
+                         "set to files where there is one (save_to_disk, or JSON lines) and point the "
+                         "source at them") from None
+    for record in itertools.chain([first] if first is not None else [], records):
         if text_field not in record:
-            raise KeyError(f"{spec}: no field text_field={text_field!r} (found {sorted(record)})")
+            raise _no_field(spec, text_field, sorted(record))
         text = record[text_field]
         if text is not None:
             yield text
@@ -444,7 +480,7 @@ def iter_texts(
     Raises:
         FileNotFoundError: ``spec`` does not exist or holds no readable file.
         ValueError: unknown file format, or the source holds no non-empty document.
-        KeyError: a record lacks ``text_field``.
+        MissingFieldError: a record lacks ``text_field`` (a ValueError and a KeyError).
         ImportError: the reader needs ``pyarrow`` / ``datasets`` and it is not installed.
     """
     count = 0

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .. import paths
+from .. import extras, paths
 from ..checkpoint import DamagedFileError, check_safetensors
 from . import hf
 from .tokens import TokenPlan, apply_plan
@@ -43,7 +43,6 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: The adapter's name inside peft (one adapter per model).
 ADAPTER = "default"
-INSTALL_HINT = "pip install 'cyb[lora]'"
 # The PeftModel that owns a model's adapters, kept on the Hugging Face model (not a submodule,
 # so it adds no state-dict keys): it merges and saves them.
 _PEFT_ATTR = "_cyb_peft_model"
@@ -57,13 +56,10 @@ def _quiet_peft():
         yield
 
 
-def require_peft():
-    """The ``peft`` module; ImportError naming the extra to install when it is missing."""
-    try:
-        import peft
-    except ImportError:
-        raise ImportError(f"LoRA (lora.rank > 0) needs the peft package: {INSTALL_HINT}") from None
-    return peft
+def require_peft(what: str = "LoRA (lora.rank > 0)"):
+    """The ``peft`` module; :class:`~cyb.extras.MissingPackage` (an ImportError) saying how to
+    install it when it is missing."""
+    return extras.require("peft", what)
 
 
 def _hf(model) -> torch.nn.Module:
@@ -265,10 +261,10 @@ def load_adapter_model(folder, settings, *, torch_dtype=None, attn_implementatio
     """The Hugging Face model of a LoRA folder: its base loaded (``hf_kwargs`` go to
     ``from_pretrained``), grown to the saved vocabulary, the adapters and pause rows put in.
     Returns the Hugging Face model (frozen, adapters in place) for a PauseModel to wrap."""
-    peft = require_peft()
+    folder = Path(folder)
+    peft = require_peft(f"the LoRA folder {folder}")
     from transformers import AutoModelForCausalLM
 
-    folder = Path(folder)
     check_lora_folder(folder)
     info = read_lora_file(folder)
     # absolute as written; a relative folder (moved by hand, or an older version's) is taken

@@ -1,0 +1,110 @@
+"""Every missing piece is one line on the command line, never a traceback: a model path that does
+not exist, a JSON-lines file without the text field, an ``hf:`` source offline, a missing
+optional package (with the install command for a clone); ``cyb train --check`` checks paths."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from cyb import extras
+from cyb.cli import main
+
+CONFIG = {"model": {"arch": "llama", "hidden_size": 32, "num_layers": 1, "num_heads": 2},
+          "method": {"name": "cyb", "num_steps": 2},
+          "data": {"source": "texts.jsonl", "valid_source": None, "valid_fraction": 0.2, "block_len": 16,
+                   "bpe_vocab_size": 300, "bpe_train_docs": 20},
+          "train": {"out_dir": "runs/x", "steps": 1, "batch_size": 2, "progress": False}}
+HINT = "in the cyb clone, .venv/bin/pip install -e '.[{extra}]' (or CYB_EXTRAS={extra} bash scripts/setup.sh)"
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(CONFIG))
+    with open(tmp_path / "texts.jsonl", "w") as f:
+        for i in range(20):
+            f.write(json.dumps({"text": f"document {i} says something about the weather " * 3}) + "\n")
+    (tmp_path / "body.jsonl").write_text("".join(json.dumps({"body": "x y z"}) + "\n" for _ in range(5)))
+    return tmp_path
+
+
+def _one_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cyb {command}: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("model.name_or_path=runs/nothere/final", "model.name_or_path (runs/nothere/final) does not exist"),
+    ("model.name_or_path=nobody-here/no-such-model", "model.name_or_path (nobody-here/no-such-model) is not a "
+                                                     "local folder, and as a hub id it cannot be loaded"),
+    ("data.tokenizer=./no/tokenizer", "data.tokenizer (./no/tokenizer) does not exist"),
+    ("data.source=body.jsonl", "body.jsonl:1: no field 'text' (data.text_field), found ['body']"),
+    ("data.source=missing.jsonl", "data source 'missing.jsonl' does not exist"),
+])
+def test_a_missing_model_or_data_is_one_line_and_leaves_no_folder(work, capsys, setting, message):
+    assert main(["train", "run.yaml", "--set", setting]) == 2
+    err = _one_line(capsys, "train")
+    assert message in err and "local_files_only" not in err
+    assert not (work / "runs" / "x").exists()
+
+
+def test_an_unreachable_hub_data_set_is_one_line(work, capsys, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'someone/corpus' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    assert main(["train", "run.yaml", "--set", "data.source=hf:someone/corpus"]) == 2
+    err = _one_line(capsys, "train")
+    assert "hf:someone/corpus: the hub data set cannot be opened (Couldn't reach" in err
+    assert "which must be reachable" in err
+
+
+@pytest.mark.parametrize("package,extra,setting", [
+    ("datasets", "data", "data.source=hf:someone/corpus"),
+    ("tensorboard", "tensorboard", "train.tensorboard=true"),
+])
+def test_a_missing_optional_package_names_the_install_command(work, capsys, monkeypatch, package, extra, setting):
+    monkeypatch.setitem(sys.modules, package, None)
+    assert main(["train", "run.yaml", "--set", setting]) == 2
+    err = _one_line(capsys, "train")
+    assert f"needs the {package} package, which is not installed: {HINT.format(extra=extra)}" in err
+    assert "cyb[" not in err
+    assert not (work / "runs" / "x").exists()
+
+
+def test_install_hints_name_the_clone_never_the_package_index():
+    for package, extra in extras.EXTRA_OF.items():
+        hint = extras.install_hint(package)
+        assert HINT.format(extra=extra) in hint and f"pip install {package}" in hint and "cyb[" not in hint
+    error = extras.missing("peft", "LoRA")
+    assert isinstance(error, ImportError) and str(error).startswith("LoRA needs the peft package")
+
+
+def test_check_verifies_that_data_and_model_paths_exist(work, capsys):
+    assert main(["train", "run.yaml", "--check"]) == 0
+    assert "configuration is valid; the data and model it names exist" in capsys.readouterr().out
+    for setting, message in [
+        ("data.source=missing.jsonl", "data.source: data source 'missing.jsonl' does not exist"),
+        ("data.valid_source=./held/out.jsonl", "data.valid_source: data source './held/out.jsonl' does not exist"),
+        ("data.source=builtin:nothing", "data.source: unknown built-in corpus"),
+        ("model.name_or_path=runs/gone/final", "model.name_or_path (runs/gone/final) does not exist"),
+        ("data.tokenizer=~/no/such/tokenizer", "data.tokenizer (~/no/such/tokenizer) does not exist"),
+    ]:
+        assert main(["train", "run.yaml", "--check", "--set", setting]) == 2, setting
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("cyb train: invalid configuration: ") and message in err and "\n" not in err, err
+    # a hub id (ORG/NAME, or a bare name) is no path: checked when the run starts, with a note
+    for name in ("HuggingFaceTB/SmolLM2-135M", "smollm2-135m"):
+        assert main(["train", "run.yaml", "--check", "--set", f"model.name_or_path={name}"]) == 0
+        out = capsys.readouterr().out
+        assert "configuration is valid; the local paths it names exist" in out
+        assert f"note: model.name_or_path ({name}) is not a local folder: it is read as a hub id" in out
+    assert main(["train", "run.yaml", "--check", "--set", "data.source=builtin:python-docs@train"]) == 0
+    assert not (work / "runs").exists()
