@@ -45,3 +45,12 @@ def test_named_scripts_exist(page):
     text = page.read_text(encoding="utf-8")
     missing = sorted({s for s in SCRIPT.findall(text) if not (ROOT / s).is_file()})
     assert not missing, f"{page.relative_to(ROOT)} names scripts that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_install_commands_name_the_clone_not_the_package_index(page):
+    """cyb is not on the package index: an extra is installed into the clone's .venv
+    (``.venv/bin/pip install -e '.[lora]'`` or ``CYB_EXTRAS=lora bash scripts/setup.sh``)."""
+    text = page.read_text(encoding="utf-8")
+    assert not re.search(r"pip install[^\n`]*cyb\[", text), f"{page.relative_to(ROOT)} installs cyb[...] from the index"
+    assert not re.search(r"(?m)^\s*pip install", text), f"{page.relative_to(ROOT)} runs a bare pip outside .venv"

@@ -12,7 +12,8 @@
         task_manager=TaskManager(include_path=str(tasks_dir()), metadata={"data_dir": "/data/eval"}))
 
 or on the command line ``python -m cyb.integrations.lm_eval --model cyb --model_args ...`` (the
-``lm_eval`` command's arguments; this entry point only registers the model first).
+``lm_eval`` command's arguments; this entry point registers the model first, and its ``--help``
+says how to use the model, the task folder and ``CYB_EVAL_DATA``: :mod:`cyb.integrations.harness_cli`).
 
 Every request runs Recipe 1: ``M-1`` pauses after every real token of the context and of the
 continuation (the paper's downstream evaluation inserts pauses in prompt and response).
@@ -36,15 +37,25 @@ import sys
 from collections import defaultdict
 from typing import Sequence
 
+if __name__ == "__main__":  # python -m cyb.integrations.lm_eval: the harness imports this module by name
+    from cyb.integrations.harness_cli import main as _main
+
+    sys.exit(_main())
+
 import torch
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
+
+from ..extras import require as _require
+
+_require("lm_eval", "the cyb model of lm-evaluation-harness (cyb.integrations.lm_eval)")
+from lm_eval.api.model import LM  # noqa: E402
+from lm_eval.api.registry import register_model  # noqa: E402
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
 from ..generation.registry import DECODERS, MODES, resolve_decoder
 from ..generation.registry import DEFAULT as DEFAULT_DECODER
 from ..model import PauseModel
+from ..paths import looks_like_path
 from ..runtime import resolve_device
 from ..model import hf as _hf
 from .scoring import score_batch, token_log_likelihood
@@ -171,6 +182,9 @@ class CybLM(LM):
                                  "already a PauseModel")
             model = pretrained
         elif isinstance(pretrained, (str, os.PathLike)):
+            if not os.path.exists(os.path.expanduser(str(pretrained))) and looks_like_path(str(pretrained)):
+                raise FileNotFoundError(f"pretrained={pretrained!s} does not exist (give a folder written by "
+                                        "cyb, such as a run's final/, or a hub name)")
             model = PauseModel.from_pretrained(pretrained, num_steps=num_steps, torch_dtype=dtype,
                                                attn_implementation=attn_implementation)
         else:
@@ -394,17 +408,9 @@ class CybLM(LM):
         return options
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cyb.integrations.lm_eval ARGS``: the ``lm_eval`` command line (same arguments)
-    with the ``cyb`` model registered."""
-    from lm_eval.__main__ import cli_evaluate
+    with the ``cyb`` model registered (:func:`cyb.integrations.harness_cli.main`)."""
+    from .harness_cli import main as run
 
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
-
-
-if __name__ == "__main__":
-    # Importing this module by its package name later must not register the model twice.
-    sys.modules.setdefault("cyb.integrations.lm_eval", sys.modules[__name__])
-    main()
+    return run(argv)

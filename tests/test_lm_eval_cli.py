@@ -1,0 +1,66 @@
+"""``python -m cyb.integrations.lm_eval``: its help says how to use the model, the task folder and
+``CYB_EVAL_DATA``; a missing harness, data folder or model folder is one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cyb.integrations import harness_cli
+from cyb.integrations.tasks import tasks_dir
+
+
+def _check_usage(text: str) -> None:
+    assert "--model cyb" in text and "pretrained=MODEL" in text
+    assert f"--include_path TASKS_DIR  cyb's task folder, here {tasks_dir()}" in text
+    assert "$CYB_EVAL_DATA" in text and "hellaswag/validation.jsonl" in text
+    assert "not shipped with cyb" in text and "cyb_tiny_mc" in text
+
+
+def test_help_without_the_harness_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    assert harness_cli.main(["--help"]) == 2
+    out, err = capsys.readouterr()
+    _check_usage(out)
+    assert err.strip() == (f"{harness_cli.PROG}: error: {harness_cli.PROG} needs the lm_eval package, which is not "
+                           "installed: in the cyb clone, .venv/bin/pip install -e '.[eval]' (or CYB_EXTRAS=eval "
+                           "bash scripts/setup.sh); in another environment, pip install lm_eval")
+
+
+def test_help_as_a_module_then_the_harness_options():
+    pytest.importorskip("lm_eval")
+    done = subprocess.run([sys.executable, "-m", "cyb.integrations.lm_eval", "--help"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    _check_usage(done.stdout)
+    assert done.stdout.index("The options of lm_eval follow.") < done.stdout.index("usage: lm")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from cyb.data.synthetic import CharTokenizer
+    from cyb.model import PauseModel
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=128)
+    model = PauseModel.from_config(config, CharTokenizer().to_hf(), num_steps=2)
+    return model.save_pretrained(tmp_path_factory.mktemp("lm") / "model")
+
+
+@pytest.mark.parametrize("case", ["no_data_dir", "no_model"])
+def test_a_missing_data_folder_or_model_is_one_line(tiny_model, monkeypatch, capsys, case):
+    pytest.importorskip("lm_eval")
+    monkeypatch.delenv("CYB_EVAL_DATA", raising=False)
+    model = str(tiny_model) if case == "no_data_dir" else "runs/not-here/final"
+    code = harness_cli.main(["--model", "cyb", "--model_args", f"pretrained={model},device=cpu",
+                             "--tasks", "hellaswag_local", "--include_path", str(tasks_dir()), "--limit", "1"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"{harness_cli.PROG}: error: ")
+    if case == "no_data_dir":
+        assert "no data folder for the local benchmark tasks: set the environment variable CYB_EVAL_DATA" in err
+    else:
+        assert "pretrained=runs/not-here/final does not exist" in err
