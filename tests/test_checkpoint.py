@@ -92,13 +92,51 @@ def test_kill_9_then_resume_reproduces_the_run(cfg_path, reference, tmp_path):
     killed_at = latest_checkpoint(out).step
     assert 2 <= killed_at < STEPS and not (out / "final").exists()
 
+    assert (out / "train.lock").is_file()  # left by the killed run
     done = _run(cfg_path, out)
     assert done.returncode == 0, done.stderr
+    assert f"note: {out / 'train.lock'} was left by pid {proc.pid} on host " in done.stderr
+    assert "which no longer runs (killed?); taking it over" in done.stderr
     rows, ref = _by_step(out), _by_step(reference)
     assert rows.keys() == ref.keys()
     assert rows == ref  # bit-for-bit on CPU
     for name in ("ckpt-00000010/model.safetensors", "final/model.safetensors"):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert not (out / "train.lock").exists()  # a finished run lets its folder go
+
+
+def test_a_second_run_stops_and_ctrl_c_says_what_is_lost_and_how_to_resume(cfg_path, reference, tmp_path):
+    import socket
+
+    out = tmp_path / "run"
+    first = subprocess.Popen(_command(cfg_path, out), env=_env(**{FAULT_ENV: "step_delay=1.5"}),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while first.poll() is None and latest_checkpoint(out) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = _run(cfg_path, out)  # seconds later, into the same folder
+    assert first.poll() is None, "the first run ended before the second started"
+    assert second.returncode == 2
+    err = second.stderr.strip()
+    assert err.startswith(f"cyb train: error: train.out_dir ({out}) is in use by another cyb train: pid "
+                          f"{first.pid} on host {socket.gethostname()}, started ") and "\n" not in err, err
+    assert "wait for it to finish or stop it, or give another train.out_dir" in err
+    first.send_signal(signal.SIGINT)
+    _, first_err = first.communicate(timeout=120)
+    assert first.returncode == 130, first_err
+    saved = latest_checkpoint(out).step
+    last = first_err.strip().splitlines()[-1]
+    assert last.startswith("interrupted at step "), first_err
+    stopped = int(last.split()[3].rstrip(":"))
+    assert stopped >= saved
+    lost = (f"the {stopped - saved} step(s) since the last checkpoint (step {saved}) in {out} are lost"
+            if stopped > saved else f"nothing is lost, the last checkpoint (step {saved}) in {out} holds it")
+    assert f"{lost}; running the same command again resumes from step {saved}" in last
+    assert not (out / "train.lock").exists()
+    again = _run(cfg_path, out)  # the same command resumes and ends as the uninterrupted run
+    assert again.returncode == 0, again.stderr
+    assert f"resumed at step {saved}" in again.stderr
+    assert _by_step(out) == _by_step(reference)
 
 
 def test_interrupted_checkpoint_write_keeps_the_last_good_one(cfg_path, reference, tmp_path):

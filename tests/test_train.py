@@ -272,6 +272,13 @@ def test_logged_rows_average_the_window_and_report_throughput(tmp_path, capsys):
     assert "step 4/4" in err and "tok/s" in err and "E[S]" in err and "eta" in err
 
 
+def test_progress_false_hides_the_steps_but_not_the_header(tmp_path, capsys):
+    cfg = tiny_cfg(tmp_path / "run", train={"steps": 4, "log_every": 2, "eval_every": 2, "progress": False})
+    Trainer(cfg).run()
+    err = capsys.readouterr().err
+    assert "cyb train: cyb (M=3), " in err and f"out_dir {tmp_path / 'run'}" in err
+    assert "step 4: held-out loss" in err and "step 4/4" not in err and "eta" not in err
+
 def test_a_checkpoint_between_logged_steps_trains_on_and_resumes(tmp_path):
     """A checkpoint taken between two logged steps carries the window of unlogged sums (as
     lists); training on from it, and resuming from it, add the next steps' tensors to them."""

@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_weight_loading()
     try:
         return int(mods[args.command].run(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # training says what is lost and how to resume
+        print(str(e) or "interrupted", file=sys.stderr)
         return 130
     except (FileNotFoundError, ValueError, MissingPackage) as e:
         print(f"cyb {args.command}: error: {e}", file=sys.stderr)

@@ -239,7 +239,8 @@ class TrainConfig:
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package: the tensorboard extra)."""
     progress: bool = True
-    """Show progress: a bar on a terminal, else one line per log step."""
+    """Show progress: a bar on a terminal, else one line per log step; false hides both (the
+    run's header, held-out results and notes are still printed)."""
     memory_check: bool = True
     """On a GPU, estimate the peak memory per process before building the model (cyb.memory_estimate:
     weights, gradients, AdamW state, activations, readout, FSDP sharding) and refuse to start

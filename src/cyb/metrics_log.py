@@ -116,16 +116,20 @@ class Progress:
     """Training progress: a tqdm bar on a terminal, else one plain line per logged step.
 
     Both show the step, loss, ``E[S]`` (methods with dk), real tokens per second and the
-    estimated time left.
+    estimated time left.  ``enabled=False`` shows nothing (processes other than the first);
+    ``bar=False`` shows neither bar nor step lines, but still the lines given to :meth:`write`
+    (the run's header, held-out results, notes).
     """
 
-    def __init__(self, total: int, initial: int, desc: str, *, enabled: bool = True, stream=None):
+    def __init__(self, total: int, initial: int, desc: str, *, enabled: bool = True, bar: bool = True,
+                 stream=None):
         self.total, self.step, self.desc = total, initial, desc
         self.enabled = enabled
+        self.steps_shown = enabled and bar
         self.stream = stream if stream is not None else sys.stderr
         self._start, self._start_step = time.perf_counter(), initial
         self._bar = None
-        if enabled and getattr(self.stream, "isatty", lambda: False)():
+        if self.steps_shown and getattr(self.stream, "isatty", lambda: False)():
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step",
@@ -140,7 +144,7 @@ class Progress:
 
     def update(self, step: int, metrics: dict | None = None) -> None:
         """Advance to ``step``; ``metrics`` (a logged row) refreshes the figures shown."""
-        if not self.enabled:
+        if not self.steps_shown:
             return
         if self._bar is not None:
             self._bar.update(step - self.step)

@@ -39,6 +39,7 @@ from .model.lora import is_lora, load_trainable_state, trainable_state, trainabl
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
 from .run_data import build_data
+from .run_lock import lock_run
 from .runtime import autocast
 
 #: Seed family of held-out rows (training rows use the step number).
@@ -187,19 +188,23 @@ class Trainer:
             raise ValueError(f"train.micro_batch_size ({self.micro}) must divide the batch of each of "
                              f"the {info.world_size} processes ({per_rank})")
         self.accum = per_rank // self.micro
-        ckpt = self._checkpoint_to_resume()
-        torch.manual_seed(t.seed)
-        random.seed(t.seed)
         created = info.is_main and not self.run_dir.exists()
-        if info.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        barrier(info)
+        self.lock = lock_run(self.run_dir, info)
         try:
+            ckpt = self._checkpoint_to_resume()
+            torch.manual_seed(t.seed)
+            random.seed(t.seed)
             self._build(ckpt)
         except BaseException:
+            self.release()
             if created:  # a run that never started leaves no folder behind (bad data, model, ...)
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
+
+    def release(self) -> None:
+        """Let the run folder's lock go (at the end of :meth:`run`; idempotent)."""
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
 
     def _build(self, ckpt) -> None:
         """Tokenizer, model, objective, wrappers, optimiser, data; then the checkpoint's state."""
@@ -232,6 +237,7 @@ class Trainer:
         self._check_positions()
 
         self.step = 0
+        self.saved_step = 0  # the step of the newest checkpoint (0: none)
         self.window: dict = {}  # metric sums since the last logged line
         self.last_valid: dict = {}
         if restored is not None:
@@ -244,7 +250,7 @@ class Trainer:
             rngs = trainer_state["rng"]
             _set_rng_state(rngs[info.rank] if info.rank < len(rngs) else rngs[0])
             self.train_data.load_state_dict(data_state)
-            self.step = int(meta["step"])
+            self.step = self.saved_step = int(meta["step"])
             if self.step > t.steps:
                 raise ValueError(f"train.steps ({t.steps}) is below the step of the checkpoint in "
                                  f"{self.run_dir} ({self.step}); raise train.steps or use another train.out_dir")
@@ -432,6 +438,7 @@ class Trainer:
         if self.window:  # the saved window now lives on rank 0 only, as on resume
             self.window = window if self.info.is_main else {}
         barrier(self.info)
+        self.saved_step = self.step
 
     def training_state(self) -> dict:
         """Where training stands: ``step``, ``epochs`` over the training data (None while
@@ -532,7 +539,7 @@ class Trainer:
             (self.run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
             self.cfg.dump(self.run_dir / "config.yaml")
         progress = Progress(t.steps, self.step, f"train {self.cfg.method.name}",
-                            enabled=info.is_main and t.progress)
+                            enabled=info.is_main, bar=t.progress)
         self._announce(progress, self.step > 0)
         delay = float(fault("step_delay") or 0.0)
         try:
@@ -566,10 +573,29 @@ class Trainer:
             self.save_final()
             if info.is_main:
                 (self.run_dir / "final_metrics.json").write_text(json.dumps(self.last_valid, indent=2))
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(self._interrupted() if info.is_main else "") from None
         finally:
             progress.close()
             logger.close()
+            self.release()
         return self.last_valid
+
+    def _interrupted(self) -> str:
+        """What an interruption (Ctrl-C) at the current step loses, and how to go on."""
+        t, lost = self.cfg.train, self.step - self.saved_step
+        if self.saved_step == 0:
+            return (f"interrupted at step {self.step}, before the first checkpoint (train.save_every = "
+                    f"{t.save_every}): those {lost} step(s) are lost; running the same command again starts "
+                    "the run afresh")
+        where = f"the last checkpoint (step {self.saved_step}) in {self.run_dir}"
+        return (f"interrupted at step {self.step}: " + (f"the {lost} step(s) since {where} are lost"
+                                                         if lost else f"nothing is lost, {where} holds it")
+                + f"; running the same command again resumes from step {self.saved_step}")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training; the message says which steps are lost and how to resume."""
 
 
 def train(cfg: RunConfig) -> dict:
@@ -581,5 +607,5 @@ def train(cfg: RunConfig) -> dict:
         shutdown(trainer.info)
 
 
-__all__ = ["LossModule", "Trainer", "build_optimizer", "check_resumable", "lr_factor", "peak_lr",
+__all__ = ["LossModule", "Trainer", "TrainingInterrupted", "build_optimizer", "check_resumable", "lr_factor", "peak_lr",
            "row_seed", "train"]
