@@ -232,3 +232,48 @@ def test_decoding_note_says_when_adaptive_mode_keeps_the_answers():
     assert "Recipe 1" in format_decoding("cyb", lost, 4)
     nothing = {"fixed": {**kept["fixed"], "exact_match": 0.004}, "adaptive": {**kept["adaptive"], "exact_match": 0.006}}
     assert "keeps the exact match" not in format_decoding("cyb", nothing, 4)
+
+
+def test_the_demo_resumes_when_interrupted_runs_again_and_starts_afresh(quick_demo, tmp_path, capsys):
+    """An interrupted demo resumes its run from the last checkpoint; a finished one runs again
+    (its runs reused); other settings in the same folder stop with the way out, --fresh."""
+    import os
+    import subprocess
+    import sys
+
+    from cyb.checkpoint import FAULT_ENV, latest_checkpoint
+    from cyb.metrics_log import read_metrics
+
+    out = tmp_path / "demo"
+    args = ["demo", "--quick", "--out", str(out), "--no-progress"]
+    env = {**os.environ, FAULT_ENV: "checkpoint_write@12", "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-m", "cyb", *args], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert latest_checkpoint(out / "runs" / "baseline").step == 9
+    capsys.readouterr()
+
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    assert "out_dir " in printed.err and "resumed at step 9" in printed.err
+    steps = [r["step"] for r in read_metrics(out / "runs" / "baseline", "train")]
+    assert steps == sorted(set(steps)) and steps[-1] == 30
+    _, first, _ = quick_demo
+    before = json.loads((first / "metrics.json").read_text())["methods"]
+    after = json.loads((out / "metrics.json").read_text())["methods"]
+    for method, r in after.items():
+        assert r["ppl"] == pytest.approx(before[method]["ppl"], rel=1e-3), method
+
+    assert main(args) == 0  # again: every run is reused, the report is written again
+    printed = capsys.readouterr().out
+    assert printed.count("trained already in ") == 4 and "| cyb_decoupled | 4 |" in printed
+    again = json.loads((out / "metrics.json").read_text())["methods"]
+    assert {m: r["train_seconds"] for m, r in again.items()} == {m: r["train_seconds"] for m, r in after.items()}
+
+    assert main([*args, "--seed", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "train.seed was 0, now 1" in err and "add --fresh to train them afresh, or give another --out" in err
+    assert "\n" not in err
+    assert main([*args, "--seed", "1", "--fresh"]) == 0
+    printed = capsys.readouterr().out
+    assert f"removed {out / 'runs' / 'baseline'} (--fresh)" in printed and "trained already" not in printed

@@ -142,6 +142,11 @@ _RESUME_FIELDS = {
 _RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtype", "pause_init")}
 
 
+class CannotResume(ValueError):
+    """``train.out_dir`` holds checkpoints this run cannot resume from (another run's, damaged
+    ones, a later step than ``train.steps``, or ``train.resume`` is false)."""
+
+
 def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
     """Raise ValueError naming the first field in which a checkpoint's run differs from ``cfg``
     (paths compared as absolute paths: a checkpoint of an older version may hold them relative)."""
@@ -154,7 +159,7 @@ def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
             before = saved.get(section, {}).get(key) if section in saved else defaults[section][key]
             after = now[section][key]
             if before != after:
-                raise ValueError(
+                raise CannotResume(
                     f"train.out_dir ({where}) holds checkpoints of another run: {section}.{key} was "
                     f"{before!r}, now {after!r}; use another train.out_dir (or delete its checkpoints)")
 
@@ -252,7 +257,7 @@ class Trainer:
             self.train_data.load_state_dict(data_state)
             self.step = self.saved_step = int(meta["step"])
             if self.step > t.steps:
-                raise ValueError(f"train.steps ({t.steps}) is below the step of the checkpoint in "
+                raise CannotResume(f"train.steps ({t.steps}) is below the step of the checkpoint in "
                                  f"{self.run_dir} ({self.step}); raise train.steps or use another train.out_dir")
             self.last_valid = meta.get("metrics") or {}
             if info.is_main:
@@ -268,7 +273,7 @@ class Trainer:
         if not list_checkpoints(self.run_dir):
             return None
         if not self.cfg.train.resume:
-            raise ValueError(f"train.out_dir ({self.run_dir}) already holds checkpoints and train.resume "
+            raise CannotResume(f"train.out_dir ({self.run_dir}) already holds checkpoints and train.resume "
                              "is false; use another train.out_dir, delete them, or resume")
         # the first process reads (and hashes) the checkpoints; every process resumes from its pick
         found = newest_good_checkpoint(self.run_dir) if self.info.is_main else None
@@ -277,7 +282,7 @@ class Trainer:
             for path, reason in skipped:
                 print(f"warning: not resuming from {path}: {reason}", file=sys.stderr, flush=True)
         if ckpt is None:
-            raise ValueError(f"no checkpoint in {self.run_dir} can be resumed from (all are damaged: "
+            raise CannotResume(f"no checkpoint in {self.run_dir} can be resumed from (all are damaged: "
                              + "; ".join(f"{p.name}: {r}" for p, r in skipped) + "); restore one from a "
                              "copy, or move them away to train this run afresh")
         if skipped and self.info.is_main:
@@ -607,5 +612,5 @@ def train(cfg: RunConfig) -> dict:
         shutdown(trainer.info)
 
 
-__all__ = ["LossModule", "Trainer", "TrainingInterrupted", "build_optimizer", "check_resumable", "lr_factor", "peak_lr",
-           "row_seed", "train"]
+__all__ = ["CannotResume", "LossModule", "Trainer", "TrainingInterrupted", "build_optimizer", "check_resumable",
+           "lr_factor", "peak_lr", "row_seed", "train"]

@@ -1,4 +1,4 @@
-"""``cyb demo [--task NAME] [--steps N] [--seed S] [--quick] [--out DIR] [--methods ...]``."""
+"""``cyb demo [--task NAME] [--steps N] [--seed S] [--quick] [--out DIR] [--methods ...] [--fresh]``."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="YAML of demo settings, e.g. configs/demo/gpu.yaml; the options above override it")
     p.add_argument("--device", default=_UNSET, help="auto, cpu or cuda (default: auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--fresh", action="store_true",
+                   help="train every method afresh: remove the runs an earlier demo left in the report "
+                        "folder (by default a finished run is reused and an interrupted one resumes)")
 
 
 def run(args) -> int:
@@ -62,5 +65,5 @@ def run(args) -> int:
     if hasattr(args, "task_args"):
         settings.task_kwargs.update(dict(args.task_args))
         settings.validate()
-    run_demo(settings)
+    run_demo(settings, fresh=args.fresh)
     return 0

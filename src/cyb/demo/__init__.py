@@ -27,7 +27,7 @@ decoding produces it.
 """
 
 from .present import format_decoding, format_reading, format_table, hard_easy_steps, meets_criterion, write_report
-from .run import decoding_cost, run_demo, score_model, write_initial_models
+from .run import clear_runs, decoding_cost, run_demo, score_model, write_initial_models
 from .settings import (DEFAULT_METHODS, DEFAULT_TASK, DEMO_METHODS, METHOD_OPTIONS, QUICK, TASK_PRESETS,
                        DemoSettings, demo_method, demo_settings, run_config)
 
@@ -39,6 +39,7 @@ __all__ = [
     "QUICK",
     "TASK_PRESETS",
     "DemoSettings",
+    "clear_runs",
     "decoding_cost",
     "demo_method",
     "demo_settings",

@@ -17,7 +17,10 @@ def header_lines(s: DemoSettings, task_description: str) -> list[str]:
             f"M = {s.num_steps}; {s.train_steps} steps of {s.batch_size} examples per method"]
 
 
-def training_line(i: int, n: int, method: str) -> str:
+def training_line(i: int, n: int, method: str, trained_in: str | None = None) -> str:
+    """``[2/4] training tbys``, or for a run an earlier demo finished, that it is reused."""
+    if trained_in is not None:
+        return f"[{i}/{n}] {method}: trained already in {trained_in} (reused; --fresh trains it again)"
     return f"[{i}/{n}] training {method}"
 
 

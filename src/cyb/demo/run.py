@@ -172,17 +172,68 @@ def _quiet_transformers() -> None:
         pass
 
 
-def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
+def clear_runs(s: DemoSettings) -> list[Path]:
+    """Remove what an earlier demo in ``s.out_dir`` trained for ``s.methods`` (its runs and their
+    shared initial weights), so that the next one starts afresh; returns the folders removed.
+    A run that a live process is training is left alone (:class:`~cyb.run_lock.RunLocked`)."""
+    import shutil
+
+    from ..run_lock import acquire
+
+    out = Path(s.out_dir)
+    runs = [out / "runs" / m for m in s.methods if (out / "runs" / m).is_dir()]
+    locks = [acquire(run) for run in runs]  # all or none: raises while another process trains one
+    removed = []
+    for run, lock in zip(runs, locks):
+        shutil.rmtree(run)
+        lock.release()
+        removed.append(run)
+    if (out / "init").is_dir():
+        shutil.rmtree(out / "init")
+        removed.append(out / "init")
+    return removed
+
+
+def _finished(run_dir: Path, steps: int) -> bool:
+    """Whether a demo run already trained to ``steps`` (its checkpoint of that step exists)."""
+    from ..checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    return ckpt is not None and ckpt.step == steps and (run_dir / "final").is_dir()
+
+
+def _earlier_train_seconds(out: Path) -> dict:
+    """Training seconds per run folder from the report of an earlier demo in ``out``."""
+    import json
+
+    try:
+        earlier = json.loads((out / "metrics.json").read_text())
+        return {r["run_dir"]: r["train_seconds"] for r in earlier["methods"].values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None] = print) -> dict:
     """Train, score and report every method of ``s``; returns the metrics written to
-    ``metrics.json`` (``{"methods": {name: {...}}, "total_seconds": ..., ...}``)."""
+    ``metrics.json`` (``{"methods": {name: {...}}, "total_seconds": ..., ...}``).
+
+    The runs of an earlier demo in ``s.out_dir`` go on: one that finished is scored again (its
+    training time is the earlier report's), one that was interrupted resumes from its last
+    checkpoint.  ``fresh`` removes them first (:func:`clear_runs`).  Runs of other settings
+    (another seed, model or task) are refused with an error that says how to start afresh.
+    """
     from ..model import PauseModel
     from ..run_data import synthetic_sets
-    from ..train import train
+    from ..train import CannotResume, train
 
     s.validate()
     _quiet_transformers()
     out = Path(s.out_dir)
+    if fresh:
+        for folder in clear_runs(s):
+            echo(f"removed {folder} (--fresh)")
     out.mkdir(parents=True, exist_ok=True)
+    earlier = _earlier_train_seconds(out)
     from ..data.synthetic import make_task
 
     task = make_task(s.task, **s.task_kwargs)
@@ -198,10 +249,18 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
         cfg = run_config(s, method)
         cfg.model.name_or_path = str(initial[method])
         configs[method] = cfg.with_local_paths().to_dict()  # as the run folder has it
-        echo(present.training_line(i, len(s.methods), method))
+        run_dir = configs[method]["train"]["out_dir"]
+        reused = _finished(Path(cfg.train.out_dir), cfg.train.steps)
+        echo(present.training_line(i, len(s.methods), method, cfg.train.out_dir if reused else None))
         t0 = time.perf_counter()
-        train(cfg)
+        try:
+            train(cfg)
+        except CannotResume as e:
+            raise CannotResume(f"{e}. The demo reuses the runs in {out}/runs, which were made with other "
+                               f"settings: add --fresh to train them afresh, or give another --out") from None
         train_s = time.perf_counter() - t0
+        if reused and run_dir in earlier:
+            train_s = earlier[run_dir]
         model = PauseModel.from_pretrained(Path(cfg.train.out_dir) / "final")
         if s.device != "cpu" and torch.cuda.is_available():
             model = model.to("cuda")

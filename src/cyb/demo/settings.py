@@ -94,7 +94,8 @@ class DemoSettings:
     precision: str = "auto"
     """auto (bf16 autocast on CUDA, float32 on CPU), bf16 or fp32."""
     out_dir: str = "runs/demo"
-    """Report folder; the training runs go to out_dir/runs/<method>."""
+    """Report folder; the training runs go to out_dir/runs/<method> (a run that finished is
+    reused, one that was interrupted resumes from its last checkpoint; --fresh starts afresh)."""
     num_examples_shown: int = 24
     """Test examples shaded in examples.html."""
     progress: bool = True
@@ -199,6 +200,6 @@ def run_config(s: DemoSettings, method: str):
         "optim": {"lr": s.lr, "warmup_steps": min(s.warmup_steps, s.train_steps - 1)},
         "train": {"out_dir": str(run_dir), "steps": s.train_steps, "batch_size": s.batch_size,
                   "seed": s.seed, "device": s.device, "precision": s.precision, "eval_every": 0, "eval_batches": 2,
-                  "save_every": 0, "keep_last": 1, "log_every": max(1, s.train_steps // 50),
-                  "resume": False, "progress": s.progress},
+                  "save_every": max(1, s.train_steps // 10), "keep_last": 1,
+                  "log_every": max(1, s.train_steps // 50), "resume": True, "progress": s.progress},
     }).validate()
