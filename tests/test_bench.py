@@ -159,7 +159,30 @@ def test_bench_decode_times_a_saved_model(tmp_path):
     assert rows[("cyb_static", "adaptive", 3)]["tokens_vs_cyb_eager"]["equal"]
     assert res["agreement_fp32"]["status"] == "skipped"
     assert any("latency M=3" in c["target"] for c in res["targets"])  # the model's M
+    generate_rows = res["end_to_end"]["rows"]
+    assert generate_rows and all(r["new_tokens"] == 3 for r in generate_rows)  # --new-tokens, not 128
     assert main(["bench", "decode", "--quick", "--prompts", str(prompts)]) == 2
+
+
+def test_bench_decode_takes_a_run_folder_as_eval_and_generate_do(tmp_path, capsys):
+    import shutil
+
+    from generation_helpers import build
+
+    run = tmp_path / "run"
+    build("llama", "cyb").save_pretrained(run / "final")
+    (run / "config.yaml").write_text("train: {out_dir: run}\n")
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--quick", "--model", str(run), "--batches", "1", "--new-tokens", "2",
+                 "--impls", "cyb_eager", "--modes", "fixed", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["trained_model"]["path"] == str(run / "final")
+    shutil.rmtree(run / "final")
+    for model, message in [(run, "is a run folder whose training has not finished"),
+                           (tmp_path / "nothing", "--model " + str(tmp_path / "nothing") + " does not exist")]:
+        capsys.readouterr()
+        assert main(["bench", "decode", "--quick", "--model", str(model)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("cyb bench: error: ") and message in err and "\n" not in err
 
 
 def test_bench_loss_quick_writes_json(tmp_path, monkeypatch):

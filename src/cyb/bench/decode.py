@@ -81,8 +81,9 @@ class DecodeBenchConfig:
     device: str | None = None
     budget_s: float | None = None
     seed: int = 0
-    #: a saved pause model (folder) to time instead of the random one: its ``M``, vocabulary and
-    #: dk decisions are used as they are (no adaptive fixture, no float32 check or loglikelihood)
+    #: a saved pause model (its folder, or a run folder of ``cyb train``) to time instead of the
+    #: random one: its ``M``, vocabulary and dk decisions are used as they are (no adaptive
+    #: fixture, no float32 check or loglikelihood)
     model: str | None = None
     #: a text file of prompts, one per line, for ``model`` (needs its tokenizer; default random ids)
     prompts: str | None = None
@@ -313,19 +314,21 @@ def agreement_check(hf_model, cfg: DecodeBenchConfig, device, graph_kind: str) -
 
 
 def end_to_end(models: dict, prompts: dict, masks: dict, cfg: DecodeBenchConfig,
-               graph_kind: str) -> list[dict]:
+               graph_kind: str, num_steps: int | None = None) -> list[dict]:
     """:func:`cyb.generation.generate` after a warm-up call, no EOS, with the graph decoder (the
     default on CUDA; the static one elsewhere): tokens/s of the whole call (prefill, capture and
-    decoding) and of its decoding part (from the 3rd token event to the last)."""
+    decoding) and of its decoding part (from the 3rd token event to the last).  ``num_steps``:
+    the M of the models (a trained model's own; default ``cfg.num_steps``)."""
     from ..generation import generate
 
+    m = num_steps or cfg.num_steps
     rows = []
     for mode in cfg.modes:
         for batch in cfg.batches:
-            pm = models[("adaptive" if mode == "adaptive" else "fixed", cfg.num_steps)]
+            pm = models[("adaptive" if mode == "adaptive" else "fixed", m)]
             ids = [row[mk.bool()].tolist() for row, mk in zip(prompts[batch], masks[batch])]
             opts = dict(mode=mode, max_new_tokens=cfg.e2e_tokens, eos_token_ids=(), decoder=graph_kind)
-            row = {"mode": mode, "batch": batch, "num_steps": cfg.num_steps,
+            row = {"mode": mode, "batch": batch, "num_steps": m,
                    "new_tokens": cfg.e2e_tokens, "decoder": graph_kind}
 
             def measure(pm=pm, ids=ids, opts=opts, batch=batch):
@@ -396,7 +399,10 @@ def trained_model(cfg: DecodeBenchConfig, device, dtype):
     from ..layout import left_pad
     from ..model import PauseModel
 
-    model = PauseModel.from_pretrained(cfg.model).to(device=device, dtype=dtype).eval()
+    from ..model.loading import saved_model_folder
+
+    folder = saved_model_folder(cfg.model, "--model")  # a model folder, or a run folder's final/
+    model = PauseModel.from_pretrained(folder).to(device=device, dtype=dtype).eval()
     limit = min(model.vocab.special_ids, default=model.vocab.vocab_size)  # ids below every special one
     if cfg.prompts is None:
         encoded = random_ids(max(cfg.batches), cfg.prompt_len, limit, seed=cfg.seed).tolist()
@@ -416,7 +422,7 @@ def trained_model(cfg: DecodeBenchConfig, device, dtype):
     for b in cfg.batches:
         rows = [encoded[i % len(encoded)] for i in range(b)]
         prompts[b], masks[b] = left_pad(rows, device)
-    info = {"path": str(cfg.model), "num_steps": model.num_steps, "method": model.settings.method,
+    info = {"path": str(folder), "num_steps": model.num_steps, "method": model.settings.method,
             "vocab": model.vocab.vocab_size, "prompts": source}
     return model, prompts, masks, info
 
@@ -502,7 +508,7 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                 write_json(out, result)
 
     for key, fn in (("agreement_fp32", lambda: agreement_check(hf_model, cfg, device, graph_kind)),
-                    ("end_to_end", lambda: {"rows": end_to_end(models, prompts, masks, cfg, graph_kind)}),
+                    ("end_to_end", lambda: {"rows": end_to_end(models, prompts, masks, cfg, graph_kind, m_big)}),
                     ("loglikelihood", lambda: loglikelihood_bench(models[("fixed", m_big)], cfg, device))):
         if cfg.model is not None and key != "end_to_end":
             result[key] = {"status": "skipped", "reason": "random-model check (not run with --model)"}

@@ -94,7 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--num-steps", type=int, help="M of the fixed mode (default 4)" + _OWN_DEFAULT)
     decode.add_argument("--vocab", type=int, help="vocabulary size (default 32768)" + _OWN_DEFAULT)
     decode.add_argument("--prompt-len", type=int, help="real prompt tokens (default 128)" + _OWN_DEFAULT)
-    decode.add_argument("--new-tokens", type=int, help="timed decode steps (default 64)" + _OWN_DEFAULT)
+    decode.add_argument("--new-tokens", type=int,
+                        help="timed decode steps, and the tokens of the generate rows (default 64 and "
+                             "128)" + _OWN_DEFAULT)
     decode.add_argument("--warmup-steps", type=int,
                         help="untimed decode steps before them (default 3)" + _OWN_DEFAULT)
     decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_eager_pos cyb_graph cyb_graph_pos (default: all)" + _OWN_DEFAULT)
@@ -105,8 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "dk prior (default 0.5)" + _OWN_DEFAULT)
     decode.add_argument("--budget-s", type=float,
                         help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
-    decode.add_argument("--model", metavar="DIR",
-                        help="time a saved pause model (its M, vocabulary and dk decisions) instead of "
+    decode.add_argument("--model", metavar="MODEL_OR_RUN",
+                        help="time a saved pause model, or the final/ model of a run folder (its M, "
+                             "vocabulary and dk decisions) instead of "
                              "the random one; the float32 check and loglikelihood rows are skipped (without it: the random 134M model)")
     decode.add_argument("--prompts", metavar="FILE",
                         help="with --model: prompts, one per line (without it: random ids)")
@@ -229,6 +232,8 @@ def run(args) -> int:
                            "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
                            "model": "model", "prompts": "prompts", "whole_cache": "whole_cache",
                            "capacity_multiple": "capacity_multiple"})
+        if args.new_tokens is not None:  # the generate rows decode as many tokens as the timed rows
+            kw["e2e_tokens"] = args.new_tokens
         cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
         result = decode.run(cfg, out=args.out)
     result["command"] = command

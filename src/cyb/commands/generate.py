@@ -69,29 +69,9 @@ def _prompts(args) -> list[str]:
 
 
 def _check_model_dir(path: str) -> Path:
-    from ..model import SETTINGS_FILE
+    from ..model.loading import saved_model_folder
 
-    folder = Path(path).expanduser()
-    if not folder.exists():
-        raise ValueError(f"MODEL_DIR {path} does not exist")
-    if not folder.is_dir():
-        raise ValueError(f"MODEL_DIR {path} is not a folder")
-    if not (folder / SETTINGS_FILE).is_file() and (folder / "config.yaml").is_file():  # a run folder
-        if not (folder / "final" / SETTINGS_FILE).is_file():
-            raise ValueError(f"{path} is a run folder whose training has not finished (no final/ model yet); "
-                             "finish or resume it with cyb train, or give a saved model folder")
-        folder = folder / "final"
-        path = str(folder)
-    if not (folder / SETTINGS_FILE).is_file():
-        raise ValueError(
-            f"{path} is not a saved cyb model: expected {SETTINGS_FILE} (the pause settings) beside a "
-            "Hugging Face checkpoint (config.json, model.safetensors) and its tokenizer, as written by "
-            "`cyb train` or PauseModel.save_pretrained")
-    from ..model.lora import lora_folder
-
-    if not (folder / "config.json").is_file() and lora_folder(folder) is None:
-        raise ValueError(f"{path} has {SETTINGS_FILE} but no config.json: the Hugging Face checkpoint is missing")
-    return folder
+    return saved_model_folder(path, "MODEL_DIR")
 
 
 def _config(args):
