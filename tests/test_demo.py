@@ -63,6 +63,34 @@ def test_quick_demo_prints_table(quick_demo):
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["baseline", "tbys", "cyb", "cyb_decoupled"]
     html = (out / "examples.html").read_text()
     assert "legend" in html.lower() and html.count('class="tok"') >= 8
+    metrics = json.loads((out / "metrics.json").read_text())["methods"]
+    most = max(("cyb", "cyb_decoupled"), key=lambda m: metrics[m]["mean_steps"])
+    assert f"<title>Where {most} pauses: addition (digits 3)</title>" in html
+
+
+def test_the_table_and_the_runs_final_metrics_agree(quick_demo):
+    """The demo's answer perplexity and the one cyb report reads (final_metrics.json) are the
+    same number: the runs' last held-out evaluation covers the whole test set the demo scores."""
+    _, out, _ = quick_demo
+    for method, r in json.loads((out / "metrics.json").read_text())["methods"].items():
+        final = json.loads((out / "runs" / method / "final_metrics.json").read_text())
+        assert final["ppl"] == pytest.approx(r["ppl"], rel=1e-5), method
+
+
+def test_the_latency_legend_sits_below_the_panels(tmp_path, monkeypatch):
+    from cyb.report import plots
+
+    kept = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.setdefault("fig", fig) and path)
+    methods = {name: {"per_position_steps": [steps] * 3, "per_position_accuracy": [0.5] * 3, "num_steps": 4}
+               for name, steps in (("baseline", 1.0), ("tbys", 4.0), ("cyb", 1.5))}
+    plots.steps_per_position_figure({"methods": methods, "task": "addition", "task_kwargs": {"digits": 2}},
+                                    tmp_path / "latency.png")
+    fig = kept["fig"]
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    box = fig.legends[0].get_window_extent(fig.canvas.get_renderer())
+    for ax in fig.axes:
+        assert box.y1 <= ax.get_window_extent(fig.canvas.get_renderer()).y0 + 1  # below every panel
 
 
 def test_score_model_matches_greedy_generation_on_correct_prefix():

@@ -50,7 +50,9 @@ def test_cli_errors(saved, tmp_path, capsys):
     assert main(["generate", str(tmp_path), "--prompt", "a"]) == 2
     assert "not a saved cyb model: expected cyb_pause.json" in capsys.readouterr().err
     assert main(["generate", str(saved), "--prompt", "a", "--temperature", "0.5"]) == 2
-    assert "only apply with --sample" in capsys.readouterr().err
+    assert "--temperature only applies with --sample" in capsys.readouterr().err
+    assert main(["generate", str(saved), "--prompt", "a", "--top-k", "3", "--seed", "1"]) == 2
+    assert "--top-k and --seed only apply with --sample" in capsys.readouterr().err
     assert main(["generate", str(saved), "--prompt", "a", "--sample", "--top-p", "2"]) == 2
     assert "--top-p must lie in (0, 1]" in capsys.readouterr().err
     assert main(["generate", str(saved), "--prompt", "a", "--max-new-tokens", "0"]) == 2

@@ -106,6 +106,17 @@ def test_cli_report_and_errors(runs, tmp_path, capsys):
     assert "matches no run" in capsys.readouterr().err
 
 
+def test_an_unfinished_run_is_said_so_and_the_page_shows_code_not_backticks(copies, tmp_path):
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(copies["cyb"], unfinished, ignore=shutil.ignore_patterns("eval", "final", "final_metrics.json"))
+    result = build_report([unfinished, copies["tbys"]], tmp_path / "rep")
+    notes = " ".join(result["notes"])
+    assert "compare with care" not in notes and ": none" not in notes
+    assert f"CYB 2 pauses has no perplexity yet: its training has not finished (no final_metrics.json in {unfinished})" in notes
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "<code>cyb eval</code>" in page and "`" not in page
+
+
 def test_load_run_name_and_curves(runs):
     r = load_run(runs["cyb"])
     assert r.name == "CYB 2 pauses" and r.num_steps == 3 and r.ppl_source == "training"

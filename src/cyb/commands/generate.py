@@ -94,7 +94,8 @@ def _config(args):
     if not args.sample:
         given = [flag for name, flag in _SAMPLING_FLAGS if getattr(args, name) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} only apply with --sample")
+            flags = given[0] if len(given) == 1 else ", ".join(given[:-1]) + " and " + given[-1]
+            raise ValueError(f"{flags} only appl{'ies' if len(given) == 1 else 'y'} with --sample")
     options = dict(mode=args.mode, max_new_tokens=args.max_new_tokens, sample=args.sample,
                    stop=tuple(args.stop), top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                    decoder=args.decoder)

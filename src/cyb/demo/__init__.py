@@ -16,7 +16,7 @@ number of optimiser steps and the same ``M``, scores greedy answers on held-out 
       settings.json    the demo settings and the exact RunConfig of every run
       table.md         the comparison table (Markdown)
       latency.png      mean E[S] per answer position: CYB against TBYS's fixed M and baseline
-      examples.html    test answers shaded by CYB's expected pauses (white 0 .. dark blue M-1)
+      examples.html    test answers shaded by the expected pauses of the method with dk that pauses most
       runs/<method>/   each training run (metrics.jsonl, config.yaml, final/ PauseModel, ...)
 
 Accuracy is measured under teacher forcing with the greedy sequential readout of each answer

@@ -149,7 +149,8 @@ def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int 
 
 
 def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test, details: dict) -> None:
-    """Write metrics.json, settings.json, table.md, latency.png and examples.html into ``out``."""
+    """Write metrics.json, settings.json, table.md, latency.png and examples.html (the test answers
+    shaded by the expected pauses of :func:`shaded_method`) into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "metrics.json", metrics, indent=2)
     write_json_atomic(out / "settings.json", {"demo": s.to_dict(), "runs": configs}, indent=2)
@@ -157,8 +158,18 @@ def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test,
     from ..report import html, plots
 
     plots.steps_per_position_figure(metrics, out / "latency.png")
-    shaded = next((m for m in details if methods.spec(m).has_dk), next(iter(details)))
+    shaded = shaded_method(metrics)
+    size = ", ".join(f"{k} {v}" for k, v in s.task_kwargs.items())
     write_text_atomic(out / "examples.html", html.task_examples_page(
         test, details[shaded]["expected_steps"], details[shaded]["predictions"],
         num_steps=metrics["methods"][shaded]["num_steps"], method=shaded,
-        limit=s.num_examples_shown, title=f"{s.task} {s.task_kwargs}"))
+        limit=s.num_examples_shown, title=f"{s.task} ({size})" if size else s.task))
+
+
+def shaded_method(metrics: dict) -> str:
+    """The method ``examples.html`` shades: of those with dk, the one that pauses most (the
+    highest mean E[S]), else the first."""
+    with_dk = [m for m in metrics["methods"] if methods.spec(m).has_dk]
+    if not with_dk:
+        return next(iter(metrics["methods"]))
+    return max(with_dk, key=lambda m: metrics["methods"][m]["mean_steps"])

@@ -162,13 +162,17 @@ def find_reference(runs: Sequence[RunSummary], name: str) -> RunSummary:
 def _notes(runs: Sequence[RunSummary], ref: RunSummary) -> list[str]:
     notes = [f"Relative improvement = (PPL_ref - PPL) / PPL_ref x 100% with reference {ref.name!r}."]
     notes += [r.warning for r in runs if r.warning]
-    sources = {r.ppl_source for r in runs}
+    notes += [f"{r.name} has no perplexity yet: its training has not finished (no final_metrics.json in "
+              f"{r.path}) and `cyb eval` has not run on it; its training curves show how far it got."
+              for r in runs if r.ppl_source == "none"]
+    scored = [r for r in runs if r.ppl_source != "none"]
+    sources = {r.ppl_source for r in scored}
     if sources == {"eval"}:
         notes.append("Perplexities from `cyb eval` (RUN/eval/metrics.json).")
     elif sources == {"training"}:
         notes.append("Perplexities from the held-out evaluation at the end of training (final_metrics.json).")
-    else:
-        by = ", ".join(f"{r.name}: {r.ppl_source}" for r in runs)
+    elif sources:
+        by = ", ".join(f"{r.name}: {r.ppl_source}" for r in scored)
         notes.append("Perplexities come from different evaluations (eval = `cyb eval`, training = held-out "
                      f"evaluation at the end of training); compare with care: {by}.")
     tokens = {r.tokens for r in runs if r.tokens is not None}
@@ -246,7 +250,7 @@ def build_report(paths: Sequence[str | os.PathLike], out_dir: str | os.PathLike 
     body = []
     if command:
         body.append(f"<p class='note'>Made with <code>{html.escape(command)}</code>.</p>")
-    body += [html.table_html(headers, rows), "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>",
+    body += [html.table_html(headers, rows), "<ul>" + "".join(f"<li>{html.inline_html(n)}</li>" for n in notes) + "</ul>",
              "<h2>Training curves</h2>", html.image_html(out / files["training_curves"], "training curves")]
     if "perplexity" in files:
         body += ["<h2>Perplexity</h2>", html.image_html(out / files["perplexity"], "perplexity")]

@@ -92,6 +92,14 @@ def shaded_text_page(passages: Sequence[Sequence[tuple[str, float | None]]], max
     return page(title, "\n".join(parts))
 
 
+def inline_html(text: str) -> str:
+    """``text`` escaped, with Markdown's inline code (```cyb eval```) as ``<code>``."""
+    parts = str(text).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick stays as it is
+        return html.escape(str(text))
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+
+
 def table_html(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A plain HTML table (cells escaped; ``**x**`` becomes bold)."""
     def cell(tag, text):

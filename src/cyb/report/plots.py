@@ -176,7 +176,6 @@ def steps_per_position_figure(metrics: dict, path: str | Path) -> Path:
     ax.set_ylabel("mean steps per token (E[S])")
     size = ", ".join(f"{k}={v}" for k, v in metrics["task_kwargs"].items())
     ax.set_title(f"{metrics['task']} ({size}): steps per answer position")
-    ax.legend()
     ax.grid(alpha=0.3)
     ax2.set_ylim(-0.02, 1.02)
     ax2.set_ylabel("token accuracy")
@@ -184,5 +183,8 @@ def steps_per_position_figure(metrics: dict, path: str | Path) -> Path:
     ax2.grid(alpha=0.3)
     if labels:
         ax2.set_xticks(range(1, len(labels) + 1), labels)
-    fig.tight_layout()
+    # one legend below both panels: inside a panel it covered lines that run near the top (TBYS at M)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return _save(fig, path)
