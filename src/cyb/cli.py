@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _quiet_weight_loading()
     try:
+        if argv is None:  # the program itself (not a caller passing arguments): its CPU threads
+            from .threads import configure
+
+            configure()
         return int(mods[args.command].run(args) or 0)
     except KeyboardInterrupt as e:  # training says what is lost and how to resume
         print(str(e) or "interrupted", file=sys.stderr)

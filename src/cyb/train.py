@@ -40,6 +40,7 @@ from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
 from .run_data import build_data
 from .run_lock import lock_run
+from .threads import adapt as adapt_threads
 from .runtime import autocast
 
 #: Seed family of held-out rows (training rows use the step number).
@@ -512,7 +513,9 @@ class Trainer:
             sizes = f"{params / 1e6:.2f}M parameters, all trainable"
         progress.write(
             f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {sizes}, "
-            f"{self.device} x {self.info.world_size} process(es), batch {t.batch_size} = "
+            f"{self.device} x {self.info.world_size} process(es)"
+            + (f" ({torch.get_num_threads()} CPU thread(s))" if self.device.type == "cpu" else "")
+            + f", batch {t.batch_size} = "
             f"{self.info.world_size} x {self.accum} x {self.micro}, peak lr {self.lr:.3g}, "
             f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))
         d = self.cfg.data
@@ -555,6 +558,7 @@ class Trainer:
             self.model.train()
             epoch_before = math.floor(self.train_data.epochs() or 0.0)
             while self.step < t.steps:
+                adapt_threads()  # the cores other work leaves free (when the command line chose them)
                 sums, grad_norm = self.train_step()
                 merge_sums(self.window, sums)
                 epoch_now = self.train_data.epochs()

@@ -83,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = sys.argv
     sys.argv = [PROG, *(args or ["--help"])]
     try:
+        if argv is None:  # the program itself: CPU threads as the cyb command sets them
+            from ..threads import configure
+
+            configure()
         cli_evaluate()
     except (ValueError, OSError, MissingPackage) as e:
         if not _ours(e) and not isinstance(e, MissingPackage):
