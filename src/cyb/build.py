@@ -44,7 +44,9 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
     if cfg.model.name_or_path:
-        return load_tokenizer(cfg.model.name_or_path)
+        from .model.sources import resolve_model_source  # a .gguf file or short name: its folder
+
+        return load_tokenizer(resolve_model_source(cfg.model.name_or_path))
     with main_first(info):
         if not (saved / "tokenizer.json").is_file() and info.is_main:
             texts, _ = train_texts(cfg)
