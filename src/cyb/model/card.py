@@ -172,7 +172,8 @@ def _method_rows(settings, method_section=None) -> list[tuple[str, str]]:
         rows.append(("Pause positions", settings.position_scheme))
     if settings.dk_id is not None:
         prior = f", prior psi'_dk = {settings.psi_dk:g}" if settings.psi_dk is not None else ", no prior"
-        rows.append(("<don't know> output", f"id {settings.dk_id} ({settings.dk_token or 'no token string'}{prior})"))
+        token = f"`{settings.dk_token}`" if settings.dk_token else "no token string"
+        rows.append(("`<don't know>` output", f"id {settings.dk_id} ({token}{prior})"))
     if settings.pause_ids:
         ids = list(settings.pause_ids)
         rows.append(("Pause ids", ", ".join(str(i) for i in ids[:8]) + (" ..." if len(ids) > 8 else "")))
@@ -263,13 +264,15 @@ def run_card(cfg, settings, *, valid_rows: list[dict], state: dict, command: str
         rows.append(("Parameters", f"{num_parameters:,}"))
     config_yaml = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     lines = [_front_matter({"license": _licence_id(base["license"]), "base_model": base["hub_id"],
-                            "library_name": "transformers", "tags": ["cyb", "pause-tokens", settings.method]}),
+                            "library_name": "transformers", "tags": list(dict.fromkeys(["cyb", "pause-tokens", settings.method]))}),
              f"# {title or out_name}: {what}\n",
-             "A causal LM that pauses for breath (cyb): after each real token it can output <don't know> "
-             "and take another computation step on a <pause> input before it answers. The folder loads "
-             "with `cyb.model.PauseModel.from_pretrained` (and its weights with transformers' "
-             "`AutoModelForCausalLM`; pauses need cyb).\n" if settings.num_steps > 1 else
-             "A causal LM trained without pauses (a baseline), written by cyb.\n",
+             ("A causal LM that pauses for breath (cyb): after each real token it can output `<don't know>` "
+              "and take another computation step on a `<pause>` input before it answers. "
+              if settings.num_steps > 1 else "A causal LM trained without pauses (a baseline), written by cyb. ")
+             + ("The folder holds LoRA adapters and loads with `cyb.model.PauseModel.from_pretrained` (with "
+                "peft installed).\n" if cfg.lora.rank > 0 else
+                "The folder loads with `cyb.model.PauseModel.from_pretrained`, and its weights with "
+                "transformers' `AutoModelForCausalLM`.\n"),
              _table(rows),
              "\n## Held-out results\n",
              _results(valid_rows, _data_text(cfg)),
@@ -286,7 +289,7 @@ def _use_section(settings, folder: str = "FOLDER") -> str:
     return ("\n## Generate with cyb\n\n```bash\n"
             f"cyb generate {folder} --prompt \"Your prompt\"{adaptive} --shade\n```\n\n"
             f"FOLDER is this folder (or the run folder above it). `--shade` colours each token by the steps "
-            "it took" + ("; `--mode adaptive` feeds a pause only when the model says <don't know>" if adaptive else "")
+            "it took" + ("; `--mode adaptive` feeds a pause only when the model says `<don't know>`" if adaptive else "")
             + ".\n\n```python\nfrom cyb.generation import generate\nfrom cyb.model import PauseModel\n\n"
             "model = PauseModel.from_pretrained(\"FOLDER\")\n"
             "print(generate(model, [\"Your prompt\"], max_new_tokens=40)[0].text)\n```\n")
@@ -324,5 +327,35 @@ def merged_card(source_folder, settings, *, lora_base: str | None, run_dir=None)
     return text + note
 
 
+def write_run_card(folder, trainer) -> Path | None:
+    """Write the card of a :class:`~cyb.train.Trainer`'s final model into ``folder`` (before it is
+    renamed into place).  A card that cannot be made is reported, not raised: the trained model
+    is worth more than its description."""
+    from ..metrics_log import read_metrics
+
+    try:
+        text = run_card(trainer.cfg, trainer.model.settings, valid_rows=read_metrics(trainer.run_dir, "valid"),
+                        state=trainer.training_state(), command=training_command(),
+                        num_parameters=trainer.model.num_parameters())
+        return write_card(folder, text)
+    except Exception as e:  # noqa: BLE001
+        print(f"warning: no model card written ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+        return None
+
+
+def write_merged_card(folder, adapter_folder, settings) -> Path | None:
+    """Write the card of ``cyb merge``'s output ``folder``, merged from ``adapter_folder``."""
+    from ..lora import read_lora_file
+
+    adapter_folder = Path(adapter_folder)
+    run_dir = adapter_folder.parent if (adapter_folder.parent / "config.yaml").is_file() else None
+    try:
+        base = read_lora_file(adapter_folder).get("base_model")
+        return write_card(folder, merged_card(adapter_folder, settings, lora_base=base, run_dir=run_dir))
+    except Exception as e:  # noqa: BLE001
+        print(f"warning: no model card written ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+        return None
+
+
 __all__ = ["CARD_FILE", "base_origin", "merged_card", "read_front_matter", "run_card", "source_card",
-           "training_command", "write_card"]
+           "training_command", "write_card", "write_merged_card", "write_run_card"]
