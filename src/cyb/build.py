@@ -31,16 +31,17 @@ def resolve_device(spec: str, info: DistInfo) -> torch.device:
 def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
     """The run's tokenizer (a Hugging Face tokenizer), saved under ``run_dir/tokenizer``.
 
-    Synthetic tasks use the character tokenizer; text runs use ``data.tokenizer``, else the
+    Synthetic tasks use the character tokenizer, or a pretrained model's own
+    (:func:`~cyb.data.synthetic.text_task.task_tokenizer`); text runs use ``data.tokenizer``, else the
     pretrained model's, else a byte-level BPE trained on the training documents.
     """
     from .data.tokenizer import load_tokenizer, train_bpe_tokenizer
 
     saved = run_dir / TOKENIZER_DIR
-    if cfg.data.task:
-        from .data.synthetic import CharTokenizer
+    if cfg.data.task:  # characters, or the pretrained model's tokenizer (tasks as text)
+        from .data.synthetic.text_task import task_tokenizer
 
-        return CharTokenizer().to_hf()
+        return task_tokenizer(cfg)
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
     if cfg.model.name_or_path:

@@ -145,8 +145,13 @@ class TensorRows:
 
 
 def synthetic_sets(cfg: RunConfig, tokenizer=None):
-    """The run's synthetic train and held-out data sets."""
+    """The run's synthetic train and held-out data sets: character rows, or text rows when
+    ``tokenizer`` is a pretrained model's (:mod:`cyb.data.synthetic.text_task`)."""
     from .synthetic import CharTokenizer, SyntheticDataset, make_task
+    from .synthetic.text_task import is_char_tokenizer, text_task_sets
+
+    if not is_char_tokenizer(tokenizer):
+        return text_task_sets(cfg, tokenizer)
 
     task = make_task(cfg.data.task, **cfg.data.task_kwargs)
     tok = CharTokenizer()

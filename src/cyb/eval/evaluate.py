@@ -309,6 +309,10 @@ def format_summary(metrics: dict) -> str:
     if ref:
         lines.append(f"relative improvement vs {ref['name']} (perplexity {ref['ppl']:.4f}): "
                      f"{metrics['relative_improvement_pct']:+.2f}%" + (f"  [{ref['warning']}]" if ref.get("warning") else ""))
+    if metrics.get("task"):
+        from .task_scores import format_task
+
+        lines.append(format_task(metrics["task"]))
     lat = metrics.get("latency")
     if lat:
         lines.append(f"latency: mean E[S] {lat['mean_steps']:.3f} steps ({lat['mean_pauses']:.3f} pauses); "
@@ -412,6 +416,10 @@ def evaluate(
     }
     metrics.update(analyse(records, method, has_dk=has_dk, tokenizer=tokenizer, min_count=min_count,
                            top_k=top_k, attribution=attribution))
+    if spec.kind == "synthetic":  # exact match of the greedy answers
+        from .task_scores import score_task
+
+        metrics["task"] = score_task(model, spec.config, tokenizer, max_rows=spec.max_rows)
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

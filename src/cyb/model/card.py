@@ -208,8 +208,8 @@ def _data_text(cfg) -> str:
     d = cfg.data
     if d.task:
         kw = ", ".join(f"{k}={v}" for k, v in d.task_kwargs.items())
-        return (f"the held-out examples of the synthetic task `{d.task}`" + (f" ({kw})" if kw else "")
-                + f" ({d.num_valid_examples} drawn, answer tokens scored)")
+        return (f"the held-out examples of the synthetic task `{d.task}` (" + (f"{kw}; " if kw else "")
+                + f"{d.num_valid_examples} drawn, answer tokens scored)")
     where = f"`{d.valid_source}`" if d.valid_source else f"{d.valid_fraction:g} of the documents of `{d.source}` held out"
     return f"{where}, in rows of {d.block_len} real tokens"
 
