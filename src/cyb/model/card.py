@@ -223,7 +223,7 @@ def training_command() -> str | None:
 
 
 def run_card(cfg, settings, *, valid_rows: list[dict], state: dict, command: str | None = None,
-             num_parameters: int | None = None, title: str | None = None) -> str:
+             num_parameters: int | None = None, title: str | None = None, merged: bool = False) -> str:
     """The card of a run's ``final/`` model.
 
     Args:
@@ -232,6 +232,7 @@ def run_card(cfg, settings, *, valid_rows: list[dict], state: dict, command: str
         valid_rows: the run's held-out evaluations (``metrics.jsonl`` rows of split ``valid``).
         state: ``training_state.json`` (step, epochs, real tokens seen).
         command: the command that trained it (None: the run's own config file is given).
+        merged: the card of ``cyb merge``'s output (LoRA adapters folded into the weights).
     """
     from .. import methods
 
@@ -251,7 +252,9 @@ def run_card(cfg, settings, *, valid_rows: list[dict], state: dict, command: str
     rows += _method_rows(settings, cfg.method)
     if cfg.lora.rank > 0:
         rows.append(("LoRA", f"rank {cfg.lora.rank}, alpha {cfg.lora.alpha:g} on {', '.join(cfg.lora.target_modules)}; "
-                             "this folder holds the adapters (`cyb merge` writes a plain model)"))
+                     + ("folded into the weights by `cyb merge`" if merged else
+                        "this folder holds the adapters (`cyb merge` writes a plain model)")))
+    adapters = cfg.lora.rank > 0 and not merged
     t = cfg.train
     trained = f"{state.get('step', '?')} optimiser steps of {t.batch_size} rows"
     if not cfg.data.task:
@@ -270,7 +273,7 @@ def run_card(cfg, settings, *, valid_rows: list[dict], state: dict, command: str
               "and take another computation step on a `<pause>` input before it answers. "
               if settings.num_steps > 1 else "A causal LM trained without pauses (a baseline), written by cyb. ")
              + ("The folder holds LoRA adapters and loads with `cyb.model.PauseModel.from_pretrained` (with "
-                "peft installed).\n" if cfg.lora.rank > 0 else
+                "peft installed).\n" if adapters else
                 "The folder loads with `cyb.model.PauseModel.from_pretrained`, and its weights with "
                 "transformers' `AutoModelForCausalLM`.\n"),
              _table(rows),
@@ -310,7 +313,7 @@ def merged_card(source_folder, settings, *, lora_base: str | None, run_dir=None)
         except (OSError, ValueError):
             state = {}
         text = run_card(cfg, settings, valid_rows=read_metrics(run_dir, "valid"), state=state,
-                        title=f"{Path(run_dir).name} (merged)")
+                        title=f"{Path(run_dir).name} (merged)", merged=True)
     note = (f"\n## Merged\n\nWritten by `cyb merge` from the LoRA folder `{source_folder}`: the adapters and pause "
             f"rows are folded into the weights of the base model `{lora_base}`, so this folder loads without "
             "peft and gives the same logits as the adapter folder (up to rounding).\n")
