@@ -91,6 +91,20 @@ def test_pause_model_train_and_generate_take_a_gguf_file(tiny, cache, tmp_path, 
     assert "the number" in capsys.readouterr().out
     assert main(["generate", str(tmp_path / "missing.gguf"), "--prompt", "a"]) == 2
     assert "missing.gguf does not exist" in capsys.readouterr().err
+    text = tmp_path / "numbers.jsonl"
+    text.write_text("".join(json.dumps({"text": f"the number {i} is {'even' if i % 2 == 0 else 'odd'}, {i} times."})
+                            + "\n" for i in range(300, 400)))
+    assert main(["eval", str(path), "--data", str(text), "--tokens", "64", "--block-len", "16", "--batch-size", "2",
+                 "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
+    assert "Baseline" in capsys.readouterr().out
+    run = tmp_path / "run"
+    assert main(["train", str(Path(__file__).resolve().parents[1] / "configs" / "smollm2-135m.yaml"),
+                 *[a for o in (f"model.name_or_path={path}", f"data.source={text}", "data.valid_source=null",
+                               "data.valid_fraction=0.2", "data.block_len=8", "train.steps=1", "train.batch_size=2",
+                               "train.eval_batches=1", f"train.out_dir={run}", "train.progress=false")
+                   for a in ("--set", o)]]) == 0
+    assert "`/" in (run / "final" / "README.md").read_text() and "apache-2.0 (the base model's)" in \
+        (run / "final" / "README.md").read_text()
 
 
 def test_a_failed_or_killed_conversion_leaves_no_folder_in_use(tiny, cache, monkeypatch):
