@@ -179,6 +179,10 @@ def test_merge_gives_a_plain_model_with_the_same_logits(lora_run, tmp_path, monk
     out = tmp_path / "merged"
     assert {"config.json", "model.safetensors", "cyb_pause.json"} <= {p.name for p in out.iterdir()}
     assert not (out / lora.LORA_FILE).exists() and not (out / "adapter_config.json").exists()
+    card = (out / "README.md").read_text()  # the run's card, re-titled, with what merging did
+    assert "(merged)" in card and "Written by `cyb merge`" in card and "folded into the weights" in card
+    assert "holds LoRA adapters" not in card
+    assert "holds LoRA adapters" in (Path(cfg.train.out_dir) / "final" / "README.md").read_text()
     monkeypatch.setitem(sys.modules, "peft", None)  # loads without peft
     plain = PauseModel.from_pretrained(out)
     torch.testing.assert_close(_logits(plain, ids), expected, atol=1e-5, rtol=1e-5)

@@ -31,20 +31,22 @@ def resolve_device(spec: str, info: DistInfo) -> torch.device:
 def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
     """The run's tokenizer (a Hugging Face tokenizer), saved under ``run_dir/tokenizer``.
 
-    Synthetic tasks use the character tokenizer; text runs use ``data.tokenizer``, else the
+    Synthetic tasks use the character tokenizer, or a pretrained model's own
+    (:func:`task_tokenizer`); text runs use ``data.tokenizer``, else the
     pretrained model's, else a byte-level BPE trained on the training documents.
     """
     from .data.tokenizer import load_tokenizer, train_bpe_tokenizer
 
     saved = run_dir / TOKENIZER_DIR
-    if cfg.data.task:
-        from .data.synthetic import CharTokenizer
+    if cfg.data.task:  # characters, or the pretrained model's tokenizer (tasks as text)
 
-        return CharTokenizer().to_hf()
+        return task_tokenizer(cfg)
     if cfg.data.tokenizer:
         return load_tokenizer(cfg.data.tokenizer)
     if cfg.model.name_or_path:
-        return load_tokenizer(cfg.model.name_or_path)
+        from .model.sources import resolve_model_source  # a .gguf file or short name: its folder
+
+        return load_tokenizer(resolve_model_source(cfg.model.name_or_path))
     with main_first(info):
         if not (saved / "tokenizer.json").is_file() and info.is_main:
             texts, _ = train_texts(cfg)
@@ -119,3 +121,27 @@ def _load_model(cfg: RunConfig, tokenizer):
         raise ValueError(f"model.attn_implementation: this model does not support "
                          f"{cfg.model.attn_implementation!r} ({str(e).splitlines()[0][:160]}); "
                          f"use {other}") from None
+
+
+def task_tokenizer(cfg):
+    """The tokenizer of a task run: ``data.tokenizer``, else the tokenizer saved with
+    ``model.name_or_path`` (a folder, a ``.gguf`` file, a known model's name or a hub id in the
+    local cache); the character tokenizer when neither gives one, or when the one found is the
+    character tokenizer."""
+    from pathlib import Path
+
+    from .model.loading import load_tokenizer as model_tokenizer
+    from .model.sources import resolve_model_source
+    from .data.synthetic import CharTokenizer
+    from .data.synthetic.text_task import is_char_tokenizer
+    from .data.tokenizer import load_tokenizer
+
+    tok = None
+    if cfg.data.tokenizer:
+        tok = load_tokenizer(cfg.data.tokenizer)
+    elif cfg.model.name_or_path:
+        source = resolve_model_source(cfg.model.name_or_path)
+        tok = model_tokenizer(source, {}) if Path(str(source)).expanduser().is_dir() else load_tokenizer(source)
+    if is_char_tokenizer(tok):
+        return CharTokenizer().to_hf()
+    return tok

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model_dir", metavar="MODEL_DIR",
                    help="a saved cyb model folder (written by `cyb train` or PauseModel.save_pretrained), "
-                        "or a run folder of cyb train (its final/ model is used)")
+                        "or a run folder of cyb train (its final/ model is used); a plain model folder, a "
+                        ".gguf file or a known model's name (smollm2-135m) runs as a no-pause baseline")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt (repeat for several)")
     p.add_argument("--file", metavar="PATH", help="a text file with one prompt per line (blank lines skipped)")
@@ -70,7 +71,9 @@ def _prompts(args) -> list[str]:
 
 def _check_model_dir(path: str) -> Path:
     from ..model import SETTINGS_FILE
+    from ..model.sources import plain_model_kwargs, resolve_model_source
 
+    path = str(resolve_model_source(path))  # a .gguf file or a known model's name: its folder
     folder = Path(path).expanduser()
     if not folder.exists():
         raise ValueError(f"MODEL_DIR {path} does not exist")
@@ -82,6 +85,8 @@ def _check_model_dir(path: str) -> Path:
                              "finish or resume it with cyb train, or give a saved model folder")
         folder = folder / "final"
         path = str(folder)
+    if plain_model_kwargs(folder):  # a plain Hugging Face model: generated from as a no-pause baseline
+        return folder
     if not (folder / SETTINGS_FILE).is_file():
         raise ValueError(
             f"{path} is not a saved cyb model: expected {SETTINGS_FILE} (the pause settings) beside a "
@@ -149,8 +154,9 @@ def run(args) -> int:
     from ..generation.shade import legend, shade, supports_truecolor
     from ..generation.registry import resolve_decoder
     from ..model import PauseModel
+    from ..model.sources import plain_model_kwargs
 
-    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype).to(device).eval()
+    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype, **plain_model_kwargs(folder)).to(device).eval()
     if model.tokenizer is None:
         return _fail(f"{args.model_dir} has no tokenizer: text prompts cannot be encoded")
     try:

@@ -164,7 +164,8 @@ class PauseModel(torch.nn.Module):
         reconfigure: bool = False,
         **hf_kwargs,
     ) -> "PauseModel":
-        """Load a causal LM (hub name or folder) as a pause model, in eval mode (as Hugging
+        """Load a causal LM (hub name, folder, GGUF file or a known model's short name such as
+        ``smollm2-135m``; see :mod:`cyb.model.sources`) as a pause model, in eval mode (as Hugging
         Face's ``from_pretrained``; call ``.train()`` to train it).
 
         A folder (or repository) with ``cyb_pause.json`` is a saved pause model: its settings
@@ -192,7 +193,10 @@ class PauseModel(torch.nn.Module):
         """
         from transformers import AutoModelForCausalLM
 
+        from .sources import resolve_model_source
+
         hf.check_attention(attn_implementation)
+        name_or_path = resolve_model_source(name_or_path)  # a .gguf file or a short name: its folder
         adapter = lora_folder(name_or_path, hf_kwargs)
         if adapter is None:
             check_model_folder(name_or_path, hf_kwargs)  # a damaged file: one error naming it
