@@ -50,6 +50,7 @@ import torch
 from ..layout import left_pad
 from ..model import hf as _hf
 from .decoders import StepOutput, StepReadout, eager_decoder
+from .private import private_decoder
 from .static import DECODERS, resolve_decoder, static_decoder
 from .text import TextStream, decode_fn, encode_prompt, split_prompts
 
@@ -398,7 +399,12 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
     normally.  ``kind``: ``"graph"``, ``"static"`` or ``"eager"``."""
     with torch.inference_mode():
         ids, mask = left_pad(encoded, model.device)
-        if kind == "eager":
+        if model.pause_visibility == "last":
+            raise ValueError("generation with last-visible pauses is not available: train with "
+                             "method.pause_visibility=private or shared to generate")
+        if kind == "eager" and model.pause_visibility == "private":
+            decoder = private_decoder(model, ids, mask, readout, mode=cfg.mode)
+        elif kind == "eager":
             decoder = eager_decoder(model, ids, mask, readout, mode=cfg.mode)
         else:
             decoder = static_decoder(model, ids, mask, readout, mode=cfg.mode,
@@ -417,9 +423,10 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
                 decoder.keep(keep)  # finished rows leave the batch, cache included
                 active = [active[j] for j in keep]
             out = decoder.step()
-        for i in active:
+        per_row = getattr(decoder, "last_positions", None)  # positions that differ by row
+        for j, i in enumerate(active):
             if not rows[i].finished:
-                rows[i].result.positions += decoder.positions_per_step
+                rows[i].result.positions += per_row[j] if per_row is not None else decoder.positions_per_step
     return [row.result for row in rows]
 
 

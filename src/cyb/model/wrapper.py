@@ -434,7 +434,9 @@ class PauseModel(torch.nn.Module):
                 cached steps and the new ones; None means nothing is padded.  Or a ready 4-D
                 mask ``[B, 1, T, P + T]`` (bool for sdpa, additive for eager attention), passed
                 to the decoder as it is: no query row may be all masked.  Models with
-                sliding-window layers need the 2-D form.
+                sliding-window layers need the 2-D form, or (pauses not shared) a dict of
+                4-D masks per layer type that applies the windows
+                (:func:`cyb.model.attention.dense_masks`).
             past_key_values: a cache (e.g. :meth:`new_cache`) holding ``P`` earlier steps; it is
                 extended in place with the new ones.
             use_cache: return a cache (a new one when ``past_key_values`` is None).
@@ -464,14 +466,16 @@ class PauseModel(torch.nn.Module):
                 f"{tuple(position_ids.shape)}"
             )
         past = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
-        four_d = attention_mask is not None and attention_mask.dim() == 4
+        per_layer = isinstance(attention_mask, dict)
+        four_d = per_layer or (attention_mask is not None and attention_mask.dim() == 4)
         if attention_mask is None:
             attention_mask = torch.ones((b, past + t), dtype=torch.long, device=input_ids.device)
         elif four_d:
-            if tuple(attention_mask.shape) != (b, 1, t, past + t):
-                raise ValueError(f"a 4-D attention_mask must have shape [B, 1, T, cached + new] = "
-                                 f"[{b}, 1, {t}, {past + t}], got {tuple(attention_mask.shape)}")
-            if hf.has_sliding_window(self.config):
+            for mask in (attention_mask.values() if per_layer else [attention_mask]):
+                if tuple(mask.shape) != (b, 1, t, past + t):
+                    raise ValueError(f"a 4-D attention_mask must have shape [B, 1, T, cached + new] = "
+                                     f"[{b}, 1, {t}, {past + t}], got {tuple(mask.shape)}")
+            if not per_layer and hf.has_sliding_window(self.config) and self.pause_visibility == "shared":
                 raise ValueError("this model has sliding-window layers: give a 2-D attention_mask")
         elif tuple(attention_mask.shape) != (b, past + t):
             raise ValueError(
