@@ -41,7 +41,7 @@ DEFAULT_METHODS = (*DEMO_METHODS, "cyb_decoupled")
 #: Method fields a demo may set per method (``DemoSettings.method_options``); the rest of a run's
 #: method section follows from the demo settings.
 METHOD_OPTIONS = ("omega", "gamma", "gamma0", "gamma0_anneal_steps", "psi_dk", "recipe", "aux_weight", "ponder_cost",
-                  "rho", "alpha")
+                  "rho", "alpha", "pause_visibility")
 
 
 def demo_method(name: str) -> bool:
@@ -107,6 +107,9 @@ class DemoSettings:
     0.5 let cyb_decoupled learn in the demo's search)."""
     gamma0: float | None = None
     """CYB's discount gamma_i = gamma0^(i-1) (None: no discount)."""
+    pause_visibility: str = "shared"
+    """What later tokens see of a token's pauses, for every method with pauses: shared (the
+    paper's layout), private or last (cyb.visibility); method_options may set it per method."""
     num_train_examples: int = 20000
     """Training examples drawn (disjoint from the test prompts)."""
     num_test_examples: int = 1000
@@ -208,7 +211,8 @@ def run_config(s: DemoSettings, method: str):
     from .config import RunConfig
 
     run_dir = Path(s.out_dir) / "runs" / method
-    me = {"name": method, "num_steps": s.num_steps, "psi_dk": s.psi_dk}
+    me = {"name": method, "num_steps": s.num_steps, "psi_dk": s.psi_dk,
+          "pause_visibility": s.pause_visibility}
     if methods.spec(method).has_dk and s.gamma0 is not None:
         me["gamma0"] = s.gamma0
     me.update(s.method_options.get(method) or {})
@@ -422,11 +426,11 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
         results[method] = {**score, "train_seconds": train_s,
                            "num_parameters": model.num_parameters(),
                            "num_steps": model.num_steps, "recipe": cfg.method.recipe,
-                           "run_dir": cfg.train.out_dir}
+                           "pause_visibility": model.pause_visibility, "run_dir": cfg.train.out_dir}
         echo(f"    {method}: exact match {score['exact_match']:.1%}, token accuracy "
              f"{score['token_accuracy']:.1%}, steps/token {score['mean_steps']:.2f} "
              f"({train_s:.0f} s)")
-        if methods.spec(method).has_dk:
+        if methods.spec(method).has_dk and model.pause_visibility != "last":  # (no decoder for last)
             results[method]["decoding"] = decoding_cost(model, test)
     metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),
                "num_test_examples": len(test), "methods": results,
@@ -436,7 +440,8 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
     echo(format_table(metrics))
     for name, r in results.items():
         if "decoding" in r:
-            echo("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"]))
+            echo("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"],
+                                         visibility=r.get("pause_visibility", "shared")))
     echo("\n" + format_reading(metrics))
     echo(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
          f"total {metrics['total_seconds']:.0f} s")
@@ -528,15 +533,20 @@ def format_reading(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1) -> str:
+def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1,
+                    visibility: str = "shared") -> str:
     """One line per mode: free-running exact match and network positions per generated token,
-    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md)."""
+    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md) and
+    pauses of ``visibility``."""
     lines = [f"{method} generating its answers token by token (greedy; M = {num_steps}):"]
     for mode, d in decoding.items():
         lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
                      f"positions per token, {d['seconds']:.1f} s")
     fixed, adaptive = decoding.get("fixed"), decoding.get("adaptive")
-    if fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:
+    if visibility == "private":
+        lines.append("  (private pauses: no token reads another token's pauses, so adaptive mode makes fixed "
+                     "mode's decisions and runs a pause only where the model asks for one)")
+    elif fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:
         saved = fixed["positions_per_token"] / max(adaptive["positions_per_token"], 1e-9)
         lines.append(f"  (adaptive mode feeds a pause only after <don't know>: here it keeps the exact match "
                      f"with {saved:.1f}x fewer positions per token)")
