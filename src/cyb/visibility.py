@@ -51,13 +51,16 @@ class BlockSteps:
         valid: ``[B, T]`` bool: the position is not padding.
 
     ``token``, ``step`` and ``last`` have one row when every row of the batch has the same
-    layout (Recipe 1), which lets kernels share one mask across the batch.
+    layout (Recipe 1), which lets kernels share one mask across the batch; ``layout_key`` then
+    names that layout (e.g. ``("recipe1", L, M)``) so that a kernel can reuse what it built for
+    it.
     """
 
     token: torch.Tensor
     step: torch.Tensor
     last: torch.Tensor
     valid: torch.Tensor
+    layout_key: tuple | None = None
 
     @property
     def shared_layout(self) -> bool:
@@ -66,7 +69,8 @@ class BlockSteps:
 
     def to(self, device, non_blocking: bool = False) -> "BlockSteps":
         return BlockSteps(*(x.to(device, non_blocking=non_blocking)
-                            for x in (self.token, self.step, self.last, self.valid)))
+                            for x in (self.token, self.step, self.last, self.valid)),
+                          layout_key=self.layout_key)
 
     def exported(self, visibility: str) -> torch.Tensor:
         """Positions that later tokens may attend to (shape of ``step``)."""
@@ -88,7 +92,7 @@ def recipe1_steps(attention_mask: torch.Tensor, num_steps: int) -> BlockSteps:
     t = torch.arange(length * m, device=attention_mask.device).unsqueeze(0)
     step = t % m
     valid = attention_mask.bool().unsqueeze(-1).expand(b, length, m).reshape(b, length * m)
-    return BlockSteps(t // m, step, step == m - 1, valid)
+    return BlockSteps(t // m, step, step == m - 1, valid, layout_key=("recipe1", length, m))
 
 
 def variable_steps(grid_index: torch.Tensor, step_mask: torch.Tensor, last_step: torch.Tensor,

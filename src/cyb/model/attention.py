@@ -167,6 +167,35 @@ def dense_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tens
 # ----------------------------------------------------------------------------- block-sparse
 
 
+#: block masks and orders of shared layouts without padding, by layout, visibility, windows
+#: and device: a training run builds its mask once
+_SHARED_MASKS: dict = {}
+
+
+def flex_layout(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tensor, config):
+    """``(order, masks)``: the real-first order (:func:`cyb.visibility.real_first_order`) and
+    the pause mask over it as FlexAttention ``BlockMask``\\ s (one, or a dict per layer type).
+
+    One mask serves the whole batch when the layout is shared and nothing is padded; it is then
+    built once per layout (:attr:`cyb.visibility.BlockSteps.layout_key`) and reused.
+    """
+    per_row = not steps.shared_layout or not bool(steps.valid.all())
+    key = None
+    windows = layer_windows(config)
+    if not per_row and steps.layout_key is not None and all(w is None for w in windows.values()):
+        # (windows are measured in positions, which the layout key does not fix)
+        key = (steps.layout_key, visibility, tuple(sorted(windows)), str(steps.valid.device))
+        if key in _SHARED_MASKS:
+            return _SHARED_MASKS[key]
+    order = vis.real_first_order(steps, visibility)
+    made = order, flex_masks(steps, visibility, position_ids, config, order)
+    if key is not None:
+        if len(_SHARED_MASKS) > 16:
+            _SHARED_MASKS.clear()
+        _SHARED_MASKS[key] = made
+    return made
+
+
 def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tensor, config,
                order: torch.Tensor, *, compile_mask: bool | None = None):
     """The pause mask as FlexAttention ``BlockMask``\\ s over the row reordered by ``order``
@@ -212,5 +241,5 @@ def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tenso
     return _pack(out)
 
 
-__all__ = ["PAUSE_ATTENTION", "dense_masks", "flex_available", "flex_masks", "layer_windows",
+__all__ = ["PAUSE_ATTENTION", "dense_masks", "flex_available", "flex_layout", "flex_masks", "layer_windows",
            "use_pause_attention"]

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from ..checkpoint import DamagedFileError, _short
 from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
 from ..readout import readout
-from ..visibility import BlockSteps, inverse_order, real_first_order, reorder
+from ..visibility import BlockSteps, inverse_order, reorder
 from . import attention, hf
 from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
                       save_tokenizer)
@@ -529,8 +529,7 @@ class PauseModel(torch.nn.Module):
             out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                use_cache=False, **{self._cache_arg: None})
             return out.last_hidden_state
-        order = real_first_order(steps, visibility)
-        mask = attention.flex_masks(steps, visibility, position_ids, self.config, order)
+        order, mask = attention.flex_layout(steps, visibility, position_ids, self.config)
         out = self.decoder(input_ids=reorder(input_ids, order), attention_mask=mask,
                            position_ids=reorder(position_ids, order), use_cache=False,
                            **{self._cache_arg: None})
