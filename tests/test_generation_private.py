@@ -17,6 +17,7 @@ from cyb.model import PauseModel
 
 TOK = CharTokenizer().to_hf()
 PROMPTS = ["12+34=", "hello world", "a", "xyz 7"]
+SHORT = ["a", "bc"]  # prompts shorter than M - 1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,6 +109,14 @@ def test_static_and_sparse_decoders_equal_the_block_decoder(mode, sample):
         outs = [dec.start()] + [dec.step() for _ in range(6)]
         runs.append([(o.token.tolist(), o.steps.tolist()) for o in outs])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("decoder", ["eager", "static"])
+def test_prompts_shorter_than_a_block(decoder):
+    pm = build(m=4)
+    results = generate(pm, SHORT, max_new_tokens=4, eos_token_ids=(), decoder=decoder)
+    for res in results:
+        assert res.token_ids == recomputed(pm, res.prompt_ids, 4)[0]
 
 
 def test_cache_holds_real_tokens_only():

@@ -137,7 +137,8 @@ def private_prompt(ids: torch.Tensor, mask: torch.Tensor, vocab):
     last_block = lay.position_ids[:, -m:]
     input_ids = torch.cat([ids, lay.input_ids[:, -m + 1:]], dim=1) if m > 1 else ids
     pos = torch.cat([real_pos, last_block[:, 1:]], dim=1)
-    valid = torch.cat([mask.bool(), torch.ones_like(mask[:, :m - 1], dtype=torch.bool)], dim=1)
+    pauses = torch.ones((ids.shape[0], m - 1), dtype=torch.bool, device=ids.device)
+    valid = torch.cat([mask.bool(), pauses], dim=1)
     return input_ids, pos, valid, last_block[:, -1] + 1
 
 
