@@ -9,7 +9,9 @@ import torch
 from cyb import visibility as vis
 from cyb.layout import PauseVocab, expand, expand_variable, insert_pauses, random_pause_slots
 from cyb.model import PauseModel
-from test_model import hf_model, padding_mask, real_ids
+import transformers
+
+from test_model import hf_model, padding_mask, real_ids, tiny_config
 
 M = 3
 
@@ -187,8 +189,11 @@ def test_flex_path_matches_dense_on_cuda(family, visibility, layout):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     torch.manual_seed(0)
-    pm = PauseModel.from_hf(hf_model(family, "sdpa", window=4), num_steps=M,
-                            pause_visibility=visibility).cuda()
+    # (the FlexAttention kernel needs heads of 16 or more dimensions)
+    cfg = tiny_config(family, window=4)
+    cfg.hidden_size, cfg.head_dim = 64, 16
+    base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    pm = PauseModel.from_hf(base, num_steps=M, pause_visibility=visibility).cuda()
     lay = _layout(pm, layout)
     for name in ("input_ids", "position_ids", "attention_mask"):
         setattr(lay, name, getattr(lay, name).cuda())
