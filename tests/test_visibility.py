@@ -202,6 +202,9 @@ def test_flex_path_matches_dense_on_cuda(family, visibility, layout):
             setattr(lay, name, getattr(lay, name).cuda())
     (dense, dg), (flex, fg) = _dense_and_flex(pm, lay, grads=True)
     # relative error of the whole tensor (the kernels may round products differently)
-    assert ((flex - dense).norm() / dense.norm()).item() < 1e-3
+    err = ((flex - dense).norm() / dense.norm()).item()
+    assert err < 1e-3, err
+    assert len(fg) == len(dg)
     for a, b in zip(fg, dg):
-        assert ((a - b).norm() / b.norm().clamp(min=1e-12)).item() < 1e-2
+        err = ((a - b).norm() / b.norm().clamp(min=1e-6)).item()
+        assert err < 1e-2, (tuple(a.shape), err)
