@@ -28,7 +28,7 @@ SHAPES = {
 def main() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from cyb import lora
+    from cyb.model import lora
     from cyb.config import LoraConfig
     from cyb.model import PauseModel
 

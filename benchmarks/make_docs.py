@@ -1,4 +1,4 @@
-"""Regenerate ``docs/benchmarks.md`` from the JSON results in ``benchmarks/results/``.
+"""Regenerate ``docs/benchmarks.md`` from the JSON results in ``results/benchmarks/``.
 
 Every ``*.json`` written by ``cyb bench loss|train|decode`` 
 becomes a section: the device and versions, the command that produced it, its table and, for
@@ -21,7 +21,7 @@ if importlib.util.find_spec("cyb") is None:  # a source checkout without an inst
     sys.path.insert(0, str(ROOT / "src"))
 
 from cyb.bench.flops import FORMULA  # noqa: E402
-from cyb.bench.tables import table_for  # noqa: E402
+from cyb.bench.markdown import table_for  # noqa: E402
 from cyb.bench.targets import result_kind, targets_for  # noqa: E402
 
 TITLES = {"train": "Training step", "decode": "Decoding", "loss": "Readout + loss (forward and backward)"}
@@ -182,7 +182,7 @@ def _rel(path: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results",
+    p.add_argument("--results", type=Path, default=ROOT / "results" / "benchmarks",
                    help="folder of JSON results")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="Markdown file")
     args = p.parse_args(argv)

@@ -3,17 +3,17 @@
 #
 #   bash benchmarks/run_gpu.sh            # from the repository root, on a machine with one GPU
 #
-# Writes to $OUT (default benchmarks/results): decode.json, train.json, loss.json, a log per
+# Writes to $OUT (default results/benchmarks): decode.json, train.json, loss.json, a log per
 # benchmark, run_gpu.log (everything printed), env.txt and benchmarks.md (a preview of
 # docs/benchmarks.md).  Each benchmark runs under its own time limit and writes its JSON after
 # every row, so a benchmark cut off by its limit keeps the rows it finished; one that fails does
-# not stop the others.  Copy the JSON files to benchmarks/results/ and run
+# not stop the others.  Copy the JSON files to results/benchmarks/ and run
 # `python benchmarks/make_docs.py` to regenerate docs/benchmarks.md.
 set -uo pipefail
 
 START=$(date +%s)
 TOTAL_S=${BENCH_TOTAL_S:-465}   # leaves a margin under 8 minutes
-OUT=${OUT:-benchmarks/results}
+OUT=${OUT:-results/benchmarks}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run_gpu.log") 2>&1
 

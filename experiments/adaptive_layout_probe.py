@@ -33,7 +33,7 @@ def main() -> int:
     import torch
 
     from cyb.config import RunConfig
-    from cyb.data.streams import synthetic_sets
+    from cyb.run_data import synthetic_sets
     from cyb.decision import greedy_decision
     from cyb.generation import generate
     from cyb.layout import expand_variable

@@ -9,11 +9,11 @@ per-answer-position E[S] and accuracy, fixed/adaptive decoding for dk methods); 
 merges the methods of each row and seed and prints exact match per seed, and for every method
 with dk how many seeds meet the demo criterion (docs/demo.md)::
 
-    python experiments/demo_sweep.py cpu --seeds 0,1,2 --cpu-workers 14 --out results/demo-sweep
+    python experiments/demo_sweep.py cpu --seeds 0,1,2 --cpu-workers 14 --out outputs/demo-sweep
     python experiments/demo_sweep.py demo14 --seeds 0,1,2,3,4 --cpu-workers 56 --budget 420 \
-        --grace 150 --out results/demo14
-    python experiments/demo_sweep.py gpu --seeds 0,1,2 --gpu-workers 6 --out results/demo-gpu
-    python experiments/demo_sweep.py --summary results/demo-sweep/results.jsonl
+        --grace 150 --out outputs/demo14
+    python experiments/demo_sweep.py gpu --seeds 0,1,2 --gpu-workers 6 --out outputs/demo-gpu
+    python experiments/demo_sweep.py --summary outputs/demo-sweep/results.jsonl
     python experiments/demo_sweep.py demo14 --seeds 0,1,2,3,4 --dry-run   # jobs and estimated cost
 
 Grids: ``cpu`` holds settings that fit the demo's CPU budget (a 2-core machine, minutes);
@@ -355,7 +355,7 @@ def main() -> int:
     p.add_argument("grid", nargs="?", choices=sorted(GRIDS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rows", default=None, help="comma-separated grid rows (default: all)")
-    p.add_argument("--out", type=Path, default=Path("results/demo-sweep"))
+    p.add_argument("--out", type=Path, default=Path("outputs/demo-sweep"))
     p.add_argument("--cpu-workers", type=int, default=0)
     p.add_argument("--gpu-workers", type=int, default=0)
     p.add_argument("--budget", type=float, default=float("inf"),

@@ -1,6 +1,6 @@
 """Tables and figures of docs/results.md from the text suites' outputs.
 
-    python experiments/make_results.py [experiments/results/text]
+    python experiments/make_results.py [results/experiments/text]
 
 Reads ``summary.jsonl`` written by ``experiments/run_suite.py`` (the newest finished row per
 run) and writes ``tables.md`` (one Markdown table per suite, mean and standard deviation over
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT = HERE / "results" / "text"
+DEFAULT = HERE.parent / "results" / "experiments" / "text"
 DOC = HERE.parent / "docs" / "results.md"
 REFERENCE = "TBYS 3 pauses"
 

@@ -4,7 +4,7 @@ Every run is a plain ``cyb train`` of a config written next to its outputs, so e
 ``docs/results.md`` can be rerun with the command recorded in ``summary.jsonl``.
 
     python experiments/run_suite.py pretrain finetune hparams --seeds 0,1,2 \\
-        --out experiments/results/text --gpus 0,1,2,3 --per-gpu 3 --deadline 560
+        --out results/experiments/text --gpus 0,1,2,3 --per-gpu 3 --deadline 560
     python experiments/run_suite.py pretrain --out /tmp/p --scale cpu-quick --gpus cpu   # smoke test
 
 Run it from the repository root with techdocs in ``$CYB_DATA`` (e.g. a copy in ``.data/techdocs``):

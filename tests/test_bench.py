@@ -10,7 +10,6 @@ loss on a GPU.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -18,16 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import make_docs
 from cyb.bench import flops, targets
-from cyb.bench.decode import spread_weights
+from cyb.bench.models import spread_weights
 from cyb.bench.models import SHAPE_TINY, build_hf_model, pause_settings, random_ids, wrap
 from cyb.generation.static import StaticFixedDecoder
-from cyb.bench.tables import decode_table, loss_table, train_table
+from cyb.bench.markdown import decode_table, loss_table, train_table
 from cyb.bench.timing import Budget, guarded, median, time_calls
 from cyb.cli import main
 from cyb.generation.decoders import FixedDecoder, StepReadout
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
@@ -107,6 +106,60 @@ def test_bench_decode_quick_writes_json(tmp_path):
     names = [c["target"] for c in res["targets"]]
     assert any("latency M=4" in n for n in names)
     assert any(n.startswith("graph (static) decoder tokens == eager") for n in names)
+
+
+def test_bench_decode_cache_options_reach_the_static_rows(tmp_path, monkeypatch, capsys):
+    """``--whole-cache --capacity-multiple N``: the static decoder rows run without attention
+    limits on a cache rounded to N slots; the eager rows have no such cache."""
+    from cyb.generation import registry
+    from cyb.generation.static import StaticCacheOptions
+
+    made = []
+    real = registry.make_decoder
+
+    def spy(name, *args, **kw):
+        made.append((name, kw.get("cache_options")))
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(registry, "make_decoder", spy)
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "2", "--prompt-len", "4",
+                 "--new-tokens", "3", "--impls", "cyb_eager", "cyb_graph", "--modes", "fixed",
+                 "--whole-cache", "--capacity-multiple", "1"]) == 0
+    res = _read(out)
+    assert res["config"]["whole_cache"] and res["config"]["capacity_multiple"] == 1
+    assert "--whole-cache" in res["command"]
+    assert all(r["status"] == "ok" for r in res["results"])
+    options = {opts for name, opts in made if name == "static"}
+    assert options == {StaticCacheOptions(attention_limits=False, capacity_multiple=1)}
+    assert main(["bench", "decode", "--quick", "--capacity-multiple", "0"]) == 2
+    assert "capacity_multiple must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_bench_decode_times_a_saved_model(tmp_path):
+    """``cyb bench decode --model DIR --prompts FILE``: the rows of a trained model, its own
+    ``M`` and dk decisions, text prompts of different lengths (left-padded; no plain HF rows)."""
+    from generation_helpers import build
+
+    pm = build("llama", "cyb")
+    folder = pm.save_pretrained(tmp_path / "model")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("12+34=\n7+8=\n\n", encoding="utf-8")
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--quick", "--model", str(folder), "--prompts", str(prompts),
+                 "--batches", "2", "--new-tokens", "3", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["trained_model"]["num_steps"] == pm.num_steps and "2 prompts" in res["trained_model"]["prompts"]
+    rows = {(r["impl"], r["mode"], r["num_steps"]): r for r in res["results"]}
+    assert set(rows) == {("cyb_eager", "fixed", 1), ("cyb_eager", "fixed", 3), ("cyb_static", "fixed", 1),
+                         ("cyb_static", "fixed", 3), ("cyb_eager", "adaptive", 3),
+                         ("cyb_eager_pos", "adaptive", 3), ("cyb_static", "adaptive", 3),
+                         ("cyb_static_pos", "adaptive", 3)}
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert rows[("cyb_static", "adaptive", 3)]["tokens_vs_cyb_eager"]["equal"]
+    assert res["agreement_fp32"]["status"] == "skipped"
+    assert any("latency M=3" in c["target"] for c in res["targets"])  # the model's M
+    assert main(["bench", "decode", "--quick", "--prompts", str(prompts)]) == 2
 
 
 def test_bench_loss_quick_writes_json(tmp_path, monkeypatch):
@@ -351,20 +404,13 @@ def test_decode_targets_and_table():
     assert "| fixed M=4 greedy | yes | 1.000 | 32 | 24 | 1.50 |" in text
 
 
-def _make_docs():
-    spec = importlib.util.spec_from_file_location("make_docs", ROOT / "benchmarks" / "make_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_make_docs_renders_results(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     (results / "train.json").write_text(json.dumps(TRAIN_RESULT))
     (results / "notes.json").write_text(json.dumps({"something": "else"}))
     out = tmp_path / "benchmarks.md"
-    assert _make_docs().main(["--results", str(results), "--out", str(out)]) == 0
+    assert make_docs.main(["--results", str(results), "--out", str(out)]) == 0
     text = out.read_text()
     assert "## Training step: `train.json`" in text
     assert "- Device: NVIDIA H200 (torch 2.11)" in text

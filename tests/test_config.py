@@ -188,17 +188,6 @@ def test_cli_check_and_help_config(tmp_path, capsys):
     assert "--set" in capsys.readouterr().out
 
 
-def test_shuffle_auto_resolves_by_source():
-    from cyb.config import resolved_shuffle
-
-    cfg = RunConfig()
-    assert resolved_shuffle(cfg.data) == "corpus"
-    cfg.data.source = "hf:allenai/c4:en"
-    assert resolved_shuffle(cfg.data) == "buffer"
-    cfg.data.shuffle = "none"
-    assert resolved_shuffle(cfg.data) == "none"
-
-
 def test_validation_is_done_once_per_state(monkeypatch):
     import cyb.config as config
 

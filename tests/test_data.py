@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cyb.data.packing import PackedBlocks, batches, split_texts, train_valid_sources
+from cyb.data.packing import PackedBlocks, batches, resolved_shuffle, split_texts, train_valid_sources
 from cyb.data.sources import iter_texts, list_files, text_source
 from cyb.data.tokenizer import (
     count_tokens,
@@ -305,6 +305,15 @@ def test_shuffle_arguments_are_checked(tok):
     state = PackedBlocks(DOCS, tok, 16, shuffle="corpus").state_dict()
     with pytest.raises(ValueError, match="shuffle='corpus'"):
         PackedBlocks(DOCS, tok, 16).load_state_dict(state)
+
+
+def test_shuffle_auto_resolves_by_source():
+    from cyb.config import DataConfig
+
+    d = DataConfig()
+    assert resolved_shuffle(d.shuffle, d.source) == "corpus"
+    assert resolved_shuffle("auto", "hf:allenai/c4:en") == "buffer"
+    assert resolved_shuffle("none", "hf:allenai/c4:en") == "none"
 
 
 def collect(pb, batch_size, k=None):

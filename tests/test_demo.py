@@ -136,7 +136,7 @@ def test_shipped_demo_configs_load():
 def test_generate_from_prompt_text_matches_teacher_forced_scoring(quick_demo):
     """Text prompts get the ``<bos>`` the models were trained with, so the first greedy token of
     ``cyb.generate`` is the scored prediction at the first answer position."""
-    from cyb.data.streams import synthetic_sets
+    from cyb.run_data import synthetic_sets
     from cyb.config import RunConfig
     from cyb.demo import score_model
     from cyb.generation import generate

@@ -1,20 +1,15 @@
 """experiments/demo_sweep.py: one job of the smoke grid end to end, and the summary table."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "demo_sweep.py"
+from experiments import demo_sweep
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("demo_sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return demo_sweep
 
 
 def test_grids_are_valid_demo_settings(sweep):

@@ -209,16 +209,16 @@ def _terms(n=50, m=4, seed=0):
 
 def test_perplexity_summary_matches_losses():
     lt, ld, lnd = _terms()
-    out = perplexity_summary(lt, ld, lnd, has_dk=True)
+    out = perplexity_summary(lt, ld, lnd, method="cyb")
     assert out["loss"] == pytest.approx(float(losses.cyb_loss(lt.double(), ld.double(), lnd.double()).mean()))
     assert out["ppl"] == pytest.approx(math.exp(out["loss"]))
     assert out["by_step"] == pytest.approx([math.exp(float(-lt[:, i].double().mean())) for i in range(4)])
     assert "train_setting" not in out
     omega, gamma = [1, 1, 1, 1], [1, 0.9, 0.81, 0.729]
-    ts = perplexity_summary(lt, ld, lnd, has_dk=True, omega=omega, gamma=gamma)["train_setting"]
+    ts = perplexity_summary(lt, ld, lnd, method="cyb", omega=omega, gamma=gamma)["train_setting"]
     want = losses.cyb_loss(lt.double(), ld.double(), lnd.double(), omega=omega, gamma=gamma).mean()
     assert ts["loss"] == pytest.approx(float(want))
-    plain = perplexity_summary(lt, ld, lnd, has_dk=False)
+    plain = perplexity_summary(lt, ld, lnd, method="tbys")
     assert plain["loss"] == pytest.approx(float(-lt[:, -1].double().mean()))
 
 

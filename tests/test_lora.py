@@ -16,13 +16,12 @@ import yaml
 
 pytest.importorskip("peft")
 
-from cyb import lora  # noqa: E402
 from cyb.build import build_tokenizer, hf_config_for  # noqa: E402
 from cyb.checkpoint import FAULT_ENV, list_checkpoints  # noqa: E402
 from cyb.config import ConfigError, LoraConfig, RunConfig  # noqa: E402
 from cyb.distributed import DistInfo  # noqa: E402
 from cyb.metrics_log import read_metrics  # noqa: E402
-from cyb.model import PauseModel  # noqa: E402
+from cyb.model import PauseModel, lora  # noqa: E402
 from cyb.train import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

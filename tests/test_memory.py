@@ -1,5 +1,5 @@
-"""The memory plan: the analytic estimate (``cyb.memory``), the refusal of ``cyb train`` (the
-GPU's free memory faked on the CPU), ``--estimate-memory`` and ``cyb bench memory --quick``.
+"""The memory plan: the analytic estimate (``cyb.memory_estimate``), the refusal of ``cyb train``
+(the GPU's free memory faked on the CPU), ``--estimate-memory`` and ``cyb bench memory --quick``.
 
 Estimates are checked for the properties they must have (monotonic in batch and sequence,
 gradient checkpointing shrinks activations, LoRA shrinks gradients and AdamW state, FSDP divides
@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cyb import memory
+from cyb import families
+from cyb import memory_estimate as memory
 from cyb.build import hf_config_for
 from cyb.cli import main
 from cyb.config import RunConfig
@@ -61,6 +62,20 @@ def test_parameter_count_matches_a_built_model(model):
 
     cfg = cfg_of(model=model, block_len=8)
     config = hf_config_for(cfg, 100)
+    built = AutoModelForCausalLM.from_config(config)
+    n = sum(p.numel() for p in {id(p): p for p in built.parameters()}.values())
+    assert memory.ModelShape.from_hf_config(config).params() == n
+
+
+@pytest.mark.parametrize("arch", families.NAMES)
+def test_every_family_is_counted_as_built(arch):
+    """The family table's quirks (norms, biases) give the parameters of a tiny model of each family."""
+    from transformers import AutoModelForCausalLM
+
+    model = {"arch": arch, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+             "intermediate_size": 48, "tie_embeddings": False}
+    config = hf_config_for(cfg_of(model=model, block_len=8), 100)
+    assert config.model_type == families.family(arch).model_type
     built = AutoModelForCausalLM.from_config(config)
     n = sum(p.numel() for p in {id(p): p for p in built.parameters()}.values())
     assert memory.ModelShape.from_hf_config(config).params() == n

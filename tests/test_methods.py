@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from cyb import methods
+from cyb import losses, methods
 from cyb.config import MethodConfig, RunConfig
 
 FIELDS = {f.name for f in dataclasses.fields(MethodConfig)}
@@ -36,6 +36,29 @@ def test_losses_of_every_method_run_on_random_inputs(name):
     for build in (methods.spec(name).train_loss, methods.spec(name).eval_loss):
         out = build(me, None)(lt, d.log(), (-d).log1p())
         assert out.shape == (5,) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", methods.NAMES)
+def test_perplexity_loss_is_the_eval_loss_with_stops_only_at_m(name):
+    """What an evaluation reports: CYB with gamma = 1 and the model's own stopping for a model with
+    dk, cross-entropy at the last step otherwise, whatever omega the run trained with."""
+    s = methods.spec(name)
+    m = s.block_steps(3)
+    g = torch.Generator().manual_seed(1)
+    lt = torch.log_softmax(torch.randn(5, m, generator=g, dtype=torch.float64), -1)
+    d = torch.sigmoid(torch.randn(5, m, generator=g, dtype=torch.float64))
+    got = s.perplexity_loss(m)(lt, d.log(), (-d).log1p())
+    want = losses.cyb_loss(lt, d.log(), (-d).log1p()) if s.has_dk else -lt[..., -1]
+    assert torch.equal(got, want)
+
+
+def test_a_saved_model_gets_the_spec_its_label_names_or_the_inferred_one():
+    from cyb.model import PauseSettings
+
+    assert methods.of_model(PauseSettings(num_steps=4, method="cyb_ponder", dk_id=9, pause_ids=(6, 7, 8),
+                                          vocab_size=10)).name == "cyb_ponder"
+    assert methods.of_model(PauseSettings(num_steps=4, method="my run", pause_ids=(6, 7, 8),
+                                          vocab_size=10, psi_dk=None)).name == "tbys"
 
 
 def test_unknown_method_names_the_known_ones():

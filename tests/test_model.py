@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+from cyb import families
 from cyb.layout import expand
 from cyb.model import SETTINGS_FILE, PauseForward, PauseModel, PauseSettings
 from cyb.model.tokens import reserve_tokens
@@ -20,7 +21,7 @@ from cyb.readout import dk_logit_bias, readout_reference
 
 V = 96  # vocabulary of the tiny models without a tokenizer
 T_MAX = 128
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+FAMILIES = families.NAMES  # every family a run builds (tiny_config has a case for each)
 
 
 # ----------------------------------------------------------------------------- builders
@@ -339,7 +340,7 @@ def test_no_tokenizer_appends_ids():
 
 
 def test_char_tokenizer_gets_named_tokens():
-    from cyb.data.synthetic.tokenizer import CharTokenizer
+    from cyb.data.synthetic.char_tokenizer import CharTokenizer
 
     tok = CharTokenizer()
     n = len(tok)
@@ -400,7 +401,7 @@ def test_from_pretrained_sets_up_a_plain_folder(tmp_path):
 
 
 def test_from_config_and_char_tokenizer_round_trip(tmp_path):
-    from cyb.data.synthetic.tokenizer import CharTokenizer
+    from cyb.data.synthetic.char_tokenizer import CharTokenizer
 
     tok = CharTokenizer()
     pm = PauseModel.from_config(tiny_config("qwen3", vocab_size=len(tok)), tok, num_steps=2)

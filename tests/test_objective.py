@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from cyb.build import build_model
-from cyb.data.streams import synthetic_sets
 from cyb.config import RunConfig
 from cyb.objective import Objective
+from cyb.run_data import synthetic_sets
 
 GOLDEN = Path(__file__).parent / "golden" / "objective.json"
 M = 3

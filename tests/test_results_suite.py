@@ -1,35 +1,23 @@
 """experiments/run_suite.py and make_results.py: the jobs of each suite, the data they read, and
-the tables (the GPU runs themselves are in experiments/results/text)."""
+the tables (the GPU runs themselves are in results/experiments/text)."""
 
 import gzip
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from cyb.config import RunConfig
-
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from experiments import make_results, run_suite
 
 
 @pytest.fixture(scope="module")
 def suite():
-    return _load("run_suite")
+    return run_suite
 
 
 @pytest.fixture(scope="module")
 def results():
-    return _load("make_results")
+    return make_results
 
 
 FILES = {k: f"data/{k}.jsonl.gz" for k in ("train", "valid", "valid_in", "base", "ft")} | {"tokenizer": "tok"}

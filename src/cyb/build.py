@@ -1,5 +1,5 @@
 """Build a run's pieces from its configuration: device, tokenizer and model (the data streams are
-:mod:`cyb.data.streams`)."""
+:mod:`cyb.run_data`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from . import runtime
+from . import families, runtime
 from .config import RunConfig
-from .data.streams import train_texts
 from .distributed import DistInfo, main_first
 from .files import replace_dir
+from .run_data import train_texts
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -67,38 +67,22 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
 
 
 def hf_config_for(cfg: RunConfig, vocab_size: int, tokenizer=None):
-    """A Hugging Face config for a from-scratch model of ``cfg.model.arch``."""
-    from transformers import AutoConfig
-
-    m = cfg.model
-    heads = m.num_heads
-    model_type = {"gemma3": "gemma3_text"}.get(m.arch, m.arch)
-    kw = dict(vocab_size=vocab_size, hidden_size=m.hidden_size,
-              intermediate_size=m.intermediate_size or 4 * m.hidden_size,
-              num_hidden_layers=m.num_layers, num_attention_heads=heads,
-              num_key_value_heads=m.num_kv_heads or heads,
-              max_position_embeddings=m.max_position_embeddings,
-              tie_word_embeddings=m.tie_embeddings)
-    head_dim = m.head_dim or m.hidden_size // heads
-    if m.head_dim is not None or m.arch in ("gemma", "gemma2", "gemma3", "qwen3"):
-        kw["head_dim"] = head_dim
-    if m.arch in ("gemma2", "gemma3"):
-        kw["query_pre_attn_scalar"] = head_dim
-    if m.arch == "mistral":
-        kw["sliding_window"] = None
+    """A Hugging Face config for a from-scratch model of ``cfg.model.arch`` (its
+    :class:`~cyb.families.Family`), with the tokenizer's pad, bos and eos ids."""
+    special = {}
     if tokenizer is not None:
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             val = getattr(tokenizer, name, None)
             if val is not None:
-                kw[name] = val
-    return AutoConfig.for_model(model_type, **kw)
+                special[name] = val
+    return families.family(cfg.model.arch).hf_config(cfg.model, vocab_size, **special)
 
 
 def build_model(cfg: RunConfig, tokenizer):
     """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch), with
-    LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.lora.apply_lora`;
+    LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.model.lora.apply_lora`;
     before any DDP/FSDP wrapping, which must see the final set of trainable parameters)."""
-    from .lora import apply_lora, is_lora
+    from .model.lora import apply_lora, is_lora
 
     model = _load_model(cfg, tokenizer)
     if is_lora(model):

@@ -225,7 +225,6 @@ def _contiguous_cpu(state: dict) -> dict:
 
 
 SHARDS = "shards"
-FORMATS = ("full", "sharded")
 
 
 def begin_checkpoint(run_dir: str | Path, step: int, suffix: str | None = None) -> Path:

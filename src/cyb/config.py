@@ -3,31 +3,25 @@
 A run is described by :class:`RunConfig` with six sections: ``model``, ``method``, ``lora``,
 ``data``, ``optim`` and ``train``.  Every field has a docstring (the attribute docstring below it) that
 ``cyb train --help-config`` prints.  Validation errors name the field and the allowed values.
+Turning YAML, ``--set`` strings and docstrings into these classes is :mod:`cyb.config_parsing`.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import difflib
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
-from . import methods
+from . import config_parsing, families, methods
+from .config_parsing import ConfigError, apply_overrides
 from .vectors import step_vector_problem
 from .visibility import VISIBILITIES
 
 METHODS = methods.NAMES
-ARCHES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, of the wrong type or out of range."""
 
 
 @dataclass
@@ -36,7 +30,7 @@ class ModelConfig:
     """Hugging Face hub name or local folder of a pretrained causal LM (or a saved cyb model).
     None: build a model from scratch with the fields below."""
     arch: str = "llama"
-    """Family for from-scratch models: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3."""
+    """Family for from-scratch models"""
     hidden_size: int = 128
     """From scratch: width d_model."""
     num_layers: int = 4
@@ -130,10 +124,6 @@ class MethodConfig:
         return self.spec.has_dk
 
 
-#: The attention and MLP projections that Llama, Mistral, Qwen and Gemma name alike.
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
 @dataclass
 class LoraConfig:
     rank: int = 0
@@ -145,7 +135,7 @@ class LoraConfig:
     """LoRA scaling: an adapter adds (alpha / rank) B A x to a projection's output (> 0)."""
     dropout: float = 0.0
     """Dropout on the adapters' input, in [0, 1)."""
-    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    target_modules: list[str] = field(default_factory=lambda: list(families.PROJECTIONS))
     """Modules that get adapters, by name (matched at the end of each module's path, as in
     peft): the attention and MLP projections of Llama, Mistral, Qwen and Gemma."""
 
@@ -189,13 +179,6 @@ class DataConfig:
     """Synthetic task: training examples."""
     num_valid_examples: int = 500
     """Synthetic task: held-out examples."""
-
-
-def resolved_shuffle(d: DataConfig) -> str:
-    """``data.shuffle`` with ``auto`` resolved: buffer for hub streams, corpus otherwise."""
-    if d.shuffle != "auto":
-        return d.shuffle
-    return "buffer" if str(d.source).startswith("hf:") else "corpus"
 
 
 @dataclass
@@ -265,7 +248,7 @@ class TrainConfig:
     progress: bool = True
     """Show progress: a bar on a terminal, else one line per log step."""
     memory_check: bool = True
-    """On a GPU, estimate the peak memory per process before building the model (cyb.memory:
+    """On a GPU, estimate the peak memory per process before building the model (cyb.memory_estimate:
     weights, gradients, AdamW state, activations, readout, FSDP sharding) and refuse to start
     when it exceeds the GPU's free memory, printing the breakdown and ways to fit; false starts
     anyway (the estimate may be off). `cyb train CONFIG --estimate-memory` prints it."""
@@ -307,7 +290,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict | None) -> "RunConfig":
         """Build from a nested dict (unvalidated); unknown fields and wrong types raise."""
-        return _build(cls, data or {}, "")
+        return config_parsing.build(cls, data or {})
 
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
@@ -348,7 +331,7 @@ def _one_of(value, allowed: tuple, name: str) -> None:
 
 
 def _validate_model(m: ModelConfig) -> None:
-    _one_of(m.arch, ARCHES, "model.arch")
+    _one_of(m.arch, families.NAMES, "model.arch")
     for name in ("hidden_size", "num_layers", "num_heads", "max_position_embeddings"):
         _need(getattr(m, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(m, name)}")
     if m.head_dim is None:
@@ -428,7 +411,7 @@ def _validate_lora(lo: LoraConfig, m: ModelConfig) -> None:
     _need(math.isfinite(lo.alpha) and lo.alpha > 0, "lora.alpha", f"must be finite and > 0, got {lo.alpha}")
     _need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must lie in [0, 1), got {lo.dropout}")
     _need(bool(lo.target_modules) and all(isinstance(t, str) and t.strip() for t in lo.target_modules),
-          "lora.target_modules", f"must list module names (e.g. {', '.join(LORA_TARGETS[:2])}), "
+          "lora.target_modules", f"must list module names (e.g. {', '.join(families.PROJECTIONS[:2])}), "
           f"got {lo.target_modules!r}")
     if lo.rank == 0:
         return
@@ -445,7 +428,7 @@ def _validate_data(d: DataConfig) -> None:
     if d.task is None:
         _need(bool(d.source.strip()), "data.source", "must name the training text (or set data.task)")
     else:
-        from .data.synthetic.registry import make_task
+        from .data.synthetic import make_task  # the data layer (below this one) knows the tasks and sizes
 
         try:
             make_task(d.task, **d.task_kwargs)
@@ -496,154 +479,15 @@ def _validate_train(t: TrainConfig) -> None:
     _one_of(t.checkpoint_format, ("full", "sharded"), "train.checkpoint_format")
 
 
-# ---------------------------------------------------------------------- typed building
+# ---------------------------------------------------------------------- sections and their docs
 
 SECTIONS = {"model": ModelConfig, "method": MethodConfig, "lora": LoraConfig, "data": DataConfig,
             "optim": OptimConfig, "train": TrainConfig}
 
 
-def _field_types(cls) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-def _unknown(name: str, known, where: str) -> ConfigError:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"unknown field {name!r} in {where}{hint} (known: {', '.join(sorted(known))})")
-
-
-def _coerce(value: Any, typ: Any, name: str) -> Any:
-    origin = get_origin(typ)
-    args = get_args(typ)
-    if origin is not None and type(None) in args:  # Optional[X]
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~")):
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], name)
-    if value is None:
-        raise ConfigError(f"{name}: may not be null (expected {getattr(typ, '__name__', typ)})")
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
-            return _BOOL_WORDS[value.strip().lower()]
-        raise ConfigError(f"{name}: expected true or false, got {value!r}")
-    if typ is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{name}: expected an integer, got {value!r}")
-        try:
-            f = float(value)
-        except ValueError:
-            raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
-        if not f.is_integer():
-            raise ConfigError(f"{name}: expected an integer, got {value!r}")
-        return int(f)
-    if typ is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{name}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
-    if typ is str:
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{name}: expected a string, got {value!r}")
-        return str(value)
-    if origin is list:
-        if isinstance(value, str):
-            value = _parse_literal(value, name)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}: expected a list, got {value!r}")
-        return [_coerce(v, args[0], f"{name}[{i}]") for i, v in enumerate(value)]
-    if typ is dict or origin is dict:
-        if isinstance(value, str):
-            value = _parse_literal(value, name)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{name}: expected a mapping, got {value!r}")
-        return dict(value)
-    return value
-
-
-_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True,
-               "false": False, "no": False, "off": False, "0": False}
-
-
-def _parse_literal(text: str, name: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        try:
-            return ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            raise ConfigError(f"{name}: cannot parse {text!r} (write it as YAML, e.g. [1, 0, 1])") from None
-
-
-def _build(cls, data: dict, prefix: str):
-    where = prefix.rstrip(".") or "the top level"
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of fields, got {data!r}")
-    types = _field_types(cls)
-    known = [f.name for f in fields(cls)]
-    for key in data:
-        if key not in known:
-            raise _unknown(str(key), known, where)
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in data:
-            continue
-        typ = types[f.name]
-        name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(typ):
-            kwargs[f.name] = _build(typ, data[f.name] if data[f.name] is not None else {}, name + ".")
-        else:
-            kwargs[f.name] = _coerce(data[f.name], typ, name)
-    return cls(**kwargs)
-
-
-def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply ``section.field=value`` strings in place (values parsed as YAML).
-
-    ``section.field.key=value`` sets one key of a mapping field (``data.task_kwargs.digits=4``).
-    Errors name the override.
-    """
-    for item in overrides:
-        if not isinstance(item, str) or "=" not in item:
-            raise ConfigError(f"--set {item!r}: must look like section.field=value (e.g. train.steps=100)")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        parts = key.split(".")
-        if len(parts) not in (2, 3) or not all(parts):
-            raise ConfigError(f"--set {item!r}: the key must be section.field (e.g. train.steps), got {key!r}")
-        section, name = parts[0], parts[1]
-        if section not in SECTIONS:
-            raise _unknown(section, SECTIONS, f"--set {item!r} (sections)")
-        sec = getattr(cfg, section)
-        types = _field_types(type(sec))
-        if name not in types:
-            raise _unknown(name, types, f"--set {item!r} (section {section})")
-        value = _parse_literal(raw, key) if raw.strip() else ""
-        if len(parts) == 3:
-            if not (types[name] is dict or get_origin(types[name]) is dict):
-                raise ConfigError(f"--set {item!r}: {section}.{name} is not a mapping; use {section}.{name}=value")
-            setattr(sec, name, {**getattr(sec, name), parts[2]: value})
-        else:
-            setattr(sec, name, _coerce(value, types[name], key))
-    return cfg
-
-
 def field_docs() -> dict[str, str]:
-    """``{"section.field": docstring}`` read from this module's source (for --help-config)."""
-    import inspect
-
-    docs: dict[str, str] = {}
-    for section, cls in SECTIONS.items():
-        src = inspect.getsource(cls)
-        tree = ast.parse(src)
-        body = tree.body[0].body
-        for node, nxt in zip(body, body[1:] + [None]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                doc = ""
-                if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-                    doc = " ".join(str(nxt.value.value).split())
-                docs[f"{section}.{node.target.id}"] = doc
+    """``{"section.field": docstring}`` of every field (for --help-config); the text of
+    ``model.arch`` ends with the family names of :mod:`cyb.families`."""
+    docs = config_parsing.field_docs(SECTIONS)
+    docs["model.arch"] += f": {', '.join(families.NAMES)}."
     return docs

@@ -14,7 +14,9 @@ Adding a method: one :class:`MethodSpec` entry in :data:`REGISTRY`, its loss in
 Loss builders take the run's ``method`` section (any object with the
 :class:`~cyb.config.MethodConfig` fields) and an optional ``omega`` overriding its world stop
 distribution (Recipe 2 passes per-token one-hots), and return ``f(log_t, log_d, log_not_d) ->
-per-token loss`` on inputs ``[..., M]``.
+per-token loss`` on inputs ``[..., M]``.  Given an ``omega``, an evaluation-loss builder reads
+nothing else of the section: the perplexity an evaluation reports depends on the method alone
+(:meth:`MethodSpec.perplexity_loss`).
 """
 
 from __future__ import annotations
@@ -165,6 +167,14 @@ class MethodSpec:
     def position_scheme(self, method) -> str:
         return "advance" if self.positions == "advance" else method.position_scheme
 
+    def perplexity_loss(self, num_steps: int) -> LossFn:
+        """The per-token loss whose mean is the perplexity an evaluation reports (``cyb eval``,
+        the demo) for readouts of ``num_steps`` steps: :attr:`eval_loss` with the world stopping
+        only at the last step (``omega`` one-hot on ``M``), whatever ``omega`` the run trained
+        with.  A model with dk then stops by itself, TBYS reads out at step ``M``, and a model
+        without pauses (``M = 1``) gets plain cross-entropy."""
+        return self.eval_loss(None, [0.0] * (num_steps - 1) + [1.0])
+
 
 _DISCOUNT = ("gamma", "gamma0", "gamma0_anneal_steps")
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
@@ -219,6 +229,13 @@ def infer(use_dk: bool, num_steps: int) -> str:
     return "cyb" if use_dk else ("tbys" if num_steps > 1 else "baseline")
 
 
+def of_model(settings) -> MethodSpec:
+    """The spec of a saved model (its :class:`~cyb.model.PauseSettings`): the method its label
+    names, or the one :func:`infer` gives when the label is not a registered method."""
+    name = settings.method if settings.method in REGISTRY else infer(settings.use_dk, settings.num_steps)
+    return REGISTRY[name]
+
+
 def _ratio(values) -> str:
     return ":".join(f"{float(v):g}" for v in values)
 
@@ -252,4 +269,5 @@ def label(method) -> str:
     return text + (f" ({', '.join(extras)})" if extras else "")
 
 
-__all__ = ["LAYOUTS", "MethodSpec", "NAMES", "REFERENCE", "REGISTRY", "at_step", "discount_vector", "infer", "label", "spec"]
+__all__ = ["LAYOUTS", "MethodSpec", "NAMES", "REFERENCE", "REGISTRY", "at_step", "discount_vector", "infer", "label",
+           "of_model", "spec"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -52,26 +52,6 @@ class LossOutput:
     loss_sum: torch.Tensor
     num_targets: int
     sums: dict = field(default_factory=dict)
-
-
-def loss_fn_for(method: MethodConfig, omega=None) -> Callable:
-    """The per-block training loss ``f(log_t, log_d, log_not_d) -> [...]`` of a method (its
-    :class:`~cyb.methods.MethodSpec`).
-
-    Inputs are ``[..., M]``.  ``omega`` overrides the method's world stop distribution (Recipe 2
-    passes a per-token one-hot).
-    """
-    return methods.spec(method.name).train_loss(method, omega)
-
-
-def eval_loss_fn(method: MethodConfig, omega=None) -> Callable:
-    """Per-token loss whose mean gives the reported perplexity.
-
-    CYB variants: ``gamma = 1`` and the model's own stopping (omega one-hot on M, or the world's
-    stops of Recipe 2); TBYS: the readout at the world's stop (the last step by default);
-    baselines: plain cross-entropy.
-    """
-    return methods.spec(method.name).eval_loss(method, omega)
 
 
 def use_fused(impl: str, device: torch.device) -> bool:
@@ -149,6 +129,10 @@ def _generators(seeds: Sequence[int] | None, rows: int) -> list:
 class Objective:
     """Lays out a batch for a method, runs the model and returns the loss sum.
 
+    The method's :class:`~cyb.methods.MethodSpec` (``spec``, looked up once) gives the per-token
+    training loss (``train_loss``) and the loss behind the logged perplexity (``eval_loss``);
+    Recipe 2 builds them again with each batch's per-token world stops.
+
     Args:
         method: the method section of the run configuration.
         vocab: the model's pause vocabulary (``M``, pause ids, dk id).
@@ -162,8 +146,8 @@ class Objective:
         self.vocab = vocab
         self.dk_bias = dk_bias
         self.impl = impl
-        self.train_loss = loss_fn_for(method)
-        self.eval_loss = eval_loss_fn(method)
+        self.train_loss = self.spec.train_loss(method, None)
+        self.eval_loss = self.spec.eval_loss(method, None)
 
     def set_step(self, step: int) -> None:
         """Use the method as it stands at optimiser step ``step`` (a scheduled discount,
@@ -171,7 +155,7 @@ class Objective:
         method = methods.at_step(self.base_method, step)
         if method != self.method:
             self.method = method
-            self.train_loss = loss_fn_for(method)
+            self.train_loss = self.spec.train_loss(method, None)
 
     # ------------------------------------------------------------------------------ layout
     def prepare(self, batch: dict, *, seeds: Sequence[int] | None = None) -> Prepared:
@@ -254,7 +238,7 @@ class Objective:
         if prep.layout == "blocks" and use_fused(self.impl, prep.input_ids.device):
             return self._fused_loss(model, prep, with_metrics)
         terms = self.step_terms(model, prep)
-        fn = loss_fn_for(self.method, terms.omega) if terms.omega is not None else self.train_loss
+        fn = self.spec.train_loss(self.method, terms.omega) if terms.omega is not None else self.train_loss
         per_token = fn(terms.log_t, terms.log_d, terms.log_not_d)
         loss_sum = torch.where(terms.valid, per_token, torch.zeros_like(per_token)).sum()
         out = LossOutput(loss_sum, prep.num_targets)
@@ -297,7 +281,7 @@ class Objective:
         objective, the perplexity NLL and, with dk, ``E[S]`` and ``Pr(S=i)``."""
         valid = terms.valid
         lt, ld, lnd = (x.detach().float() for x in (terms.log_t, terms.log_d, terms.log_not_d))
-        nll_fn = eval_loss_fn(self.method, terms.omega) if terms.omega is not None else self.eval_loss
+        nll_fn = self.spec.eval_loss(self.method, terms.omega) if terms.omega is not None else self.eval_loss
         nll = nll_fn(lt, ld, lnd)
         zero = torch.zeros((), dtype=nll.dtype, device=nll.device)
         sums = {"objective": loss_sum.detach().float(),

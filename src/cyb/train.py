@@ -28,16 +28,17 @@ from . import __version__
 from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
-from .config import RunConfig, resolved_shuffle
-from .data.streams import build_data
+from .config import RunConfig
+from .data.packing import resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
-from .lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
+from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
+from .run_data import build_data
 from .runtime import autocast
 
 #: Seed family of held-out rows (training rows use the step number).
@@ -282,25 +283,26 @@ class Trainer:
         exceeds the free memory (``train.memory_check``); say the estimate when it fits."""
         import sys
 
-        from . import memory
+        from . import memory_estimate
 
         if not self.cfg.train.memory_check:
             return
-        capacity = memory.device_capacity(self.device)
+        capacity = memory_estimate.device_capacity(self.device)
         if capacity is None:
             return
         capacity = min(gather_objects(capacity, self.info))  # every process decides alike
-        shape = memory.run_shape(self.cfg, len(self.tokenizer))
+        shape = memory_estimate.run_shape(self.cfg, len(self.tokenizer))
         if shape is None:
             if self.info.is_main:
                 print("note: no memory estimate (the model's config.json is not available locally)",
                       file=sys.stderr, flush=True)
             return
-        est = memory.estimate(self.cfg, shape, world_size=self.info.world_size,
-                              device_type=self.device.type)
-        memory.check_fits(est, capacity, self.cfg)
+        est = memory_estimate.estimate(self.cfg, shape, world_size=self.info.world_size,
+                                       device_type=self.device.type)
+        memory_estimate.check_fits(est, capacity, self.cfg)
         if self.info.is_main:
-            print(f"memory estimate: {est.peak / memory.GIB:.1f} GiB per GPU of {capacity / memory.GIB:.1f} "
+            gib = memory_estimate.GIB
+            print(f"memory estimate: {est.peak / gib:.1f} GiB per GPU of {capacity / gib:.1f} "
                   "GiB free (cyb train --estimate-memory shows the breakdown)", file=sys.stderr, flush=True)
 
     def _check_positions(self) -> None:
@@ -439,7 +441,7 @@ class Trainer:
 
     def save_final(self) -> Path:
         """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``; for a LoRA
-        run the adapter folder of :func:`cyb.lora.save_adapter`), replaced atomically."""
+        run the adapter folder of :func:`cyb.model.lora.save_adapter`), replaced atomically."""
         state = None
         if self.info.mode == "fsdp" and self.info.enabled:
             hf_model = self.model.hf_model
@@ -501,7 +503,7 @@ class Trainer:
             f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))
         d = self.cfg.data
         if not d.task:
-            order = resolved_shuffle(d)
+            order = resolved_shuffle(d.shuffle, d.source)
             progress.write({"corpus": "training data: all blocks in a seeded random order (data.shuffle = "
                                       "corpus; the corpus is tokenised before the first step)",
                             "buffer": f"training data: random order within windows of {d.shuffle_buffer} "

@@ -1,6 +1,7 @@
 """Perplexity of every method from per-step readouts, and the relative improvement of appendix F.
 
-Perplexity is ``exp(mean per-real-token loss)`` with the paper's evaluation losses:
+Perplexity is ``exp(mean per-real-token loss)`` with the paper's evaluation loss of the method,
+as its :class:`~cyb.methods.MethodSpec` gives it (:meth:`~cyb.methods.MethodSpec.perplexity_loss`):
 
 * models with dk (CYB, CYB-VA, CYB-DP): the CYB loss with ``gamma = 1`` and the model's own
   stopping (``omega`` one-hot on ``M``);
@@ -19,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from .. import losses
+from .. import losses, methods
 
 
 def ppl_of(mean_loss: float) -> float:
@@ -41,14 +42,14 @@ def perplexity_summary(
     log_d: torch.Tensor,
     log_not_d: torch.Tensor,
     *,
-    has_dk: bool,
+    method: str,
     omega: Sequence[float] | None = None,
     gamma: Sequence[float] | None = None,
 ) -> dict:
     """Perplexities of ``N`` tokens from their per-step readout ``[N, M]``.
 
     Args:
-        has_dk: the model has a dk output (CYB variants).
+        method: the name of the model's training method (its spec picks the loss).
         omega, gamma: the run's training world stop distribution and discount (length ``M``);
             when either applies (``gamma`` only with dk) a ``"train_setting"`` entry is added.
 
@@ -60,11 +61,12 @@ def perplexity_summary(
     if log_t.dim() != 2:
         raise ValueError(f"per-step readouts must be [N, M], got {tuple(log_t.shape)}")
     lt, ld, lnd = (x.double() for x in (log_t, log_d, log_not_d))
+    spec = methods.spec(method)
+    has_dk = spec.has_dk
+    primary = spec.perplexity_loss(lt.shape[-1])(lt, ld, lnd)
     if has_dk:
-        primary = losses.cyb_loss(lt, ld, lnd)
         readout = "CYB loss, gamma = 1, the model's own stopping (omega one-hot on M)"
     else:
-        primary = losses.cross_entropy_loss(lt[:, -1])
         readout = "cross-entropy at the last step" if lt.shape[-1] > 1 else "cross-entropy"
     out = {**_entry(primary), "tokens": int(lt.shape[0]), "readout": readout}
     out["by_step"] = [ppl_of(_mean(-lt[:, i])) for i in range(lt.shape[-1])]

@@ -44,14 +44,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, random_ids
-from .models import real_ids_limit, wrap
+from ..generation.registry import MODES
+from ..generation.static import CAPACITY_MULTIPLE, StaticCacheOptions
+from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, adaptive_fixture, build_hf_model
+from .models import random_ids, real_ids_limit, spread_weights, wrap
 from ..runtime import resolve_device
 from .timing import Budget, environment, free_memory, guarded, median, sync, time_calls
 from .timing import write_json
 
 IMPLS = ("hf_eager", "cyb_eager", "cyb_eager_pos", "cyb_graph", "cyb_graph_pos")
-MODES = ("fixed", "adaptive")
 #: Anchor: eager Hugging Face decode, batch 1, 1 new position per step, one H200 (ms).
 HF_EAGER_ANCHOR_MS = 8.4
 
@@ -85,6 +86,11 @@ class DecodeBenchConfig:
     model: str | None = None
     #: a text file of prompts, one per line, for ``model`` (needs its tokenizer; default random ids)
     prompts: str | None = None
+    #: the static decoder rows (``cyb_graph``, ``cyb_graph_pos``) attend over the whole cache at
+    #: every batch size (no attention limits); the checks and ``generate`` keep the defaults
+    whole_cache: bool = False
+    #: the static decoder rows round their cache's slots per row up to a multiple of this
+    capacity_multiple: int = CAPACITY_MULTIPLE
 
     @classmethod
     def quick(cls, **overrides) -> "DecodeBenchConfig":
@@ -119,7 +125,13 @@ class DecodeBenchConfig:
             raise ValueError("prompts: a prompts file goes with a trained model (model)")
         if not 0.0 <= self.pause_fraction <= 1.0:
             raise ValueError(f"pause_fraction must lie in [0, 1], got {self.pause_fraction}")
+        self.cache_options()
         return self
+
+    def cache_options(self) -> StaticCacheOptions:
+        """The static cache of the decoder rows."""
+        return StaticCacheOptions(attention_limits=not self.whole_cache,
+                                  capacity_multiple=self.capacity_multiple)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -142,13 +154,15 @@ def _timed_steps(step, n: int) -> tuple[list[float], list[list[int]]]:
     return times, tokens
 
 
-def hf_eager_loop(hf_model, ids: torch.Tensor, pause_ids: list[int], steps: int) -> dict:
-    """Plain Hugging Face decoding: the last token and ``pause_ids`` (``M`` new positions) per
-    step, default positions, greedy on the last position's logits."""
+def hf_eager_loop(model, ids: torch.Tensor, pause_ids: list[int], steps: int) -> dict:
+    """Plain Hugging Face decoding of ``model.hf_model`` (``model``: a :class:`cyb.PauseModel`
+    that wraps it, for its empty ``DynamicCache``): the last token and ``pause_ids`` (``M`` new
+    positions) per step, default positions, greedy on the last position's logits."""
     from ..model import hf
 
+    hf_model = model.hf_model
     arg = hf.cache_arg_name(hf_model)
-    cache = _new_cache(hf_model)
+    cache = model.new_cache()
     t0 = time.perf_counter()
     out = hf_model(input_ids=ids, use_cache=True, **{arg: cache})
     state = {"token": out.logits[:, -1].argmax(-1), "cache": cache}
@@ -170,40 +184,18 @@ def hf_eager_loop(hf_model, ids: torch.Tensor, pause_ids: list[int], steps: int)
             "positions_per_step": len(pause_ids) + 1, "tokens": [first] + tokens}
 
 
-def _new_cache(hf_model):
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=hf_model.config)
-    except TypeError:
-        return DynamicCache()
-
-
-def make_decoder(model, ids, mask, *, mode: str, graph: bool, max_new_tokens: int,
-                 cuda_graph: bool | None = None, one_position: bool = False):
-    """A greedy decoder of ``mode``: the eager one, or the static one (``graph``); in adaptive
-    mode the one that feeds whole blocks (one forward per token), or with ``one_position`` the
-    one that feeds one position per step."""
-    from ..generation.decoders import StepReadout, eager_decoder
-    from ..generation.static import StaticAdaptiveDecoder, static_decoder
-
-    readout = StepReadout(model.vocab, model.dk_bias)
-    if graph and one_position and mode == "adaptive":
-        return StaticAdaptiveDecoder(model, ids, mask, readout, max_new_tokens=max_new_tokens,
-                                     cuda_graph=cuda_graph)
-    if graph:
-        return static_decoder(model, ids, mask, readout, mode=mode, max_new_tokens=max_new_tokens,
-                              cuda_graph=cuda_graph)
-    return eager_decoder(model, ids, mask, readout, mode=mode, one_position=one_position)
-
-
 def cyb_loop(model, ids, mask, steps: int, *, static: bool, mode: str = "fixed",
-             cuda_graph: bool | None = None, one_position: bool = False) -> dict:
-    """``steps`` decode steps of the library's eager (``static=False``) or static decoder (in
-    adaptive mode, decoders of one position per step run until every row has ``steps + 1``
-    tokens); each step's decisions are read back as :func:`cyb.generation.generate` reads them."""
-    dec = make_decoder(model, ids, mask, mode=mode, graph=static, max_new_tokens=steps + 2,
-                       cuda_graph=cuda_graph, one_position=one_position)
+             one_position: bool = False, cache_options: StaticCacheOptions | None = None) -> dict:
+    """``steps`` decode steps of the library's greedy eager (``static=False``) or static decoder
+    (its step a CUDA graph on CUDA); in adaptive mode the decoder that feeds whole blocks, or with
+    ``one_position`` the one that feeds one position per step (those run until every row has
+    ``steps + 1`` tokens).  Each step's decisions are read back as
+    :func:`cyb.generation.generate` reads them.  ``cache_options``: the static decoder's cache."""
+    from ..generation.registry import make_decoder
+
+    name = ("graph" if ids.device.type == "cuda" else "static") if static else "eager"
+    dec = make_decoder(name, model, ids, mask, mode=mode, max_new_tokens=steps + 2,
+                       one_position=one_position, cache_options=cache_options)
 
     def read(out) -> list[list[int]]:
         return torch.stack([out.answered.long(), out.token, out.steps]).tolist()
@@ -276,55 +268,6 @@ def _row_compare(a: list[list[int]], b: list[list[int]]) -> dict:
     """Agreement of per-row token lists, each row cut to the shorter of the two."""
     cut = [(x[:min(len(x), len(y))], y[:min(len(x), len(y))]) for x, y in zip(a, b)]
     return _compare([x for x, _ in cut], [y for _, y in cut])
-
-
-@torch.no_grad()
-def spread_weights(hf_model, seed: int = 0) -> None:
-    """Redraw every matrix with std ``2 / sqrt(fan_in)``: a freshly initialised model repeats
-    its input token, which would make greedy comparisons trivially equal."""
-    g = torch.Generator().manual_seed(seed)
-    for p in hf_model.parameters():
-        if p.dim() == 2:
-            p.copy_(torch.randn(p.shape, generator=g) * (2.0 / p.shape[1] ** 0.5))
-
-
-@torch.inference_mode()
-def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction: float):
-    """A CYB wrapper of ``hf_model`` whose dk prior makes ``pause_fraction`` of the step-1
-    decisions on ``ids`` (the prompts, laid out in fixed mode) say dk under the greedy readout.
-
-    Returns ``(model, info)``; ``info`` has the prior and the fraction it gives on ``ids``.
-    """
-    import math
-
-    from ..layout import expand
-    from ..model import PauseModel
-    from ..readout import dk_logit_bias
-    from .models import pause_settings
-
-    base = wrap(hf_model, "cyb", num_steps)
-    v = base.vocab.vocab_size
-    lay = expand(ids, base.vocab, check_ids=False)
-    hidden, _ = base.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
-    z = base.logits(hidden[:, ::num_steps]).float()  # step 1 of every block
-    z[..., list(base.vocab.pause_ids)] = -math.inf
-    dk = base.vocab.dk_id
-    rest = z.index_fill(-1, torch.tensor([dk], device=z.device), -math.inf).amax(-1)
-    margin = (z[..., dk] - rest).flatten().double().cpu()  # dk wins where margin + bias > 0
-    if pause_fraction <= 0:
-        bias = -float(margin.max()) - 1.0
-    elif pause_fraction >= 1:
-        bias = -float(margin.min()) + 1.0
-    else:
-        bias = -float(torch.quantile(margin, 1.0 - pause_fraction))
-    # the prior psi_dk whose logit bias is `bias`, inside (0, 1)
-    logit = bias - math.log(v - 1)
-    psi = min(max(1.0 / (1.0 + math.exp(-logit)), 1e-12), 1 - 1e-12)
-    settings = dataclasses.replace(pause_settings("cyb", v, num_steps), psi_dk=psi)
-    model = PauseModel(hf_model, settings)
-    got = float(((margin + dk_logit_bias(v, psi)) > 0).double().mean())
-    return model, {"psi_dk": psi, "dk_bias": dk_logit_bias(v, psi), "target_fraction": pause_fraction,
-                   "step1_dk_fraction_on_prompts": got}
 
 
 def agreement_check(hf_model, cfg: DecodeBenchConfig, device, graph_kind: str) -> dict:
@@ -537,12 +480,13 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
                     def measure(impl=impl, m=m, ids=ids, batch=batch, mode=mode):
                         with torch.inference_mode():
                             if impl == "hf_eager":
-                                res = hf_eager_loop(hf_model, ids, pause_ids[m], total)
+                                res = hf_eager_loop(models[("fixed", 1)], ids, pause_ids[m], total)
                                 res["row_tokens"] = [list(r) for r in zip(*res["tokens"])]
                             else:
                                 run_loop = lambda n: cyb_loop(  # noqa: E731
                                     models[(mode, m)], ids, masks[batch], n, static=static,
-                                    mode=mode, one_position=impl.endswith("_pos"))
+                                    mode=mode, one_position=impl.endswith("_pos"),
+                                    cache_options=cfg.cache_options())
                                 run_loop(2)  # untimed: first launches of this row's kernels
                                 res = run_loop(total)
                         tokens_by[(impl, batch, mode, m)] = res["row_tokens"]

@@ -7,7 +7,7 @@ LoRA, with or without gradient checkpointing), one fresh process builds the run 
 2048 real tokens, micro-batch 1, bf16 parameters under bf16 autocast as ``configs/paper/``),
 runs ``warmup`` optimiser steps, then ``steps`` timed ones, and reports
 ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` over the timed steps, real tokens
-per second, and the estimate of :mod:`cyb.memory` that ``cyb train`` checks. A configuration
+per second, and the estimate of :mod:`cyb.memory_estimate` that ``cyb train`` checks. A configuration
 that runs out of memory is recorded as ``oom`` (the process ends, so the next one starts
 clean).
 
@@ -211,7 +211,7 @@ def measure(spec: dict) -> dict:
     """
     import torch
 
-    from .. import memory
+    from .. import memory_estimate as memory
     from ..runtime import resolve_device
     from ..train import Trainer
     from .timing import environment, is_oom, peak_gib, reset_peak, sync
@@ -358,7 +358,7 @@ def _gib(x) -> str:
 def memory_table(rows: list[dict]) -> str:
     """Markdown: one line per (shape, configuration) with the estimate, the measured peaks,
     real tokens/s and whether it ran on the GPU (``OOM``: out of memory)."""
-    from .tables import markdown_table
+    from .markdown import markdown_table
 
     order = {s: i for i, s in enumerate(SHAPES)}
     corder = {c: i for i, c in enumerate(CONFIGS)}
@@ -385,7 +385,7 @@ def memory_table(rows: list[dict]) -> str:
     return markdown_table(headers, out)
 
 
-def memory_markdown(rows: list[dict], command: str = "bash experiments/memory_plan.sh") -> str:
+def memory_markdown(rows: list[dict], command: str = "bash benchmarks/memory_plan.sh") -> str:
     """The table with a line saying where and how it was measured."""
     devices = sorted({f"{r['device_name']} ({r['gpu_memory_gib']} GiB)" for r in rows
                       if r.get("device_name") and r.get("gpu_memory_gib")})
@@ -393,7 +393,7 @@ def memory_markdown(rows: list[dict], command: str = "bash experiments/memory_pl
     where = ", ".join(devices) or "-"
     head = (f"Measured on {where}" + (f" with {'; '.join(versions)}" if versions else "") +
             f" by `{command}`: peak = `torch.cuda.max_memory_allocated` / `max_memory_reserved` over "
-            "the timed steps, estimate = `cyb.memory` as `cyb train` checks it.")
+            "the timed steps, estimate = `cyb.memory_estimate` as `cyb train` checks it.")
     return head + "\n\n" + memory_table(rows)
 
 

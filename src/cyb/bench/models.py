@@ -3,11 +3,15 @@
 One Hugging Face model serves every method of a benchmark: the pause and dk ids are the top ids
 of its vocabulary (``<pause_1>`` .. ``<pause_{M-1}>`` at ``V-M`` .. ``V-2``, dk at ``V-1``), so
 the baseline, TBYS and CYB wrappers (:class:`cyb.PauseModel`) share the same weights and the
-same vocabulary size; the data use real ids below ``V - M``.
+same vocabulary size; the data use real ids below ``V - M``.  :func:`spread_weights` makes a
+random model's greedy decisions non-trivial, and :func:`adaptive_fixture` sets a CYB wrapper's dk
+prior so that a known share of its first steps say dk (the decode benchmark's adaptive rows).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -106,3 +110,49 @@ def random_ids(batch: int, length: int, limit: int, *, seed: int = 0) -> torch.T
 def num_params(hf_model) -> int:
     """Parameters of the model, tied matrices counted once."""
     return sum(p.numel() for p in {id(p): p for p in hf_model.parameters()}.values())
+
+
+@torch.no_grad()
+def spread_weights(hf_model, seed: int = 0) -> None:
+    """Redraw every matrix with std ``2 / sqrt(fan_in)``: a freshly initialised model repeats
+    its input token, which would make greedy comparisons trivially equal."""
+    g = torch.Generator().manual_seed(seed)
+    for p in hf_model.parameters():
+        if p.dim() == 2:
+            p.copy_(torch.randn(p.shape, generator=g) * (2.0 / p.shape[1] ** 0.5))
+
+
+@torch.inference_mode()
+def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction: float):
+    """A CYB wrapper of ``hf_model`` whose dk prior makes ``pause_fraction`` of the step-1
+    decisions on ``ids`` (the prompts, laid out in fixed mode) say dk under the greedy readout.
+
+    Returns ``(model, info)``; ``info`` has the prior and the fraction it gives on ``ids``.
+    """
+    from ..layout import expand
+    from ..model import PauseModel
+    from ..readout import dk_logit_bias
+
+    base = wrap(hf_model, "cyb", num_steps)
+    v = base.vocab.vocab_size
+    lay = expand(ids, base.vocab, check_ids=False)
+    hidden, _ = base.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+    z = base.logits(hidden[:, ::num_steps]).float()  # step 1 of every block
+    z[..., list(base.vocab.pause_ids)] = -math.inf
+    dk = base.vocab.dk_id
+    rest = z.index_fill(-1, torch.tensor([dk], device=z.device), -math.inf).amax(-1)
+    margin = (z[..., dk] - rest).flatten().double().cpu()  # dk wins where margin + bias > 0
+    if pause_fraction <= 0:
+        bias = -float(margin.max()) - 1.0
+    elif pause_fraction >= 1:
+        bias = -float(margin.min()) + 1.0
+    else:
+        bias = -float(torch.quantile(margin, 1.0 - pause_fraction))
+    # the prior psi_dk whose logit bias is `bias`, inside (0, 1)
+    logit = bias - math.log(v - 1)
+    psi = min(max(1.0 / (1.0 + math.exp(-logit)), 1e-12), 1 - 1e-12)
+    settings = dataclasses.replace(pause_settings("cyb", v, num_steps), psi_dk=psi)
+    model = PauseModel(hf_model, settings)
+    got = float(((margin + dk_logit_bias(v, psi)) > 0).double().mean())
+    return model, {"psi_dk": psi, "dk_bias": dk_logit_bias(v, psi), "target_fraction": pause_fraction,
+                   "step1_dk_fraction_on_prompts": got}

@@ -110,19 +110,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "the random one; the float32 check and loglikelihood rows are skipped (without it: the random 134M model)")
     decode.add_argument("--prompts", metavar="FILE",
                         help="with --model: prompts, one per line (without it: random ids)")
+    decode.add_argument("--whole-cache", action="store_true",
+                        help="the static decoder rows attend over their whole cache at every batch size "
+                             "(no attention limits); the float32 check and generate keep the defaults")
+    decode.add_argument("--capacity-multiple", type=int, metavar="N",
+                        help="the static decoder rows round their cache's slots per row up to a multiple "
+                             "of this (default 128)" + _OWN_DEFAULT)
 
     from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
 
     mem = sub.add_parser("memory", formatter_class=_FMT,
                          help="peak GPU memory and tokens/s of fine-tuning 2-8 B shapes, full or LoRA, "
-                              "with or without gradient checkpointing, beside cyb.memory's estimate",
+                              "with or without gradient checkpointing, beside cyb.memory_estimate's estimate",
                          description="Each (shape, configuration) runs a few optimiser steps of "
                                      "cyb train (CYB, M = 4, 2048 real tokens, micro-batch 1, bf16) in "
                                      "a fresh process on random weights, and records the peak memory "
                                      "(allocated and reserved), real tokens/s and the estimate that "
                                      "cyb train checks; a run out of memory is recorded as oom (see "
                                      "cyb.bench.memory). Split the grid over GPUs with --shapes / "
-                                     "--configs and CUDA_VISIBLE_DEVICES (experiments/memory_plan.sh).")
+                                     "--configs and CUDA_VISIBLE_DEVICES (benchmarks/memory_plan.sh).")
     mem.add_argument("--quick", action="store_true",
                      help="the tiny shape on the CPU, one warm-up and one timed step (a smoke run)")
     mem.add_argument("--out", default=None, metavar="FILE.jsonl",
@@ -188,7 +194,7 @@ def run(args) -> int:
         print("cyb bench: choose what to benchmark: loss, train, decode or memory (see cyb bench --help)",
               file=sys.stderr)
         return 2
-    from ..bench.tables import table_for
+    from ..bench.markdown import table_for
     from ..bench.targets import format_check, targets_for
     from ..bench.timing import write_json
 
@@ -221,7 +227,8 @@ def run(args) -> int:
                            "prompt_len": "prompt_len", "new_tokens": "new_tokens", "warmup_steps": "warmup_steps",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
                            "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
-                           "model": "model", "prompts": "prompts"})
+                           "model": "model", "prompts": "prompts", "whole_cache": "whole_cache",
+                           "capacity_multiple": "capacity_multiple"})
         cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
         result = decode.run(cfg, out=args.out)
     result["command"] = command

@@ -14,13 +14,15 @@ _SAMPLING_FLAGS = (("temperature", "--temperature"), ("top_k", "--top-k"), ("top
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..generation import registry
+
     p.add_argument("model_dir", metavar="MODEL_DIR",
                    help="a saved cyb model folder (written by `cyb train` or PauseModel.save_pretrained), "
                         "or a run folder of cyb train (its final/ model is used)")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt (repeat for several)")
     p.add_argument("--file", metavar="PATH", help="a text file with one prompt per line (blank lines skipped)")
-    p.add_argument("--mode", choices=("fixed", "adaptive"), default="fixed",
+    p.add_argument("--mode", choices=registry.MODES, default="fixed",
                    help="fixed: all M-1 pauses after every token (one forward of M positions per token); "
                         "adaptive: a pause only when the model says <don't know>")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="new tokens per prompt at most")
@@ -40,11 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="colour each token's background by the steps it used (white = 1, dark blue = M)")
     p.add_argument("--json", dest="json_path", metavar="PATH",
                    help="write the full results (ids, steps, d, E[S] per token) as JSON")
-    p.add_argument("--decoder", choices=("auto", "graph", "static", "eager"), default="auto",
-                   help="decode loop (all give the same tokens): graph = preallocated KV cache with "
-                        "each step replayed as a CUDA graph (CUDA, full-attention models); static = "
-                        "the same without the graph; eager = a growing DynamicCache (any model, any "
-                        "device); auto = graph on CUDA where supported, else eager")
+    p.add_argument("--decoder", choices=registry.DECODERS, default=registry.DEFAULT,
+                   help="decode loop (all give the same tokens): " + registry.describe())
     p.add_argument("--device", default=None,
                    help="torch device, e.g. cpu, cuda, cuda:1 (None: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
@@ -88,7 +87,7 @@ def _check_model_dir(path: str) -> Path:
             f"{path} is not a saved cyb model: expected {SETTINGS_FILE} (the pause settings) beside a "
             "Hugging Face checkpoint (config.json, model.safetensors) and its tokenizer, as written by "
             "`cyb train` or PauseModel.save_pretrained")
-    from ..lora import lora_folder
+    from ..model.lora import lora_folder
 
     if not (folder / "config.json").is_file() and lora_folder(folder) is None:
         raise ValueError(f"{path} has {SETTINGS_FILE} but no config.json: the Hugging Face checkpoint is missing")
@@ -148,7 +147,7 @@ def run(args) -> int:
 
     from ..generation import stream
     from ..generation.shade import legend, shade, supports_truecolor
-    from ..generation.static import resolve_decoder
+    from ..generation.registry import resolve_decoder
     from ..model import PauseModel
 
     model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype).to(device).eval()

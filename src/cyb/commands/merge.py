@@ -22,7 +22,7 @@ def run(args) -> int:
     import shutil
 
     from ..files import replace_dir
-    from ..lora import lora_folder, merge_lora
+    from ..model.lora import lora_folder, merge_lora
     from ..model import PauseModel
     from ..model.settings import TRAINING_STATE_FILE
 

@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="validate the configuration and exit")
     p.add_argument("--estimate-memory", action="store_true",
                    help="print the estimated peak GPU memory per process of this run (weights, "
-                        "gradients, AdamW state, activations, readout; see cyb.memory) and exit")
+                        "gradients, AdamW state, activations, readout; see cyb.memory_estimate) and exit")
     p.add_argument("--world-size", type=int, default=1, metavar="N",
                    help="processes to assume with --estimate-memory (FSDP divides by it)")
 
@@ -71,13 +71,13 @@ def _vocab_size(cfg) -> int:
 
 
 def _estimate_memory(cfg, world_size: int) -> int:
-    from .. import memory
+    from .. import memory_estimate
 
     if world_size < 1:
         print("cyb train: --world-size must be >= 1", file=sys.stderr)
         return 2
     try:
-        shape = memory.run_shape(cfg, None if cfg.model.name_or_path else _vocab_size(cfg))
+        shape = memory_estimate.run_shape(cfg, None if cfg.model.name_or_path else _vocab_size(cfg))
     except (OSError, ValueError) as e:
         print(f"cyb train: cannot read the tokenizer for the estimate: {e}", file=sys.stderr)
         return 2
@@ -85,6 +85,6 @@ def _estimate_memory(cfg, world_size: int) -> int:
         print(f"cyb train: no estimate: the config.json of {cfg.model.name_or_path} is not available "
               "locally", file=sys.stderr)
         return 2
-    est = memory.estimate(cfg, shape, world_size=world_size, device_type="cuda")
+    est = memory_estimate.estimate(cfg, shape, world_size=world_size, device_type="cuda")
     print(est.describe())
     return 0

@@ -40,13 +40,21 @@ from typing import Any, Literal, Union
 import numpy as np
 import torch
 
-from .sources import text_source
+from .sources import HUB_PREFIX, text_source
 from .tokenizer import chunked, eos_token_id, text_encoder
 
 TextsFactory = Callable[[], Iterable[str]]
 TextSource = Union[str, Path, TextsFactory, Sequence[str]]
 STATE_VERSION = 1
 SHUFFLES = ("corpus", "buffer", "none")
+
+
+def resolved_shuffle(shuffle: str, source) -> str:
+    """``shuffle`` (one of :data:`SHUFFLES` or ``"auto"``) with ``auto`` resolved for ``source``:
+    ``buffer`` for hub streams (``hf:``), ``corpus`` otherwise (files, folders, built-in text)."""
+    if shuffle != "auto":
+        return shuffle
+    return "buffer" if str(source).startswith(HUB_PREFIX) else "corpus"
 
 
 def as_texts_factory(source: TextSource, *, text_field: str = "text") -> TextsFactory:

@@ -73,7 +73,7 @@ class EvalData:
             yield batch
 
     def _synthetic_batches(self, batch_size: int) -> Iterator[dict]:
-        from ..data.streams import synthetic_sets
+        from ..run_data import synthetic_sets
 
         _, valid = synthetic_sets(self.config)
         rows = {"ids": valid.ids, "attention_mask": valid.attention_mask, "loss_mask": valid.loss_mask}

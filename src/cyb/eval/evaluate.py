@@ -100,8 +100,7 @@ def training_state(model_dir: Path) -> dict:
 
 
 def _method_from_settings(settings) -> MethodConfig:
-    name = settings.method if settings.method in methods.NAMES else methods.infer(settings.use_dk, settings.num_steps)
-    return MethodConfig(name=name, num_steps=max(settings.num_steps, 1),
+    return MethodConfig(name=methods.of_model(settings).name, num_steps=max(settings.num_steps, 1),
                         position_scheme=settings.position_scheme)
 
 
@@ -172,7 +171,7 @@ def analyse(records: TokenRecords, method: MethodConfig, *, has_dk: bool, tokeni
     omega, gamma = None, None
     if method.spec.layout == "blocks":
         omega, gamma = training_omega_gamma(method)
-    out = {"perplexity": perplexity_summary(records.log_t, records.log_d, records.log_not_d, has_dk=has_dk,
+    out = {"perplexity": perplexity_summary(records.log_t, records.log_d, records.log_not_d, method=method.name,
                                             omega=omega, gamma=gamma)}
     if has_dk:
         out["latency"] = latency_summary(records.log_d, records.log_not_d)
@@ -232,7 +231,7 @@ def reference_perplexity(reference: str | os.PathLike, data: EvalData, *, batch_
     records = collect_records(model, method, data.batches(model.tokenizer, batch_size), max_tokens=max_tokens,
                               precision=precision, impl=impl, progress=progress, num_passages=0, seed=seed,
                               desc="reference")
-    ppl = perplexity_summary(records.log_t, records.log_d, records.log_not_d, has_dk=model.settings.use_dk)
+    ppl = perplexity_summary(records.log_t, records.log_d, records.log_not_d, method=method.name)
     out.update(ppl=ppl["ppl"], tokens=ppl["tokens"])
     return out
 
@@ -373,7 +372,7 @@ def evaluate(
     if max_tokens == RUN_ROWS:
         max_tokens = None
         if data is None and target.config is not None and block_len in (None, spec.block_len):
-            from ..data.streams import held_out_rows
+            from ..run_data import held_out_rows
 
             spec.max_rows = held_out_rows(target.config)
         else:

@@ -6,7 +6,9 @@
   loops on :meth:`cyb.PauseModel.hidden_states` with a ``DynamicCache``, and the per-block /
   per-step readout.
 * :mod:`cyb.generation.static`: the same decisions on a preallocated KV cache, each decode step
-  replayed as a CUDA graph on CUDA (the default there), and the choice of decoder.
+  replayed as a CUDA graph on CUDA (the default there).
+* :mod:`cyb.generation.registry`: the decoders by name (``graph``, ``static``, ``eager``), what
+  ``auto`` means for a model, and :func:`~cyb.generation.registry.make_decoder`.
 * :mod:`cyb.generation.text`: prompt encoding, incremental detokenisation and stop strings.
 * :mod:`cyb.generation.shade`: ANSI background colours by steps used (``cyb generate --shade``).
 """

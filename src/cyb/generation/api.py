@@ -49,13 +49,10 @@ import torch
 
 from ..layout import left_pad
 from ..model import hf as _hf
-from .decoders import StepOutput, StepReadout, eager_decoder
-from .private import private_decoder
-from .static import DECODERS, resolve_decoder, static_decoder
+from .decoders import StepOutput, StepReadout
+from .registry import DECODERS, DEFAULT, MODES, make_decoder, resolve_decoder
 from .text import TextStream, decode_fn, encode_prompt, split_prompts
 
-MODES = ("fixed", "adaptive")
-STOP_REASONS = ("eos", "stop", "length")
 
 
 @dataclass(frozen=True)
@@ -75,11 +72,12 @@ class GenerationConfig:
             text is cut before it (the ids keep the token that completed it).
         eos_token_ids: ids that end a row (kept as its last token).  None: the tokenizer's and
             the model config's EOS ids; ``()``: never stop on EOS.
-        decoder: which decode loop runs (all make the same decisions):
-            ``"graph"`` a preallocated KV cache with the decode step captured as a CUDA graph
-            (CUDA only; full-attention models); ``"static"`` the same decoder without the graph
-            (any device); ``"eager"`` a growing ``DynamicCache`` (every model and device);
-            ``"auto"`` (default) ``graph`` on CUDA where the model supports it, else ``eager``.
+        decoder: which decode loop runs (all make the same decisions; the names and their
+            rules are those of :mod:`cyb.generation.registry`): ``"graph"`` a preallocated KV
+            cache with the decode step captured as a CUDA graph (CUDA only; full-attention
+            models); ``"static"`` the same decoder without the graph (any device); ``"eager"``
+            a growing ``DynamicCache`` (every model and device); ``"auto"`` (default) ``graph``
+            on CUDA where the model supports it, else ``eager``.
     """
 
     mode: Literal["fixed", "adaptive"] = "fixed"
@@ -91,7 +89,7 @@ class GenerationConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     eos_token_ids: tuple[int, ...] | None = None
-    decoder: Literal["auto", "graph", "static", "eager"] = "auto"
+    decoder: str = DEFAULT
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -396,19 +394,11 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
               cfg: GenerationConfig, kind: str) -> Iterator[TokenEvent]:
     """The decode loop: one forward (or graph replay) and one host read per step; events are
     yielded outside ``torch.inference_mode`` so that the caller's code between tokens runs
-    normally.  ``kind``: ``"graph"``, ``"static"`` or ``"eager"``."""
+    normally.  ``kind``: a name of :data:`cyb.generation.registry.REGISTRY`."""
     with torch.inference_mode():
         ids, mask = left_pad(encoded, model.device)
-        if model.pause_visibility == "last":
-            raise ValueError("generation with last-visible pauses is not available: train with "
-                             "method.pause_visibility=private or shared to generate")
-        if kind == "eager" and model.pause_visibility == "private":
-            decoder = private_decoder(model, ids, mask, readout, mode=cfg.mode)
-        elif kind == "eager":
-            decoder = eager_decoder(model, ids, mask, readout, mode=cfg.mode)
-        else:
-            decoder = static_decoder(model, ids, mask, readout, mode=cfg.mode,
-                                     max_new_tokens=cfg.max_new_tokens, cuda_graph=kind == "graph")
+        decoder = make_decoder(kind, model, ids, mask, readout, mode=cfg.mode,
+                               max_new_tokens=cfg.max_new_tokens)
         out = decoder.start()
         for row, n in zip(rows, decoder.prompt_positions.tolist()):
             row.result.positions = n

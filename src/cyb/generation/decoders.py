@@ -360,8 +360,9 @@ class BlockAdaptiveDecoder(FixedDecoder):
     adaptive mode would have cached and later tokens take adaptive mode's positions.  Attention
     within a block is causal, so the decisions are those of :class:`AdaptiveDecoder` (see
     :mod:`cyb.generation.static`, whose block decoder this mirrors); ``positions_per_step`` is
-    ``M``.  Chosen by :func:`eager_decoder` on CUDA, where a forward of ``M`` positions costs
-    about what one of a single position costs and the host time per forward dominates."""
+    ``M``.  Chosen by :mod:`~cyb.generation.registry` on CUDA, where a forward of ``M``
+    positions costs about what one of a single position costs and the host time per forward
+    dominates."""
 
     mode = "adaptive"
 
@@ -389,21 +390,6 @@ def cut_block(out: StepOutput, step_in_block: torch.Tensor) -> tuple[torch.Tenso
     d = torch.where(kept, out.d, torch.nan)
     d[:, -1] = 0.0
     return kept, StepOutput(out.answered, out.token, out.steps, d)
-
-
-def eager_decoder(model, ids: torch.Tensor, mask: torch.Tensor, readout: StepReadout, *,
-                  mode: str, one_position: bool | None = None) -> _Decoder:
-    """The eager decoder of ``mode``.  Adaptive mode: :class:`BlockAdaptiveDecoder` when
-    greedy on CUDA (one forward per token), else :class:`AdaptiveDecoder` (one position per
-    forward: fewer FLOPs, what a CPU wants); ``one_position`` forces the choice.  Models with
-    sliding-window layers always get the latter: their window counts cache slots, and the
-    block decoder's cache also holds the masked-out steps."""
-    if mode == "fixed":
-        return FixedDecoder(model, ids, mask, readout)
-    if one_position is None:
-        one_position = (readout.random or ids.device.type != "cuda"
-                        or hf.has_sliding_window(model.config))
-    return (AdaptiveDecoder if one_position else BlockAdaptiveDecoder)(model, ids, mask, readout)
 
 
 def fresh_d(b: int, m: int, device) -> torch.Tensor:

@@ -15,7 +15,8 @@ shape and address:
   graph, captured when decoding reaches it: attention does not read the empty end of the cache,
   which at large batches is a large part of a step's memory traffic, for a few extra captures
   per call.  Smaller batches attend over the whole capacity with one graph (reading the empty
-  slots costs them less than a capture);
+  slots costs them less than a capture).  :class:`StaticCacheOptions` changes these choices
+  (``cyb bench decode --whole-cache --capacity-multiple N`` measures them);
 * the step's inputs (ids, positions, slots, the adaptive state) live in fixed tensors that the
   step itself advances: the decision is made on the device and becomes the next step's input
   (fixed mode: the decided token heads the next block of ``M``; adaptive mode: the token at a
@@ -25,8 +26,8 @@ shape and address:
 
 Fixed mode feeds ``M`` positions per step.  Adaptive mode has two decoders:
 
-* :class:`StaticBlockAdaptiveDecoder` (greedy; what :func:`static_decoder` picks for it): one
-  replay per real token.  It feeds the whole block ``[x, <pause_1>, ..., <pause_{M-1}>]`` as
+* :class:`StaticBlockAdaptiveDecoder` (greedy; what :mod:`~cyb.generation.registry` picks for
+  it): one replay per real token.  It feeds the whole block ``[x, <pause_1>, ..., <pause_{M-1}>]`` as
   fixed mode does; attention within a block is causal, so step ``i`` of the block is computed
   exactly as adaptive mode computes it after ``i - 1`` dk decisions.  The sequential readout
   gives the stop step ``s``, and the block's slots after ``s`` are marked invalid in the
@@ -53,6 +54,7 @@ returned by :meth:`_StaticDecoder.step` are overwritten by the next step: read t
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -60,13 +62,39 @@ from ..model import hf
 from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4d, cut_block, fresh_d
 from .decoders import prompt_layout
 
-DECODERS = ("auto", "graph", "static", "eager")
 #: attention covers the written slots rounded up to this times a power of two (one graph each)
 ATTENTION_BUCKET = 256
 #: batches with fewer rows attend over the whole cache (one graph per call)
 ATTENTION_BUCKET_MIN_ROWS = 8
 #: the cache's slots per row are rounded up to a multiple of this
 CAPACITY_MULTIPLE = 128
+
+
+@dataclass(frozen=True)
+class StaticCacheOptions:
+    """How a static decoder sizes its cache and how much of it attention reads (the defaults are
+    the library's, the module constants above).
+
+    Attributes:
+        attention_limits: batches of :attr:`bucket_min_rows` rows or more attend over the slots
+            written so far, rounded up to :attr:`attention_bucket` times a power of two (one CUDA
+            graph per limit); False: every batch attends over the whole cache (one graph).
+        attention_bucket: the smallest attention limit, in slots.
+        bucket_min_rows: smaller batches attend over the whole cache.
+        capacity_multiple: the cache's slots per row are rounded up to a multiple of this
+            (attention kernels run faster on aligned key lengths).
+    """
+
+    attention_limits: bool = True
+    attention_bucket: int = ATTENTION_BUCKET
+    bucket_min_rows: int = ATTENTION_BUCKET_MIN_ROWS
+    capacity_multiple: int = CAPACITY_MULTIPLE
+
+    def __post_init__(self) -> None:
+        for name in ("attention_bucket", "bucket_min_rows", "capacity_multiple"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 class StaticKVCache:
@@ -129,31 +157,6 @@ def check_supported(model) -> None:
         raise ValueError(f"static decoding is not available: {reason}; use the eager decoder")
 
 
-def resolve_decoder(model, choice: str) -> str:
-    """The decoder that ``choice`` means for ``model`` on its device: ``"graph"``, ``"static"``
-    or ``"eager"``.
-
-    ``auto``: ``graph`` on CUDA when the model is supported, else ``eager``; ``graph`` and
-    ``static`` raise a ``ValueError`` saying why when they cannot run (``graph`` needs CUDA).
-    """
-    if choice not in DECODERS:
-        raise ValueError(f"decoder must be one of {DECODERS}, got {choice!r}")
-    on_cuda = model.device.type == "cuda"
-    reason = unsupported_reason(model)
-    if choice == "auto":
-        return "graph" if on_cuda and reason is None else "eager"
-    if choice == "eager":
-        return "eager"
-    if reason is not None:
-        raise ValueError(f"decoder={choice!r} is not available: {reason}; use decoder='eager' "
-                         "(or 'auto', which falls back to it)")
-    if choice == "graph" and not on_cuda:
-        raise ValueError(f"decoder='graph' needs the model on a CUDA device, it is on "
-                         f"{model.device}; use 'auto', 'static' (same decoder without the graph) "
-                         "or 'eager'")
-    return choice
-
-
 class _StaticDecoder:
     """Shared machinery: cache, masks, the fixed step inputs, capture and replay.
 
@@ -163,6 +166,7 @@ class _StaticDecoder:
         readout: the decision rule (default: greedy).
         max_new_tokens: real tokens to generate at most per row; sizes the cache.
         cuda_graph: capture the decode step as a CUDA graph (default: on CUDA).
+        cache_options: the cache's size and attention limits (default: :class:`StaticCacheOptions`).
     """
 
     keeps_rows = True
@@ -172,7 +176,8 @@ class _StaticDecoder:
 
     def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor,
                  readout: StepReadout | None = None, *, max_new_tokens: int,
-                 cuda_graph: bool | None = None) -> None:
+                 cuda_graph: bool | None = None,
+                 cache_options: StaticCacheOptions | None = None) -> None:
         check_supported(model)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -192,11 +197,13 @@ class _StaticDecoder:
         self.additive = model.dtype if hf.attention_of(model.hf_model) == "eager" else None
         self.pause_ids = self.vocab.pause_id_tensor(self.device)
         self.max_new_tokens = max_new_tokens
+        self.options = cache_options if cache_options is not None else StaticCacheOptions()
         limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
         self.max_position = limit - 1 if isinstance(limit, int) else None
-        # a multiple of CAPACITY_MULTIPLE: attention kernels run faster on aligned key lengths
+        # a multiple of capacity_multiple: attention kernels run faster on aligned key lengths
         needed = self._prompt_steps() + self._decode_slots()
-        self.capacity = -(-needed // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+        multiple = self.options.capacity_multiple
+        self.capacity = -(-needed // multiple) * multiple
         self.cache = StaticKVCache(self.capacity)
         self.valid = torch.ones(self.num_rows, self.capacity, dtype=torch.bool, device=self.device)
         self.uniforms: torch.Tensor | None = None  # [B, width] buffer when sampling
@@ -274,12 +281,13 @@ class _StaticDecoder:
         return self._first(hidden, next_pos, t)
 
     def _limit_for(self, slots_used: int) -> int:
-        """The attention limit that covers ``slots_used`` slots: :data:`ATTENTION_BUCKET` times
-        the smallest power of two that covers them, at most the capacity (the capacity for
-        batches of fewer than :data:`ATTENTION_BUCKET_MIN_ROWS` rows)."""
-        if self.num_rows < ATTENTION_BUCKET_MIN_ROWS:
+        """The attention limit that covers ``slots_used`` slots: the options' attention bucket
+        times the smallest power of two that covers them, at most the capacity (the capacity
+        without attention limits, and for batches of fewer than ``bucket_min_rows`` rows)."""
+        opts = self.options
+        if not opts.attention_limits or self.num_rows < opts.bucket_min_rows:
             return self.capacity
-        limit = ATTENTION_BUCKET
+        limit = opts.attention_bucket
         while limit < slots_used:
             limit *= 2
         return min(self.capacity, limit)
@@ -345,8 +353,10 @@ class StaticFixedDecoder(_StaticDecoder):
 
     mode = "fixed"
 
-    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None) -> None:
-        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None,
+                 cache_options=None) -> None:
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
+                         cache_options=cache_options)
         self.positions_per_step = self.m
         self.width = self.readout.block_width
         self.pos_increment = self.m if self.advance else 1
@@ -396,8 +406,10 @@ class StaticAdaptiveDecoder(_StaticDecoder):
     mode = "adaptive"
     prompt_mode = "adaptive"
 
-    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None) -> None:
-        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None,
+                 cache_options=None) -> None:
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
+                         cache_options=cache_options)
         self.width = self.readout.step_width
         self.feed = self.pos = self.step_idx = self.d_acc = None
 
@@ -456,8 +468,10 @@ class StaticBlockAdaptiveDecoder(StaticFixedDecoder):
     mode = "adaptive"
     prompt_mode = "fixed"
 
-    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None) -> None:
-        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None,
+                 cache_options=None) -> None:
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
+                         cache_options=cache_options)
         if self.readout.random:
             raise ValueError("block-adaptive decoding is greedy; sampling in adaptive mode "
                              "uses StaticAdaptiveDecoder")
@@ -503,10 +517,11 @@ class StaticPrivateDecoder(StaticFixedDecoder):
     slots_per_step = 1
 
     def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None,
-                 mode: str = "fixed") -> None:
+                 cache_options=None, mode: str = "fixed") -> None:
         if model.pause_visibility != "private":
             raise ValueError("StaticPrivateDecoder needs a model with private pauses")
-        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
+                         cache_options=cache_options)
         self.mode = mode
         self.step_in_block = torch.arange(self.m, device=self.device)
 
@@ -546,31 +561,3 @@ class StaticPrivateDecoder(StaticFixedDecoder):
         if self.steps_taken + 1 >= self.max_new_tokens:
             raise RuntimeError(f"max_new_tokens = {self.max_new_tokens} decisions already made "
                                "(the cache is sized for them)")
-
-
-def static_decoder(model, ids, mask, readout: StepReadout, *, mode: str, max_new_tokens: int,
-                   cuda_graph: bool | None = None) -> _StaticDecoder:
-    """The static decoder of ``mode`` (``"fixed"`` or ``"adaptive"``): in adaptive mode the
-    block decoder (one replay per token) when greedy, the one-position decoder when sampling.
-    Models with private pauses get :class:`StaticPrivateDecoder` in both modes."""
-    if getattr(model, "pause_visibility", "shared") == "private":
-        return StaticPrivateDecoder(model, ids, mask, readout, max_new_tokens=max_new_tokens,
-                                    cuda_graph=cuda_graph, mode=mode)
-    if mode == "fixed":
-        cls = StaticFixedDecoder
-    else:
-        cls = StaticAdaptiveDecoder if readout.random else StaticBlockAdaptiveDecoder
-    return cls(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
-
-
-@torch.inference_mode()
-def greedy_tokens(decoder, num_tokens: int) -> list[list[int]]:
-    """``[B][num_tokens]`` tokens of a new (not yet started) fixed-mode decoder (eager or
-    static); each step's tokens are read before the next step."""
-    out = decoder.start()
-    rows = [[t] for t in out.token.tolist()]
-    for _ in range(num_tokens - 1):
-        out = decoder.step()
-        for row, t in zip(rows, out.token.tolist()):
-            row.append(t)
-    return rows

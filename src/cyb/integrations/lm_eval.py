@@ -42,7 +42,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from ..generation.static import DECODERS, resolve_decoder
+from ..generation.registry import DECODERS, MODES, resolve_decoder
+from ..generation.registry import DEFAULT as DEFAULT_DECODER
 from ..model import PauseModel
 from ..runtime import resolve_device
 from ..model import hf as _hf
@@ -53,7 +54,6 @@ __all__ = ["CybLM", "DATA_ENV", "MODES", "main", "tasks_dir", "token_log_likelih
 
 log = logging.getLogger(__name__)
 
-MODES = ("fixed", "adaptive")
 DEFAULT_MAX_LENGTH = 2048
 _GEN_OPTIONS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p"}
 
@@ -150,7 +150,7 @@ class CybLM(LM):
                  mode: str = "fixed", dtype: str | None = None, max_length: int | None = None,
                  max_gen_toks: int = 256, add_bos_token: bool | None = None,
                  num_steps: int | None = None, attn_implementation: str | None = None,
-                 seed: int = 1234, decoder: str = "auto") -> None:
+                 seed: int = 1234, decoder: str = DEFAULT_DECODER) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -9,14 +9,8 @@ Backends: ``"torch"`` (any device), ``"triton"`` (CUDA; CPU under ``TRITON_INTER
 ``"auto"``.  Triton is imported only when the triton backend runs.
 """
 
-from .chunked import (
-    BACKENDS,
-    FusedLossStats,
-    fused_linear_loss,
-    fused_readout,
-    resolve_backend,
-    triton_available,
-)
+from .chunk_ops import BACKENDS, resolve_backend, triton_available
+from .chunked import FusedLossStats, fused_linear_loss, fused_readout
 
 __all__ = [
     "BACKENDS",

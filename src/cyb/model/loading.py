@@ -54,7 +54,7 @@ def load_tokenizer(name_or_path, hf_kwargs: dict):
 
             return AutoTokenizer.from_pretrained(str(path), **opts)
         if (folder / _CHAR_TOKENIZER_FILE).is_file():
-            from ..data.synthetic.tokenizer import CharTokenizer
+            from ..data.synthetic.char_tokenizer import CharTokenizer
 
             return CharTokenizer.load(folder)
         return None

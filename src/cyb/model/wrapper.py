@@ -21,6 +21,7 @@ from ..visibility import BlockSteps, inverse_order, reorder
 from . import attention, hf
 from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
                       save_tokenizer)
+from .lora import check_lora_folder, is_lora, load_adapter_model, lora_folder, save_adapter
 from .settings import DEFAULT, SETTINGS_FILE, PauseSettings, agrees, check_agrees, resolve_arguments
 from .tokens import apply_plan, check_tokenizer, reserve_tokens
 
@@ -180,7 +181,7 @@ class PauseModel(torch.nn.Module):
 
         A folder (or repository) with ``cyb_pause.json`` is a saved pause model: its settings
         are used, and any argument given here must agree with them.  A LoRA folder (written by
-        a ``lora.rank > 0`` run, see :mod:`cyb.lora`) loads its base model and puts the
+        a ``lora.rank > 0`` run, see :mod:`cyb.model.lora`) loads its base model and puts the
         adapters and pause rows in (needs peft).  Any other model gets its
         pause/dk ids set up as in :meth:`from_hf` (``num_steps`` is then required).
 
@@ -203,8 +204,6 @@ class PauseModel(torch.nn.Module):
                 ``local_files_only``, ...).
         """
         from transformers import AutoModelForCausalLM
-
-        from ..lora import check_lora_folder, lora_folder
 
         hf.check_attention(attn_implementation)
         adapter = lora_folder(name_or_path, hf_kwargs)
@@ -236,8 +235,6 @@ class PauseModel(torch.nn.Module):
             if saved is None:  # other pause settings were asked for (reconfigure)
                 raise ValueError(f"{adapter} holds LoRA adapters: merge them first (cyb merge) to fine-tune "
                                  "it with other pause settings")
-            from ..lora import load_adapter_model
-
             hf_model = load_adapter_model(adapter, saved, torch_dtype=torch_dtype,
                                           attn_implementation=attn_implementation, **hf_kwargs)
             return cls(hf_model, saved, tokenizer).eval()
@@ -297,13 +294,11 @@ class PauseModel(torch.nn.Module):
 
         The folder loads with :meth:`from_pretrained` and with plain
         ``AutoModelForCausalLM.from_pretrained``.  A model with LoRA adapters writes its
-        adapter folder instead (:func:`cyb.lora.save_adapter`: adapters, pause rows, the base
+        adapter folder instead (:func:`cyb.model.lora.save_adapter`: adapters, pause rows, the base
         model's name), which :meth:`from_pretrained` loads too.  ``state_dict`` (Hugging Face
         keys, e.g. gathered under FSDP) replaces the module's own; ``hf_kwargs`` go to the
         model's ``save_pretrained``.  The settings file is written last.
         """
-        from ..lora import is_lora, save_adapter
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if is_lora(self.hf_model):

@@ -116,7 +116,7 @@ def task_examples_page(test, expected_steps, predictions, *, num_steps: int, met
     """An HTML page of test examples whose answer characters are shaded by expected pauses.
 
     ``expected_steps`` and ``predictions`` are ``[N, L]`` aligned with ``test.ids`` (see
-    :func:`cyb.demo.score_model`); a character's shade is ``E[S] - 1`` (expected pauses) of the block
+    :func:`cyb.demo.run.score_model`); a character's shade is ``E[S] - 1`` (expected pauses) of the block
     that predicts it, white at 0 and dark blue at ``num_steps - 1``.  Wrong greedy predictions
     are underlined in red, with the predicted character in the tooltip.
     """

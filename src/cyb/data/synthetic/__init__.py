@@ -12,13 +12,13 @@ Each task draws ``(prompt, answer)`` string pairs; :class:`CharTokenizer` encode
 
 from .arithmetic import Addition, Multiplication
 from .base import Task
+from .char_tokenizer import DEFAULT_ALPHABET, CharTokenizer
 from .dataset import SyntheticDataset, in_test_split
 from .lookup import VariableLookup
 from .parity import Parity
 from .registry import TASKS, make_task
 from .scoring import answer_token_accuracy, score, shift_predictions
 from .three_sum import ThreeSum, find_zero_triple
-from .tokenizer import DEFAULT_ALPHABET, CharTokenizer
 
 __all__ = [
     "Addition",

@@ -9,8 +9,8 @@ from typing import Iterator
 import torch
 
 from .base import Task, check_bool, check_int
+from .char_tokenizer import CharTokenizer
 from .registry import make_task
-from .tokenizer import CharTokenizer
 
 SPLITS = ("train", "test")
 #: consecutive rejected draws (wrong split, or a repeat with ``unique``) before giving up,

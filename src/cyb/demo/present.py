@@ -1,0 +1,167 @@
+"""The demo's presentation: the lines it prints while it runs, the comparison table, what a
+run shows in plain words (computed from its numbers), and the report folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import methods
+from ..files import write_json_atomic, write_text_atomic
+from .settings import DemoSettings
+
+
+def header_lines(s: DemoSettings, task_description: str) -> list[str]:
+    """What a run is about to do: the task, the model and the training of every method."""
+    return [f"cyb demo: {task_description}",
+            f"model: {s.arch}, hidden {s.hidden_size}, {s.num_layers} layer(s), {s.num_heads} head(s); "
+            f"M = {s.num_steps}; {s.train_steps} steps of {s.batch_size} examples per method"]
+
+
+def training_line(i: int, n: int, method: str) -> str:
+    return f"[{i}/{n}] training {method}"
+
+
+def score_line(method: str, score: dict, train_seconds: float) -> str:
+    """One trained method's scores (:func:`~cyb.demo.run.score_model`) and training time."""
+    return (f"    {method}: exact match {score['exact_match']:.1%}, token accuracy "
+            f"{score['token_accuracy']:.1%}, steps/token {score['mean_steps']:.2f} "
+            f"({train_seconds:.0f} s)")
+
+
+def summary_lines(out: Path, metrics: dict) -> list[str]:
+    """What a run prints at its end: the table, each method's decoding, what the run shows and
+    where the report is."""
+    lines = ["", format_table(metrics)]
+    for name, r in metrics["methods"].items():
+        if "decoding" in r:
+            lines.append("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"],
+                                                 visibility=r.get("pause_visibility", "shared")))
+    lines.append("\n" + format_reading(metrics))
+    lines.append(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
+                 f"total {metrics['total_seconds']:.0f} s")
+    return lines
+
+
+def format_table(metrics: dict) -> str:
+    """The comparison table (Markdown) of a :func:`~cyb.demo.run.run_demo` result."""
+    rows = ["| method | M | exact match | token accuracy | answer ppl | mean steps/token E[S] "
+            "| greedy steps/token | train s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in metrics["methods"].items():
+        rows.append(f"| {name} | {r['num_steps']} | {r['exact_match']:.1%} | {r['token_accuracy']:.1%} "
+                    f"| {r['ppl']:.3f} | {r['mean_steps']:.2f} | {r['greedy_steps']:.2f} "
+                    f"| {r['train_seconds']:.0f} |")
+    return "\n".join(rows)
+
+
+def hard_easy_steps(results: dict, method: str) -> tuple[float, float] | None:
+    """``method``'s mean E[S] over the hard and over the easy answer positions of one run.
+
+    ``results`` maps method names to their :func:`~cyb.demo.run.score_model` results (``metrics["methods"]``).
+    Difficulty is the per-position token accuracy averaged over every method of the run: hard
+    positions are below the mean of those accuracies, easy ones at or above it.  ``<eos>`` (the
+    last position) counts only when the answer is a single character.  None when the positions
+    do not differ in accuracy by at least 2 points (no hard position)."""
+    acc = [r["per_position_accuracy"] for r in results.values()]
+    n = len(acc[0])
+    positions = list(range(n - 1)) if n > 2 else list(range(n))
+    mean_acc = {k: sum(a[k] for a in acc) / len(acc) for k in positions}
+    if max(mean_acc.values()) - min(mean_acc.values()) < 0.02:
+        return None
+    level = sum(mean_acc.values()) / len(mean_acc)
+    steps = results[method]["per_position_steps"]
+    hard = [steps[k] for k in positions if mean_acc[k] < level]
+    easy = [steps[k] for k in positions if mean_acc[k] >= level]
+    return sum(hard) / len(hard), sum(easy) / len(easy)
+
+
+def meets_criterion(results: dict, method: str) -> bool:
+    """The demo criterion at one seed for a method with dk: exact match above the baseline's and
+    at least TBYS's (both to within half a point), and more steps on the hard answer positions
+    than on the easy ones (:func:`hard_easy_steps`, by at least 0.1)."""
+    if not {"baseline", "tbys", method} <= set(results):
+        return False
+    exact = {m: results[m]["exact_match"] for m in ("baseline", "tbys", method)}
+    he = hard_easy_steps(results, method)
+    return (exact[method] > exact["baseline"] + 0.005 and exact[method] >= exact["tbys"] - 0.005
+            and he is not None and he[0] - he[1] >= 0.1)
+
+
+def format_reading(metrics: dict) -> str:
+    """What a :func:`~cyb.demo.run.run_demo` result shows, in plain words, computed from its numbers: whether
+    pauses beat the no-pause baseline, and for each method with dk its exact match against the
+    baseline and TBYS, its steps on the hard and easy answer positions and its adaptive decoding."""
+    r = metrics["methods"]
+    lines = ["What this run shows (one seed; docs/demo.md gives the spread over seeds):"]
+    paused = {m: v["exact_match"] for m, v in r.items() if methods.spec(m).uses_pauses}
+    if "baseline" in r and paused:
+        base, best = r["baseline"]["exact_match"], max(paused, key=paused.get)
+        if paused[best] > base + 0.005:
+            lines.append(f"- pauses pay: {best} answers {paused[best]:.1%} exactly, the no-pause baseline "
+                         f"{base:.1%}, with the same data, steps and initial weights")
+        else:
+            lines.append(f"- pauses do not pay in this run: the best method with pauses, {best}, answers "
+                         f"{paused[best]:.1%} exactly against the no-pause baseline's {base:.1%}")
+    for m, v in r.items():
+        if not methods.spec(m).has_dk:
+            continue
+        against = [f"{o} {r[o]['exact_match']:.1%}" for o in ("baseline", "tbys") if o in r]
+        text = f"- {m}: {v['exact_match']:.1%} exact" + (f" ({', '.join(against)})" if against else "")
+        he = hard_easy_steps(r, m) if len(r) > 1 else None
+        if he is not None:
+            text += f"; E[S] {he[0]:.2f} on the hard answer positions, {he[1]:.2f} on the easy ones"
+        else:
+            text += f"; E[S] {v['mean_steps']:.2f}"
+        dec = v.get("decoding")
+        if dec:
+            f, a = dec["fixed"], dec["adaptive"]
+            text += (f"; generating adaptively it answers {a['exact_match']:.1%} exactly at "
+                     f"{a['positions_per_token']:.2f} positions per token, against {f['exact_match']:.1%} at "
+                     f"{f['positions_per_token']:.2f} in fixed mode")
+        if {"baseline", "tbys"} <= set(r):
+            text += "; it meets the demo's criterion" if meets_criterion(r, m) else "; it does not meet the demo's criterion"
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1,
+                    visibility: str = "shared") -> str:
+    """One line per mode: free-running exact match and network positions per generated token,
+    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md) and
+    pauses of ``visibility``."""
+    lines = [f"{method} generating its answers token by token (greedy; M = {num_steps}):"]
+    for mode, d in decoding.items():
+        lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
+                     f"positions per token, {d['seconds']:.1f} s")
+    fixed, adaptive = decoding.get("fixed"), decoding.get("adaptive")
+    if visibility == "private":
+        lines.append("  (private pauses: no token reads another token's pauses, so adaptive mode makes fixed "
+                     "mode's decisions and runs a pause only where the model asks for one)")
+    elif fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:
+        saved = fixed["positions_per_token"] / max(adaptive["positions_per_token"], 1e-9)
+        lines.append(f"  (adaptive mode feeds a pause only after <don't know>: here it keeps the exact match "
+                     f"with {saved:.1f}x fewer positions per token)")
+    elif recipe == 2:
+        lines.append("  (adaptive mode feeds a pause only after <don't know>; in Recipe 2 training the pauses "
+                     "came at random, and later tokens read them, so an earlier token answered at once leaves "
+                     "its successors fewer positions than in training)")
+    else:
+        lines.append("  (adaptive mode feeds a pause only after <don't know>; a model trained with a pause after "
+                     "every token, Recipe 1, then reads contexts it never saw in training)")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test, details: dict) -> None:
+    """Write metrics.json, settings.json, table.md, latency.png and examples.html into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "metrics.json", metrics, indent=2)
+    write_json_atomic(out / "settings.json", {"demo": s.to_dict(), "runs": configs}, indent=2)
+    (out / "table.md").write_text(format_table(metrics) + "\n")
+    from ..report import html, plots
+
+    plots.steps_per_position_figure(metrics, out / "latency.png")
+    shaded = next((m for m in details if methods.spec(m).has_dk), next(iter(details)))
+    write_text_atomic(out / "examples.html", html.task_examples_page(
+        test, details[shaded]["expected_steps"], details[shaded]["predictions"],
+        num_steps=metrics["methods"][shaded]["num_steps"], method=shaded,
+        limit=s.num_examples_shown, title=f"{s.task} {s.task_kwargs}"))

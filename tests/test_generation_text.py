@@ -1,0 +1,63 @@
+"""cyb.generation.text and cyb.generation.shade: stop strings (held back while they may still
+complete, cut from the text, the same through the stream) and the colours of steps used."""
+
+from __future__ import annotations
+
+import pytest
+
+from cyb.generation import generate
+from cyb.generation.shade import legend, step_rgb
+from cyb.generation.text import TextStream
+from generation_helpers import model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+def test_stop_string_cuts_text_and_stream_matches():
+    pm = model("llama")
+    [full] = generate(pm, "hello world", max_new_tokens=12, eos_token_ids=())
+    stop = full.text[5:7]
+    cut = full.text.find(stop)
+    events = []
+    [res] = generate(pm, "hello world", max_new_tokens=12, eos_token_ids=(), stop=[stop],
+                     on_token=events.append)
+    assert res.stop_reason == "stop"
+    assert res.text == full.text[:cut]
+    assert res.token_ids == full.token_ids[: len(res.token_ids)]
+    assert "".join(e.text for e in events) == res.text
+    assert [e.token_id for e in events] == res.token_ids
+    assert [e.steps for e in events] == res.steps
+    assert events[-1].finished and events[-1].stop_reason == "stop"
+    assert not any(e.finished for e in events[:-1])
+
+
+def test_text_stream_holds_back_possible_stop_strings():
+    ts = TextStream(lambda ids: "".join(chr(i) for i in ids), stop=["ab"])
+    assert ts.push(ord("x")) == ("x", False)
+    assert ts.push(ord("a")) == ("", False)  # could start "ab"
+    assert ts.push(ord("c")) == ("ac", False)
+    assert ts.push(ord("a")) == ("", False)
+    assert ts.push(ord("b")) == ("", True)
+    assert ts.text == "xac"
+    ts = TextStream(lambda ids: "".join(chr(i) for i in ids))
+    assert ts.push(0xFFFD) == ("", False)  # an incomplete character waits
+    assert ts.push(ord("z")) == ("\ufffdz", False)
+    assert ts.flush() == ""
+
+
+def test_shading_colours():
+    assert step_rgb(1, 4) == (255, 255, 255)
+    assert step_rgb(4, 4) == (8, 48, 107)
+    assert step_rgb(1, 1) == (255, 255, 255)
+    line = legend(3, truecolor=True)
+    assert line.count("\x1b[48;2;") == 3
+    assert legend(3, truecolor=False).count("\x1b[48;5;") == 3
+
+
+def test_shade_marks_line_breaks_on_their_colour():
+    from cyb.generation.shade import NEWLINE_MARK, shade
+
+    assert shade("", 2, 4, truecolor=True) == ""
+    two = shade("\n\n", 3, 4, truecolor=False)
+    assert two.count(NEWLINE_MARK) == 2 and two.count("\n") == 2
+    assert shade("ab", 2, 4, truecolor=True).endswith("ab\x1b[0m")
+    assert shade("a\nb", 2, 4, truecolor=True).split("\n")[0].endswith(NEWLINE_MARK + "\x1b[0m")
