@@ -409,7 +409,8 @@ def main() -> int:
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
     rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"])
-    ok = sum("final" in r for r in rows)
+    asked = {j.name for j in jobs}
+    ok = len({r["name"] for r in rows if "final" in r and r["name"] in asked})
     print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
     if args.pack is not None:
         pack(out, args.pack)
