@@ -1,5 +1,5 @@
-"""Draw docs/img/visibility_masks.png: the attention masks of shared, private and last-visible
-pauses for 4 real tokens with M = 3 (blue: the query may attend to the key)::
+"""Draw docs/img/visibility_masks.png: the attention masks of shared and private pauses for 4
+real tokens with M = 3 (blue: the query may attend to the key)::
 
     python experiments/visibility_figure.py [OUT.png]
 """
@@ -14,7 +14,7 @@ import torch
 from cyb import visibility
 from cyb.report.plots import visibility_masks
 
-TITLES = {"shared": "shared (the paper)", "private": "private", "last": "last step visible"}
+TITLES = {"shared": "shared (the paper)", "private": "private"}
 
 
 def main(out: str = "docs/img/visibility_masks.png", tokens: int = 4, m: int = 3) -> Path:

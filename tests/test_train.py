@@ -84,7 +84,7 @@ PRIVATE = [
     ("cyb", {"pause_visibility": "private"}),
     ("cyb", {"pause_visibility": "private", "recipe": 2, "omega": [1.0, 1.0, 1.0]}),
     ("tbys_original", {"pause_visibility": "private"}),
-    ("cyb_decoupled", {"pause_visibility": "last"}),
+    ("cyb_decoupled", {"pause_visibility": "private"}),
 ]
 
 
@@ -109,7 +109,7 @@ def test_every_method_learns_synthetic(tmp_path, method, extra):
         assert 1.0 <= rows[-1]["mean_steps"] <= 3.0 and abs(sum(rows[-1]["stop_dist"]) - 1) < 1e-4
 
 
-@pytest.mark.parametrize("method,extra", PRIVATE, ids=["private", "private-recipe2", "private-inserted", "last"])
+@pytest.mark.parametrize("method,extra", PRIVATE, ids=["private", "private-recipe2", "private-inserted", "private-decoupled"])
 def test_private_and_last_visible_pauses_learn_synthetic(tmp_path, method, extra):
     """Non-shared pauses train end to end (with gradient checkpointing on one of them) and
     their model folder keeps the visibility."""

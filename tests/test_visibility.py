@@ -35,7 +35,7 @@ def test_recipe1_mask_is_the_rule(visibility):
     got = vis.visible(steps, visibility)
     for r in range(2):
         tok, stp = steps.token[0].tolist(), steps.step[0].tolist()
-        exported = [{"shared": True, "private": s == 0, "last": s in (0, M - 1)}[visibility] for s in stp]
+        exported = [{"shared": True, "private": s == 0}[visibility] for s in stp]
         assert torch.equal(got[r], brute_visible(tok, stp, exported, steps.valid[r].tolist()))
 
 
@@ -64,13 +64,11 @@ def test_variable_and_inserted_steps():
     st = ex.steps
     assert st.token[0].tolist() == [0, 0, 0, 1, 2, 2]
     assert st.step[0].tolist() == [0, 1, 2, 0, 0, 1]
-    assert st.last[0].tolist() == [False, False, True, True, False, True]
     ps = insert_pauses(ids, 50, lambda r, n, target: [1, 2])
     st = ps.steps
     assert ps.input_ids[0].tolist() == [5, 50, 50, 6, 7]
     assert st.token[0].tolist() == [0, 0, 0, 1, 2]
     assert st.step[0].tolist() == [0, 1, 2, 0, 0]
-    assert st.last[0].tolist() == [False, False, True, True, True]
 
 
 @pytest.mark.parametrize("visibility", vis.VISIBILITIES)
@@ -112,7 +110,7 @@ def test_private_real_stream_is_the_base_model(family, impl, padding):
     torch.testing.assert_close(got[keep], want[keep], atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("visibility", ["private", "last"])
+@pytest.mark.parametrize("visibility", ["private"])
 def test_dense_mask_matches_hand_built_mask(visibility):
     """The model's private path equals the decoder run with the reference mask."""
     pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility=visibility)
@@ -167,7 +165,7 @@ LAYOUTS = ["recipe1", "padded", "variable", "inserted"]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("visibility", ["private", "last"])
+@pytest.mark.parametrize("visibility", ["private"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_flex_path_matches_dense(family, visibility, layout):
     """The block-sparse path (real-first order, FlexAttention; unfused on the CPU, which has no
@@ -182,7 +180,7 @@ def test_flex_path_matches_dense(family, visibility, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("visibility", ["private", "last"])
+@pytest.mark.parametrize("visibility", ["private"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_flex_path_matches_dense_on_cuda(family, visibility, layout):
     """The compiled FlexAttention kernel on CUDA: values and gradients against the dense mask."""

@@ -75,10 +75,9 @@ class MethodConfig:
     """shared (a pause takes its real token's position; one id per pause index) or advance."""
     pause_visibility: str = "shared"
     """What later tokens see of a token's pauses: shared (everything, the paper's layout),
-    private (nothing: a token's pauses are seen only by its own later steps, so the real tokens
-    run exactly as in the base model and a KV cache holds real tokens only; best for
-    fine-tuning a pretrained model) or last (only the last step of each token's block).
-    docs/method.md compares them."""
+    or private (nothing: a token's pauses are seen only by its own later steps, so the real
+    tokens run exactly as in the base model and a KV cache holds real tokens only; best for
+    fine-tuning a pretrained model). docs/method.md compares them."""
     omega: list[float] | None = None
     """World stop distribution over steps 1..M (ratios); None = one-hot on M."""
     gamma: list[float] | None = None

@@ -331,7 +331,7 @@ class VariableExpanded:
     @property
     def steps(self) -> BlockSteps:
         """Block and step of every position (for masks other than shared pauses)."""
-        return variable_steps(self.grid_index, self.step_mask, self.last_step, self.input_ids.shape[1])
+        return variable_steps(self.grid_index, self.step_mask, self.input_ids.shape[1])
 
     def world_omega(self) -> torch.Tensor:
         """``[B, L, M]`` one-hot stop distribution at ``W``: pass as ``omega`` to the losses."""

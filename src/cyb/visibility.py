@@ -1,4 +1,4 @@
-"""Which pause steps later tokens may attend to: shared, private or last-visible pauses.
+"""Which pause steps later tokens may attend to: shared or private pauses.
 
 A laid-out row is a sequence of *blocks*: real token ``k`` (step 0) followed by its pauses
 (steps ``1, 2, ...``).  Inside a block attention is causal.  Across blocks the visibility
@@ -12,11 +12,9 @@ decides what a later token's steps see of an earlier block:
   pretrained model keeps its quality), a later token's context does not depend on how many
   pauses an earlier token took (adaptive decoding is the training computation for any stop),
   and a KV cache needs real tokens only.
-* ``last``: the real token and the *last* step of its block.  Each token hands its final
-  state on as a scratchpad entry, while the intermediate pauses stay private.
 
 :class:`BlockSteps` describes a layout position by position (which block, which step, whether
-it is the block's last step, whether it is valid); :func:`visible` is the reference mask;
+it is valid); :func:`visible` is the reference mask;
 :func:`real_first_order` is the reordering that puts every real token first, so that a
 block-sparse attention kernel skips the pause-to-pause tiles that private pauses never attend.
 Nothing here knows about models.
@@ -28,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-VISIBILITIES = ("shared", "private", "last")
+VISIBILITIES = ("shared", "private")
 DEFAULT_VISIBILITY = "shared"
 
 
@@ -47,10 +45,9 @@ class BlockSteps:
         token: ``[B, T]`` or ``[1, T]`` long: the index (within its row) of the real token whose
             block holds the position.
         step: ``[B, T]`` or ``[1, T]`` long: 0 for the real token, ``j`` for its ``j``-th pause.
-        last: ``[B, T]`` or ``[1, T]`` bool: the position is the last step of its block.
         valid: ``[B, T]`` bool: the position is not padding.
 
-    ``token``, ``step`` and ``last`` have one row when every row of the batch has the same
+    ``token`` and ``step`` have one row when every row of the batch has the same
     layout (Recipe 1), which lets kernels share one mask across the batch; ``layout_key`` then
     names that layout (e.g. ``("recipe1", L, M)``) so that a kernel can reuse what it built for
     it.
@@ -58,28 +55,25 @@ class BlockSteps:
 
     token: torch.Tensor
     step: torch.Tensor
-    last: torch.Tensor
     valid: torch.Tensor
     layout_key: tuple | None = None
 
     @property
     def shared_layout(self) -> bool:
-        """Whether ``token``, ``step`` and ``last`` are the same for every row."""
+        """Whether ``token`` and ``step`` are the same for every row."""
         return self.token.shape[0] == 1
 
     def to(self, device, non_blocking: bool = False) -> "BlockSteps":
         return BlockSteps(*(x.to(device, non_blocking=non_blocking)
-                            for x in (self.token, self.step, self.last, self.valid)),
+                            for x in (self.token, self.step, self.valid)),
                           layout_key=self.layout_key)
 
     def exported(self, visibility: str) -> torch.Tensor:
         """Positions that later tokens may attend to (shape of ``step``)."""
         check_visibility(visibility)
         if visibility == "shared":
-            return torch.ones_like(self.last)
-        if visibility == "private":
-            return self.step == 0
-        return (self.step == 0) | self.last
+            return torch.ones_like(self.step, dtype=torch.bool)
+        return self.step == 0
 
 
 def recipe1_steps(attention_mask: torch.Tensor, num_steps: int) -> BlockSteps:
@@ -92,27 +86,23 @@ def recipe1_steps(attention_mask: torch.Tensor, num_steps: int) -> BlockSteps:
     t = torch.arange(length * m, device=attention_mask.device).unsqueeze(0)
     step = t % m
     valid = attention_mask.bool().unsqueeze(-1).expand(b, length, m).reshape(b, length * m)
-    return BlockSteps(t // m, step, step == m - 1, valid, layout_key=("recipe1", length, m))
+    return BlockSteps(t // m, step, valid, layout_key=("recipe1", length, m))
 
 
-def variable_steps(grid_index: torch.Tensor, step_mask: torch.Tensor, last_step: torch.Tensor,
-                   total: int) -> BlockSteps:
+def variable_steps(grid_index: torch.Tensor, step_mask: torch.Tensor, total: int) -> BlockSteps:
     """Recipe 2: blocks of variable length, placed by ``grid_index [B, L, M]`` (index of step
-    ``i`` of token ``k`` in the row, valid where ``step_mask``) in rows of ``total`` positions;
-    ``last_step [B, L, M]`` marks each block's last step."""
+    ``i`` of token ``k`` in the row, valid where ``step_mask``) in rows of ``total`` positions."""
     b, length, m = grid_index.shape
     device = grid_index.device
     token = torch.full((b, total), length, dtype=torch.long, device=device)
     step = torch.zeros((b, total), dtype=torch.long, device=device)
-    last = torch.zeros((b, total), dtype=torch.bool, device=device)
     valid = torch.zeros((b, total), dtype=torch.bool, device=device)
     rows = torch.arange(b, device=device).view(b, 1, 1).expand(b, length, m)[step_mask]
     cols = grid_index[step_mask]
     token[rows, cols] = torch.arange(length, device=device).view(1, length, 1).expand(b, length, m)[step_mask]
     step[rows, cols] = torch.arange(m, device=device).view(1, 1, m).expand(b, length, m)[step_mask]
-    last[rows, cols] = last_step[step_mask]
     valid[rows, cols] = True
-    return BlockSteps(token, step, last, valid)
+    return BlockSteps(token, step, valid)
 
 
 def inserted_steps(is_pause: torch.Tensor, valid: torch.Tensor) -> BlockSteps:
@@ -123,9 +113,7 @@ def inserted_steps(is_pause: torch.Tensor, valid: torch.Tensor) -> BlockSteps:
     t = torch.arange(is_pause.shape[1], device=is_pause.device).expand_as(is_pause)
     last_real = torch.where(real, t, torch.zeros_like(t)).cummax(-1).values
     step = torch.where(valid, t - last_real, torch.zeros_like(t))
-    nxt_new = torch.ones_like(real)
-    nxt_new[:, :-1] = real[:, 1:] | ~valid[:, 1:]
-    return BlockSteps(token, step, nxt_new & valid, valid)
+    return BlockSteps(token, step, valid)
 
 
 def visible(steps: BlockSteps, visibility: str) -> torch.Tensor:

@@ -215,7 +215,7 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
                            "pause_visibility": model.pause_visibility,
                            "run_dir": cfg.train.out_dir}
         echo(present.score_line(method, score, train_s))
-        if methods.spec(method).has_dk and model.pause_visibility != "last":  # (no decoder for last)
+        if methods.spec(method).has_dk:
             results[method]["decoding"] = decoding_cost(model, test)
     metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),
                "num_test_examples": len(test), "methods": results,

@@ -85,7 +85,7 @@ class DemoSettings:
     """CYB's discount gamma_i = gamma0^(i-1) (None: no discount)."""
     pause_visibility: str = "shared"
     """What later tokens see of a token's pauses, for every method with pauses: shared (the
-    paper's layout), private or last (cyb.visibility); method_options may set it per method."""
+    paper's layout) or private (cyb.visibility); method_options may set it per method."""
     num_train_examples: int = 20000
     """Training examples drawn (disjoint from the test prompts)."""
     num_test_examples: int = 1000

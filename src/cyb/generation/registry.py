@@ -184,9 +184,6 @@ def make_decoder(name: str, model, ids, mask, readout: StepReadout | None = None
     _check_name(name)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if model.pause_visibility == "last":
-        raise ValueError("no decoder runs last-visible pauses yet: generate from a model trained with "
-                         "method.pause_visibility private or shared")
     if name == AUTO:
         name = resolve_decoder(model, name)
     if readout is None:

@@ -1,4 +1,4 @@
-"""Attention masks for private and last-visible pauses (:mod:`cyb.visibility`).
+"""Attention masks for private pauses (:mod:`cyb.visibility`).
 
 Two ways to run the same mask:
 

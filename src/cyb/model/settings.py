@@ -58,8 +58,8 @@ class PauseSettings:
             ids were reserved without a tokenizer.
         dk_token: the token string of ``dk_id``, or None.
         pause_visibility: what later tokens see of a token's pauses (:mod:`cyb.visibility`):
-            ``"shared"`` (the paper's layout: everything), ``"private"`` (nothing: each token's
-            pauses are seen only by its own later steps) or ``"last"`` (its last step only).
+            ``"shared"`` (the paper's layout: everything) or ``"private"`` (nothing: each
+            token's pauses are seen only by its own later steps).
         format_version: version of this file format.
     """
 

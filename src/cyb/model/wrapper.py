@@ -133,8 +133,8 @@ class PauseModel(torch.nn.Module):
             position_scheme: ``"shared"`` (default) or ``"advance"``.
             method: label stored in the settings (default ``"cyb"`` with dk, ``"tbys"`` with
                 pauses only, ``"baseline"`` for ``M = 1``).
-            pause_visibility: ``"shared"`` (default, the paper's layout), ``"private"`` or
-                ``"last"`` (:mod:`cyb.visibility`).
+            pause_visibility: ``"shared"`` (default, the paper's layout) or ``"private"``
+                (:mod:`cyb.visibility`).
         """
         m, use_dk, psi_dk, scheme, method, visibility = resolve_arguments(
             num_steps, use_dk, psi_dk, position_scheme, method, pause_visibility)
@@ -340,7 +340,7 @@ class PauseModel(torch.nn.Module):
 
     @property
     def pause_visibility(self) -> str:
-        """``"shared"``, ``"private"`` or ``"last"`` (:mod:`cyb.visibility`)."""
+        """``"shared"`` or ``"private"`` (:mod:`cyb.visibility`)."""
         return self._settings.pause_visibility
 
     @property
@@ -505,7 +505,7 @@ class PauseModel(torch.nn.Module):
 
     def _pause_masked(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                       steps: BlockSteps) -> torch.Tensor:
-        """Hidden states under private or last-visible pauses: block-sparse FlexAttention over
+        """Hidden states under private pauses: block-sparse FlexAttention over
         the real-first order on CUDA, a dense 4-D mask in the layout's order elsewhere (and for
         eager attention)."""
         visibility = self.pause_visibility
