@@ -25,6 +25,9 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   plain CYB 3 row of ``finetune`` is their reference.
 * ``epochs``: baseline, TBYS 3 and CYB 3 pretrained for two epochs (seed 0 is enough to show the
   trend), evaluated every 400 steps.
+* ``smollm2``: SmolLM2-135M (``$CYB_SMOLLM2``, else ``cyb fetch smollm2-135m``'s folder)
+  fine-tuned on all of techdocs for 500 steps of 32 x 256 real tokens at lr 1e-4: baseline, CYB
+  3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
 * ``recipes``: the training recipes beyond the paper (``cyb_anytime``, ``cyb_decoupled``,
   ``cyb_ponder`` at two costs, CYB-VA with a geometric rho as in PonderNet, CYB with gamma0 0.9
   held or annealed from 1 over half the steps) against baseline, TBYS 3 and
@@ -64,6 +67,9 @@ SCALES = {
     # one job of several on an H100/H200: a from-scratch llama on techdocs
     "gpu": dict(hidden=384, layers=6, heads=6, block_len=256, batch=32, pre_steps=1600, epochs_steps=3200,
                 base_steps=1000, ft_steps=400, vocab=8192, eval_every=400, warmup=100),
+    # SmolLM2-135M fine-tuned on all of techdocs (suite smollm2): 32 x 256 real tokens per step
+    "smollm2": dict(block_len=256, batch=32, ft_steps=500, eval_every=250, warmup=50, lr=1e-4,
+                    pre_steps=0, vocab=0),
     # a CPU smoke test of the whole pipeline
     "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6, epochs_steps=8,
                       base_steps=6, ft_steps=4, vocab=300, eval_every=3, warmup=2),
@@ -87,6 +93,7 @@ class Job:
     analyse: bool = False  # also run `cyb eval` (latency, calibration, pause statistics)
     cost: float = 1.0  # run time relative to a one-epoch baseline; long jobs start first
     first: bool = False  # start before every other job (others wait for it)
+    priority: int = 0  # higher starts first (before cost decides)
     row: dict = field(default_factory=dict)
 
 
@@ -110,7 +117,7 @@ def prepare_data(out: Path, s: dict, scale: str) -> dict:
                 (a if i < split else b).write(json.dumps({"text": text}) + "\n")
     if not files["valid_in"].is_file():
         write_in_distribution(files["train"], files["valid"], files["valid_in"])
-    if not (files["tokenizer"] / "tokenizer.json").is_file():
+    if s.get("vocab") and not (files["tokenizer"] / "tokenizer.json").is_file():
         docs = list(itertools.islice(iter_texts(files["train"]), 2000))
         train_bpe_tokenizer(docs, s["vocab"], files["tokenizer"])
     # paths as the configs hold them: relative to the working directory (the repository root)
@@ -164,8 +171,41 @@ def plural(p: int) -> str:
     return f"{p} pause{'s' * (p > 1)}"
 
 
+def smollm2_model() -> str:
+    """The SmolLM2-135M folder of the smollm2 suite: ``$CYB_SMOLLM2``, else the short name
+    (fetched on first use)."""
+    return os.environ.get("CYB_SMOLLM2", "smollm2-135m")
+
+
+def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
+    """SmolLM2-135M fine-tuned on techdocs with and without pauses, shared and private."""
+    rows = [("Baseline", method("baseline"), 0.3),
+            ("CYB 3 pauses, private", method("cyb", pause_visibility="private"), 1.0),
+            ("CYB 3 pauses, shared", method("cyb"), 1.0),
+            ("TBYS 3 pauses, private", method("tbys", pause_visibility="private"), 1.0),
+            ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private"), 1.0)]
+    jobs = []
+    for rank, (label, m, cost) in enumerate(rows):
+        vis = "-private" if m.get("pause_visibility") == "private" else ""
+        name = f"sm-{m['name']}-p{m['num_steps'] - 1}{vis}-s{seed}"
+        cfg = {"model": {"name_or_path": smollm2_model()}, "method": m,
+               "data": {"source": files["train"], "valid_source": files["valid_in"],
+                        "block_len": s["block_len"], "shuffle": "corpus"},
+               "optim": {"lr": s["lr"], "warmup_steps": s["warmup"]},
+               "train": {"out_dir": str(out / name), "steps": s["ft_steps"], "batch_size": s["batch"],
+                         "eval_every": s["eval_every"], "eval_batches": 0, "save_every": 0,
+                         "log_every": 20, "seed": seed, "progress": False}}
+        # seed 0 of every row first, then the baseline and private CYB of the other seeds
+        priority = 100 - rank if seed == 0 else (50 - rank if rank < 2 else 10 - rank)
+        jobs.append(Job(name, "smollm2", label, seed, cfg, cost=cost, priority=priority,
+                        analyse=seed == 0 and m["name"] == "cyb"))
+    return jobs
+
+
 def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[Job]:
     jobs = []
+    if suite == "smollm2":
+        return smollm2_jobs(seed, s, files, out)
     if suite in ("pretrain", "epochs"):
         steps = s["pre_steps"] if suite == "pretrain" else s["epochs_steps"]
         tag = "" if suite == "pretrain" else "-2ep"
@@ -282,7 +322,8 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                       if x.strip() and "final" in json.loads(x)}
     needed = {j.needs for j in jobs if j.needs and j.name not in done_names}
     done_names -= {n for n in needed if not (out / n / "final" / "model.safetensors").is_file()}  # weights gone
-    pending = sorted((j for j in jobs if j.name not in done_names), key=lambda j: (not j.first, -j.cost))
+    pending = sorted((j for j in jobs if j.name not in done_names),
+                     key=lambda j: (not j.first, -j.priority, -j.cost))
     failed: set[str] = set()
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}  # slot -> (job, process, start)
     log_dir = out / "logs"
@@ -330,7 +371,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes"))
+    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes", "smollm2"))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
@@ -368,7 +409,8 @@ def main() -> int:
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
     rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"])
-    ok = sum("final" in r for r in rows)
+    asked = {j.name for j in jobs}
+    ok = len({r["name"] for r in rows if "final" in r and r["name"] in asked})
     print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
     if args.pack is not None:
         pack(out, args.pack)

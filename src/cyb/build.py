@@ -100,7 +100,8 @@ def _load_model(cfg: RunConfig, tokenizer):
 
     me, spec = cfg.method, cfg.method.spec
     pause_kw = dict(num_steps=spec.model_steps(me.num_steps), use_dk=spec.has_dk,
-                    psi_dk=me.psi_dk, method=me.name, position_scheme=spec.position_scheme(me))
+                    psi_dk=me.psi_dk, method=me.name, position_scheme=spec.position_scheme(me),
+                    pause_visibility=me.pause_visibility if spec.uses_pauses else "shared")
     # auto: float32 parameters (bf16 autocast on GPU), also for checkpoints stored in bf16
     dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
              "float16": torch.float16}[cfg.model.dtype]

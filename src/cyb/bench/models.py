@@ -82,12 +82,18 @@ def pause_settings(method: str, vocab_size: int, num_steps: int):
     return PauseSettings(num_steps=num_steps, pause_ids=pause_ids, vocab_size=vocab_size, method=method, **dk)
 
 
-def wrap(hf_model, method: str, num_steps: int):
-    """``hf_model`` as a :class:`cyb.PauseModel` for ``method`` (weights shared, nothing copied)."""
+def wrap(hf_model, method: str, num_steps: int, visibility: str = "shared"):
+    """``hf_model`` as a :class:`cyb.PauseModel` for ``method`` (weights shared, nothing copied)
+    with pauses of ``visibility``."""
+    import dataclasses
+
     from ..model import PauseModel
 
     vocab = int(hf_model.get_output_embeddings().weight.shape[0])
-    return PauseModel(hf_model, pause_settings(method, vocab, num_steps))
+    settings = pause_settings(method, vocab, num_steps)
+    if visibility != "shared" and settings.num_steps > 1:
+        settings = dataclasses.replace(settings, pause_visibility=visibility)
+    return PauseModel(hf_model, settings)
 
 
 def real_ids_limit(vocab_size: int, num_steps: int) -> int:

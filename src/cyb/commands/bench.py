@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     train.add_argument("--case", dest="cases", type=_case, action="append", metavar="VOCAB:BATCH",
                        help="a (vocabulary, batch) case, repeatable (default: 32768:4 262144:8)"
                        + _OWN_DEFAULT)
-    train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive "
+    train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive cyb_private tbys_private "
                        "cyb_fused cyb_fused_lowmem (default: all)" + _OWN_DEFAULT)
     train.add_argument("--modes", nargs="+", help="eager and/or compile (default: both; eager "
                        "only with --quick)" + _OWN_DEFAULT)

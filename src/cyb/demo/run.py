@@ -212,6 +212,7 @@ def run_demo(s: DemoSettings, *, echo: Callable[[str], None] = print) -> dict:
         results[method] = {**score, "train_seconds": train_s,
                            "num_parameters": model.num_parameters(),
                            "num_steps": model.num_steps, "recipe": cfg.method.recipe,
+                           "pause_visibility": model.pause_visibility,
                            "run_dir": cfg.train.out_dir}
         echo(present.score_line(method, score, train_s))
         if methods.spec(method).has_dk:

@@ -186,3 +186,24 @@ def steps_per_position_figure(metrics: dict, path: str | Path) -> Path:
         ax2.set_xticks(range(1, len(labels) + 1), labels)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def visibility_masks(path: str | Path, masks: dict, labels: Sequence[str]) -> Path:
+    """Attention masks side by side: ``masks`` maps a title to a ``[T, T]`` boolean nested list
+    (query rows, key columns), ``labels`` names the ``T`` positions (``x1``, ``p1``, ...)."""
+    n = len(masks)
+    t = len(labels)
+    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.6), squeeze=False)
+    for ax, (title, mask) in zip(axes[0], masks.items()):
+        ax.imshow([[1.0 if v else 0.0 for v in row] for row in mask], cmap="Blues", vmin=0, vmax=1.25)
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(t), labels, fontsize=7, rotation=90)
+        ax.set_yticks(range(t), labels, fontsize=7)
+        ax.set_xlabel("key (attended to)", fontsize=8)
+        for k in range(1, t):  # block boundaries
+            if labels[k].startswith("x"):
+                ax.axvline(k - 0.5, color="0.6", linewidth=0.5)
+                ax.axhline(k - 0.5, color="0.6", linewidth=0.5)
+    axes[0][0].set_ylabel("query (attending)", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
