@@ -86,6 +86,25 @@ def test_the_short_name_loads_a_model_that_knows_paris(in_cache):
     assert 2.0 < ppl < 60.0, ppl  # a pretrained model reads English documentation well
 
 
+def test_private_pauses_keep_the_base_models_perplexity(in_cache):
+    """Wrapped with private pauses (M = 4, dk, the pause rows anything), SmolLM2's real tokens run
+    exactly as in the base model: the same per-token loss at step 1 on builtin text."""
+    from cyb.data.sources import iter_texts
+
+    base = PauseModel.from_pretrained(NAME, num_steps=1)
+    text = next(t for t in iter_texts("builtin:python-docs@valid") if len(t) > 600)[:1500]
+    ids = torch.tensor([base.tokenizer(text)["input_ids"][:160]])
+    with torch.no_grad():
+        want = base(ids).log_t[..., 0]
+        private = PauseModel.from_pretrained(NAME, num_steps=4, pause_visibility="private")
+        got = private(ids).log_t[..., 0]
+        shared = PauseModel.from_pretrained(NAME, num_steps=4)(ids).log_t[..., 0]
+    ppl = lambda lt: math.exp(float(-lt[:, :-1].mean()))  # noqa: E731
+    assert ppl(got) == pytest.approx(ppl(want), rel=1e-4)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert ppl(shared) > 2 * ppl(want)  # the paper's layout: pauses the model never saw
+
+
 def test_a_few_fine_tuning_steps_lower_the_held_out_loss(in_cache, tmp_path, capsys):
     from cyb.cli import main
     from cyb.metrics_log import read_metrics
