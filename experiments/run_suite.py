@@ -1,17 +1,19 @@
 """Small-scale reproductions of the paper's experiments on techdocs, scheduled over GPUs.
 
-Every run is a plain ``cyb train`` of a config written next to its outputs, so each row of
-``docs/results.md`` can be rerun with the command recorded in ``summary.jsonl``.
+Every run is a plain ``cyb train`` of a config written next to its outputs (``OUT/SUITE/configs``).
+Each row of ``docs/results.md`` reruns from a fresh clone with the command recorded in
+``summary.jsonl``: this script with ``--only`` the row, which writes the data splits (a
+deterministic step: document ranges of techdocs' training file, the in-distribution part of its
+held-out file, the shared BPE) and trains the row's base first where it fine-tunes one.
 
     python experiments/run_suite.py pretrain finetune hparams --seeds 0,1,2 \\
         --out results/experiments/text --gpus 0,1,2,3 --per-gpu 3 --deadline 560
     python experiments/run_suite.py pretrain --out /tmp/p --scale cpu-quick --gpus cpu   # smoke test
 
-Run it from the repository root with techdocs in ``$CYB_DATA`` (e.g. a copy in ``.data/techdocs``):
-the configs it writes hold paths relative to the repository root, so a row's command
-(``cyb train OUT/SUITE/configs/NAME.yaml``) reruns it from there once the data (the two
-document ranges under ``OUT/data/`` and the shared tokenizer ``OUT/tokenizer``, both made by
-this script) are in place.
+Run it from the repository root with techdocs in ``$CYB_DATA`` (default ``../shared/data/techdocs``;
+any corpus of the same format, ``train.jsonl.gz`` and ``valid.jsonl.gz`` of ``{"text": ...}``
+lines, works). The configs it writes hold paths relative to the repository root, so ``cyb
+train OUT/SUITE/configs/NAME.yaml`` also reruns a run once the data under ``OUT/`` exist.
 
 Suites (paper analogues; training data in a seeded random order over the whole corpus):
 
@@ -258,10 +260,20 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
 # ----------------------------------------------------------------------------------- running
 
 
-def final_row(job: Job, out: Path) -> dict:
+def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | None = None) -> str:
+    """The command that reruns one row from a fresh clone (given techdocs in ``$CYB_DATA`` or
+    ``../shared/data/techdocs``): this script with ``--only`` the row, which writes the data
+    splits first and trains the row's base first when it fine-tunes one."""
+    scale_arg = "" if scale == "gpu" else f" --scale {scale}"
+    return (f"python experiments/run_suite.py {suite} --seeds {seed} --only {name} "
+            f"--out {out or f'outputs/{suite}'}{scale_arg}")
+
+
+def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
     run = out / job.name
     row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
-           "command": f"cyb train {out / job.suite / 'configs' / job.name}.yaml"}
+           "command": rerun_command(job.suite, job.name, job.seed, scale, str(out)),
+           "config": f"{out / job.suite / 'configs' / job.name}.yaml"}
     if (run / "final_metrics.json").is_file():
         row["final"] = json.loads((run / "final_metrics.json").read_text())
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -312,7 +324,7 @@ def pack(out: Path, target: Path) -> None:
 
 
 def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
-             unit_seconds: float = 0.0, whole_valid: str = "") -> list[dict]:
+             unit_seconds: float = 0.0, whole_valid: str = "", scale: str = "gpu") -> list[dict]:
     """Run ``jobs`` on ``slots`` (``"GPU/k"``), long ones first, each after the job it needs;
     a job is started only if ``cost x unit_seconds`` fits before ``deadline``."""
     done_names = set()
@@ -350,7 +362,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                 else:
                     continue
             del running[slot]
-            row = final_row(job, out)
+            row = final_row(job, out, scale)
             row["seconds"] = round(time.time() - t0, 1)
             row["returncode"] = proc.returncode
             if "final" in row:
@@ -367,6 +379,13 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
         pending = [j for j in pending if j.needs not in failed and j.cost * unit_seconds < deadline - time.time()]
         time.sleep(1.0)
     return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
+
+
+def select(jobs: list[Job], parts: list[str]) -> list[Job]:
+    """The jobs whose names contain one of ``parts``, and the bases they fine-tune."""
+    keep = {j.name for j in jobs if any(part in j.name for part in parts)}
+    keep |= {j.needs for j in jobs if j.name in keep and j.needs}
+    return [j for j in jobs if j.name in keep]
 
 
 def main() -> int:
@@ -402,13 +421,11 @@ def main() -> int:
     if {"hparams", "recipes"} & set(args.suites) and "finetune" not in args.suites:  # they need the bases
         jobs += [j for seed in seeds for j in suite_jobs("finetune", seed, s, files, out) if j.name.startswith("base-")]
     if args.only:
-        keep = {j.name for j in jobs if any(part in j.name for part in args.only)}
-        keep |= {j.needs for j in jobs if j.name in keep and j.needs}
-        jobs = [j for j in jobs if j.name in keep]
+        jobs = select(jobs, args.only)
     slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
-    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"])
+    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"], args.scale)
     asked = {j.name for j in jobs}
     ok = len({r["name"] for r in rows if "final" in r and r["name"] in asked})
     print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
