@@ -113,6 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--whole-cache", action="store_true",
                         help="the static decoder rows attend over their whole cache at every batch size "
                              "(no attention limits); the float32 check and generate keep the defaults")
+    decode.add_argument("--visibility", choices=("shared", "private"),
+                        help="pauses of the random models: shared, or private (a cache of real tokens "
+                             "only; docs/method.md)" + _OWN_DEFAULT)
     decode.add_argument("--capacity-multiple", type=int, metavar="N",
                         help="the static decoder rows round their cache's slots per row up to a multiple "
                              "of this (default 128)" + _OWN_DEFAULT)
@@ -227,7 +230,7 @@ def run(args) -> int:
                            "prompt_len": "prompt_len", "new_tokens": "new_tokens", "warmup_steps": "warmup_steps",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
                            "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
-                           "model": "model", "prompts": "prompts", "whole_cache": "whole_cache",
+                           "model": "model", "prompts": "prompts", "whole_cache": "whole_cache", "visibility": "visibility",
                            "capacity_multiple": "capacity_multiple"})
         cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
         result = decode.run(cfg, out=args.out)
