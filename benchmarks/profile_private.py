@@ -8,20 +8,16 @@ FlexAttention with the private block mask), and the top CUDA kernels of each::
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
 import torch
 
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/ and benchmarks/
+    sys.path.insert(0, REPO_ROOT)
 
-def timed(fn, repeats: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeats * 1e3
+from benchmarks.flex_variants import timed  # noqa: E402
 
 
 def main() -> None:

@@ -17,6 +17,10 @@ import statistics
 import sys
 from pathlib import Path
 
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/ and benchmarks/
+    sys.path.insert(0, REPO_ROOT)
+
 HERE = Path(__file__).resolve().parent
 DEFAULT = HERE.parent / "results" / "experiments" / "text"
 DOC = HERE.parent / "docs" / "results.md"

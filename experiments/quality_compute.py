@@ -17,6 +17,10 @@ from pathlib import Path
 
 from cyb.report.plots import quality_compute
 
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/ and benchmarks/
+    sys.path.insert(0, REPO_ROOT)
+
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "experiments"
 
 
@@ -37,12 +41,9 @@ def _rows(folder: Path) -> list[dict]:
     whose row was not written (a job stopped during its whole-file evaluation)."""
     import yaml
 
-    rows: dict[str, dict] = {}
-    for line in (folder / "summary.jsonl").read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if "final" in r or r["name"] not in rows:
-                rows[r["name"]] = r
+    from experiments.make_results import load
+
+    rows = {r["name"]: r for r in load(folder)}
     for final in folder.glob("*/final_metrics.json"):
         name = final.parent.name
         if "final" not in rows.get(name, {}):

@@ -113,17 +113,7 @@ def block_masks(valid: torch.Tensor, key_pos: torch.Tensor, query_pos: torch.Ten
     causal = cols.unsqueeze(0) <= query_cols.unsqueeze(1)  # [T, K]
     own = cols.unsqueeze(0) == query_cols.unsqueeze(1)
     allowed = (valid[:, None, :] & causal) | own  # [B, T, K]
-    out = {}
-    for kind, window in attention.layer_windows(config).items():
-        m = allowed
-        if window is not None:
-            m = m & ((query_pos.unsqueeze(2) - key_pos.unsqueeze(1)) < window)
-        m = m.unsqueeze(1)
-        if additive_dtype is not None:
-            zero = torch.zeros((), dtype=additive_dtype, device=m.device)
-            m = torch.where(m, zero, torch.finfo(additive_dtype).min)
-        out[kind] = m
-    return out[""] if set(out) == {""} else out
+    return attention.per_layer_masks(allowed, query_pos, key_pos, config, additive_dtype=additive_dtype)
 
 
 def private_prompt(ids: torch.Tensor, mask: torch.Tensor, vocab):

@@ -154,14 +154,21 @@ def dense_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tens
                 additive_dtype: torch.dtype | None = None):
     """The pause mask as ready 4-D masks ``[B, 1, T, T]`` in the layout's order: one tensor, or
     a dict per layer type (:func:`layer_windows`).  Bool, or additive in ``additive_dtype``."""
-    allowed = vis.visible(steps, visibility)
     b, t = steps.valid.shape
     pos = position_ids.expand(b, t)
+    return per_layer_masks(vis.visible(steps, visibility), pos, pos, config, additive_dtype=additive_dtype)
+
+
+def per_layer_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, config, *,
+                    additive_dtype: torch.dtype | None = None):
+    """``allowed [B, T, K]`` as the decoder's ready 4-D masks ``[B, 1, T, K]``: one tensor, or a
+    dict per layer type whose sliding windows (in positions: ``query_pos [B, T]``, ``key_pos
+    [B, K]``) cut it further.  Bool, or additive in ``additive_dtype``."""
     out = {}
     for kind, window in layer_windows(config).items():
         m = allowed
         if window is not None:
-            m = m & ((pos.unsqueeze(2) - pos.unsqueeze(1)) < window)
+            m = m & ((query_pos.unsqueeze(2) - key_pos.unsqueeze(1)) < window)
         m = m.unsqueeze(1)
         if additive_dtype is not None:
             zero = torch.zeros((), dtype=additive_dtype, device=m.device)
@@ -248,4 +255,4 @@ def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tenso
 
 
 __all__ = ["PAUSE_ATTENTION", "dense_masks", "flex_available", "flex_layout", "flex_masks", "layer_windows",
-           "use_pause_attention"]
+           "per_layer_masks", "use_pause_attention"]
