@@ -100,6 +100,12 @@ GRIDS: dict[str, dict[str, dict]] = {
         "lookup4-M4": {"task": "lookup", "task_kwargs": {"hops": 4, "distractor_chains": 3}},
     },
     "smoke": {"add2-M2": {"task": "addition", "task_kwargs": {"digits": 2}, "num_steps": 2}},
+    # issue 22: the default demo with each pause visibility (the baseline trains once)
+    "visibility": {
+        "add3-shared": {"pause_visibility": "shared",
+                        "methods": ["baseline", "tbys", "cyb", "cyb_decoupled"]},
+        "add3-private": {"pause_visibility": "private", "methods": ["tbys", "cyb", "cyb_decoupled"]},
+    },
 }
 #: The demo's defaults when the cpu and demo14 grids ran (the default demo has changed since):
 #: the rows' names and results are relative to these.
@@ -115,6 +121,7 @@ GRID_DEFAULTS = {
             "batch_size": 256, "lr": 1e-3, "warmup_steps": 200, "num_train_examples": 200000,
             "num_test_examples": 2000, "precision": "bf16", "psi_dk": 0.9,
             "methods": ["baseline", "tbys", "cyb"]},
+    "visibility": {"precision": "fp32"},  # the default demo otherwise (hidden 32, 3000 steps)
     "smoke": {"methods": ["baseline", "tbys", "cyb"], "hidden_size": 16, "num_layers": 1, "num_heads": 1, "train_steps": 4, "batch_size": 4,
               "warmup_steps": 1, "num_train_examples": 64, "num_test_examples": 16},
 }

@@ -17,6 +17,10 @@ import statistics
 import sys
 from pathlib import Path
 
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/ and benchmarks/
+    sys.path.insert(0, REPO_ROOT)
+
 HERE = Path(__file__).resolve().parent
 DEFAULT = HERE.parent / "results" / "experiments" / "text"
 DOC = HERE.parent / "docs" / "results.md"
@@ -51,11 +55,18 @@ def by_label(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+SCALE = "gpu"  # the suites' scale (scale.json of the folder read)
+
+
 def command_of(runs: list[dict]) -> str:
-    cmd = runs[0]["command"]
+    """The command that reruns a row from a fresh clone (``N`` = the seed when several ran)."""
+    from experiments.run_suite import rerun_command
+
+    r = runs[0]
+    name, seed = r["name"], r["seed"]
     if len(runs) > 1:
-        cmd = cmd.replace(f"-s{runs[0]['seed']}.yaml", "-sN.yaml")
-    return f"`{cmd}`"
+        name, seed = name[: -len(f"-s{seed}")] + "-sN", "N"
+    return f"`{rerun_command(r['suite'], name, seed, SCALE)}`"
 
 
 def paired(groups: dict[str, list[dict]], label: str, reference: str | None) -> str:
@@ -186,8 +197,11 @@ def _fill(doc: Path, tables: dict) -> None:
 
 
 def main() -> None:
+    global SCALE
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
     rows = load(folder)
+    if (folder / "scale.json").is_file():
+        SCALE = json.loads((folder / "scale.json").read_text()).get("scale", "gpu")
     if folder.name.startswith("recipes"):
         return write_recipes(folder, rows)
     suite = lambda name: [r for r in rows if r["suite"] == name]  # noqa: E731

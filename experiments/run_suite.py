@@ -1,17 +1,19 @@
 """Small-scale reproductions of the paper's experiments on techdocs, scheduled over GPUs.
 
-Every run is a plain ``cyb train`` of a config written next to its outputs, so each row of
-``docs/results.md`` can be rerun with the command recorded in ``summary.jsonl``.
+Every run is a plain ``cyb train`` of a config written next to its outputs (``OUT/SUITE/configs``).
+Each row of ``docs/results.md`` reruns from a fresh clone with the command recorded in
+``summary.jsonl``: this script with ``--only`` the row, which writes the data splits (a
+deterministic step: document ranges of techdocs' training file, the in-distribution part of its
+held-out file, the shared BPE) and trains the row's base first where it fine-tunes one.
 
     python experiments/run_suite.py pretrain finetune hparams --seeds 0,1,2 \\
         --out results/experiments/text --gpus 0,1,2,3 --per-gpu 3 --deadline 560
     python experiments/run_suite.py pretrain --out /tmp/p --scale cpu-quick --gpus cpu   # smoke test
 
-Run it from the repository root with techdocs in ``$CYB_DATA`` (e.g. a copy in ``.data/techdocs``):
-the configs it writes hold paths relative to the repository root, so a row's command
-(``cyb train OUT/SUITE/configs/NAME.yaml``) reruns it from there once the data (the two
-document ranges under ``OUT/data/`` and the shared tokenizer ``OUT/tokenizer``, both made by
-this script) are in place.
+Run it from the repository root with techdocs in ``$CYB_DATA`` (default ``../shared/data/techdocs``;
+any corpus of the same format, ``train.jsonl.gz`` and ``valid.jsonl.gz`` of ``{"text": ...}``
+lines, works). The configs it writes hold paths relative to the repository root, so ``cyb
+train OUT/SUITE/configs/NAME.yaml`` also reruns a run once the data under ``OUT/`` exist.
 
 Suites (paper analogues; training data in a seeded random order over the whole corpus):
 
@@ -25,6 +27,9 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   plain CYB 3 row of ``finetune`` is their reference.
 * ``epochs``: baseline, TBYS 3 and CYB 3 pretrained for two epochs (seed 0 is enough to show the
   trend), evaluated every 400 steps.
+* ``smollm2``: SmolLM2-135M (``$CYB_SMOLLM2``, else ``cyb fetch smollm2-135m``'s folder)
+  fine-tuned on all of techdocs for 500 steps of 32 x 256 real tokens at lr 1e-4: baseline, CYB
+  3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
 * ``recipes``: the training recipes beyond the paper (``cyb_anytime``, ``cyb_decoupled``,
   ``cyb_ponder`` at two costs, CYB-VA with a geometric rho as in PonderNet, CYB with gamma0 0.9
   held or annealed from 1 over half the steps) against baseline, TBYS 3 and
@@ -64,6 +69,9 @@ SCALES = {
     # one job of several on an H100/H200: a from-scratch llama on techdocs
     "gpu": dict(hidden=384, layers=6, heads=6, block_len=256, batch=32, pre_steps=1600, epochs_steps=3200,
                 base_steps=1000, ft_steps=400, vocab=8192, eval_every=400, warmup=100),
+    # SmolLM2-135M fine-tuned on all of techdocs (suite smollm2): 32 x 256 real tokens per step
+    "smollm2": dict(block_len=256, batch=32, ft_steps=500, eval_every=250, warmup=50, lr=1e-4,
+                    pre_steps=0, vocab=0),
     # a CPU smoke test of the whole pipeline
     "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6, epochs_steps=8,
                       base_steps=6, ft_steps=4, vocab=300, eval_every=3, warmup=2),
@@ -87,6 +95,7 @@ class Job:
     analyse: bool = False  # also run `cyb eval` (latency, calibration, pause statistics)
     cost: float = 1.0  # run time relative to a one-epoch baseline; long jobs start first
     first: bool = False  # start before every other job (others wait for it)
+    priority: int = 0  # higher starts first (before cost decides)
     row: dict = field(default_factory=dict)
 
 
@@ -110,7 +119,7 @@ def prepare_data(out: Path, s: dict, scale: str) -> dict:
                 (a if i < split else b).write(json.dumps({"text": text}) + "\n")
     if not files["valid_in"].is_file():
         write_in_distribution(files["train"], files["valid"], files["valid_in"])
-    if not (files["tokenizer"] / "tokenizer.json").is_file():
+    if s.get("vocab") and not (files["tokenizer"] / "tokenizer.json").is_file():
         docs = list(itertools.islice(iter_texts(files["train"]), 2000))
         train_bpe_tokenizer(docs, s["vocab"], files["tokenizer"])
     # paths as the configs hold them: relative to the working directory (the repository root)
@@ -164,8 +173,41 @@ def plural(p: int) -> str:
     return f"{p} pause{'s' * (p > 1)}"
 
 
+def smollm2_model() -> str:
+    """The SmolLM2-135M folder of the smollm2 suite: ``$CYB_SMOLLM2``, else the short name
+    (fetched on first use)."""
+    return os.environ.get("CYB_SMOLLM2", "smollm2-135m")
+
+
+def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
+    """SmolLM2-135M fine-tuned on techdocs with and without pauses, shared and private."""
+    rows = [("Baseline", method("baseline"), 0.3),
+            ("CYB 3 pauses, private", method("cyb", pause_visibility="private"), 1.0),
+            ("CYB 3 pauses, shared", method("cyb"), 1.0),
+            ("TBYS 3 pauses, private", method("tbys", pause_visibility="private"), 1.0),
+            ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private"), 1.0)]
+    jobs = []
+    for rank, (label, m, cost) in enumerate(rows):
+        vis = "-private" if m.get("pause_visibility") == "private" else ""
+        name = f"sm-{m['name']}-p{m['num_steps'] - 1}{vis}-s{seed}"
+        cfg = {"model": {"name_or_path": smollm2_model()}, "method": m,
+               "data": {"source": files["train"], "valid_source": files["valid_in"],
+                        "block_len": s["block_len"], "shuffle": "corpus"},
+               "optim": {"lr": s["lr"], "warmup_steps": s["warmup"]},
+               "train": {"out_dir": str(out / name), "steps": s["ft_steps"], "batch_size": s["batch"],
+                         "eval_every": s["eval_every"], "eval_batches": 0, "save_every": 0,
+                         "log_every": 20, "seed": seed, "progress": False}}
+        # seed 0 of every row first, then the baseline and private CYB of the other seeds
+        priority = 100 - rank if seed == 0 else (50 - rank if rank < 2 else 10 - rank)
+        jobs.append(Job(name, "smollm2", label, seed, cfg, cost=cost, priority=priority,
+                        analyse=seed == 0 and m["name"] == "cyb"))
+    return jobs
+
+
 def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[Job]:
     jobs = []
+    if suite == "smollm2":
+        return smollm2_jobs(seed, s, files, out)
     if suite in ("pretrain", "epochs"):
         steps = s["pre_steps"] if suite == "pretrain" else s["epochs_steps"]
         tag = "" if suite == "pretrain" else "-2ep"
@@ -218,10 +260,20 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
 # ----------------------------------------------------------------------------------- running
 
 
-def final_row(job: Job, out: Path) -> dict:
+def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | None = None) -> str:
+    """The command that reruns one row from a fresh clone (given techdocs in ``$CYB_DATA`` or
+    ``../shared/data/techdocs``): this script with ``--only`` the row, which writes the data
+    splits first and trains the row's base first when it fine-tunes one."""
+    scale_arg = "" if scale == "gpu" else f" --scale {scale}"
+    return (f"python experiments/run_suite.py {suite} --seeds {seed} --only {name} "
+            f"--out {out or f'outputs/{suite}'}{scale_arg}")
+
+
+def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
     run = out / job.name
     row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
-           "command": f"cyb train {out / job.suite / 'configs' / job.name}.yaml"}
+           "command": rerun_command(job.suite, job.name, job.seed, scale, str(out)),
+           "config": f"{out / job.suite / 'configs' / job.name}.yaml"}
     if (run / "final_metrics.json").is_file():
         row["final"] = json.loads((run / "final_metrics.json").read_text())
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -272,7 +324,7 @@ def pack(out: Path, target: Path) -> None:
 
 
 def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
-             unit_seconds: float = 0.0, whole_valid: str = "") -> list[dict]:
+             unit_seconds: float = 0.0, whole_valid: str = "", scale: str = "gpu") -> list[dict]:
     """Run ``jobs`` on ``slots`` (``"GPU/k"``), long ones first, each after the job it needs;
     a job is started only if ``cost x unit_seconds`` fits before ``deadline``."""
     done_names = set()
@@ -282,7 +334,8 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                       if x.strip() and "final" in json.loads(x)}
     needed = {j.needs for j in jobs if j.needs and j.name not in done_names}
     done_names -= {n for n in needed if not (out / n / "final" / "model.safetensors").is_file()}  # weights gone
-    pending = sorted((j for j in jobs if j.name not in done_names), key=lambda j: (not j.first, -j.cost))
+    pending = sorted((j for j in jobs if j.name not in done_names),
+                     key=lambda j: (not j.first, -j.priority, -j.cost))
     failed: set[str] = set()
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}  # slot -> (job, process, start)
     log_dir = out / "logs"
@@ -309,7 +362,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                 else:
                     continue
             del running[slot]
-            row = final_row(job, out)
+            row = final_row(job, out, scale)
             row["seconds"] = round(time.time() - t0, 1)
             row["returncode"] = proc.returncode
             if "final" in row:
@@ -328,9 +381,16 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
 
 
+def select(jobs: list[Job], parts: list[str]) -> list[Job]:
+    """The jobs whose names contain one of ``parts``, and the bases they fine-tune."""
+    keep = {j.name for j in jobs if any(part in j.name for part in parts)}
+    keep |= {j.needs for j in jobs if j.name in keep and j.needs}
+    return [j for j in jobs if j.name in keep]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes"))
+    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes", "smollm2"))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
@@ -361,14 +421,13 @@ def main() -> int:
     if {"hparams", "recipes"} & set(args.suites) and "finetune" not in args.suites:  # they need the bases
         jobs += [j for seed in seeds for j in suite_jobs("finetune", seed, s, files, out) if j.name.startswith("base-")]
     if args.only:
-        keep = {j.name for j in jobs if any(part in j.name for part in args.only)}
-        keep |= {j.needs for j in jobs if j.name in keep and j.needs}
-        jobs = [j for j in jobs if j.name in keep]
+        jobs = select(jobs, args.only)
     slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
-    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"])
-    ok = sum("final" in r for r in rows)
+    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"], args.scale)
+    asked = {j.name for j in jobs}
+    ok = len({r["name"] for r in rows if "final" in r and r["name"] in asked})
     print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
     if args.pack is not None:
         pack(out, args.pack)

@@ -49,9 +49,10 @@ def test_bench_train_quick_writes_json(tmp_path, capsys):
     assert "--quick" in res["command"] and "--warmup 0" in res["command"]
     rows = {r["variant"]: r for r in res["results"]}
     assert set(rows) == {"baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused",
-                         "cyb_fused_lowmem"}
+                         "cyb_fused_lowmem", "cyb_private", "tbys_private"}
     assert rows["tbys_liger"]["status"] == "skipped"  # needs CUDA
-    for name in ("baseline_hf", "tbys_hf", "cyb_naive", "cyb_fused", "cyb_fused_lowmem"):
+    for name in ("baseline_hf", "tbys_hf", "cyb_naive", "cyb_fused", "cyb_fused_lowmem", "cyb_private",
+                 "tbys_private"):
         r = rows[name]
         assert r["status"] == "ok", r
         assert r["ms"] > 0 and math.isfinite(r["first_loss"])

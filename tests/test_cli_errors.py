@@ -87,7 +87,7 @@ def test_install_hints_name_the_clone_never_the_package_index():
     assert isinstance(error, ImportError) and str(error).startswith("LoRA needs the peft package")
 
 
-def test_check_verifies_that_data_and_model_paths_exist(work, capsys):
+def test_check_verifies_that_data_and_model_paths_exist(work, capsys, monkeypatch):
     assert main(["train", "run.yaml", "--check"]) == 0
     assert "configuration is valid; the data and model it names exist" in capsys.readouterr().out
     for setting, message in [
@@ -101,10 +101,17 @@ def test_check_verifies_that_data_and_model_paths_exist(work, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("cyb train: invalid configuration: ") and message in err and "\n" not in err, err
     # a hub id (ORG/NAME, or a bare name) is no path: checked when the run starts, with a note
-    for name in ("HuggingFaceTB/SmolLM2-135M", "smollm2-135m"):
+    for name in ("HuggingFaceTB/SmolLM2-135M", "someone/a-model", "gpt-nothing"):
         assert main(["train", "run.yaml", "--check", "--set", f"model.name_or_path={name}"]) == 0
         out = capsys.readouterr().out
         assert "configuration is valid; the local paths it names exist" in out
         assert f"note: model.name_or_path ({name}) is not a local folder: it is read as a hub id" in out
+    # a known model's short name is no path either (fetched on first use)
+    monkeypatch.setenv("CYB_CACHE", str(work / "empty-cache"))
+    assert main(["train", "run.yaml", "--check", "--set", "model.name_or_path=smollm2-135m"]) == 0
+    out = capsys.readouterr().out
+    assert "note: model.name_or_path (smollm2-135m) is a known model not fetched yet" in out
+    assert main(["train", "run.yaml", "--check", "--set", "model.name_or_path=missing.gguf"]) == 2
+    assert "model.name_or_path (missing.gguf): the GGUF file does not exist" in capsys.readouterr().err
     assert main(["train", "run.yaml", "--check", "--set", "data.source=builtin:python-docs@train"]) == 0
-    assert not (work / "runs").exists()
+    assert not (work / "runs").exists() and not (work / "empty-cache" / "models").exists()

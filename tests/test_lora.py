@@ -80,13 +80,14 @@ def _effective_rows(model):
 
 CASES = [
     ("tied", {"name": "cyb", "num_steps": 3}, "naive"),
+    ("tied", {"name": "cyb", "num_steps": 3, "pause_visibility": "private"}, "naive"),
     ("untied", {"name": "cyb", "num_steps": 3}, "fused"),
     ("untied", {"name": "tbys", "num_steps": 3}, "naive"),
     ("tied", {"name": "cyb", "num_steps": 3, "recipe": 2, "omega": [1.0, 1.0, 1.0]}, "fused"),
 ]
 
 
-@pytest.mark.parametrize("base,method,impl", CASES, ids=["cyb-tied-naive", "cyb-untied-fused", "tbys-untied",
+@pytest.mark.parametrize("base,method,impl", CASES, ids=["cyb-tied-naive", "cyb-private-tied", "cyb-untied-fused", "tbys-untied",
                                                           "cyb-recipe2-tied-fused"])
 def test_only_adapters_and_pause_rows_train(tmp_path, bases, base, method, impl):
     trainer = Trainer(_cfg(tmp_path / "run", bases[base], method=method, train={"loss_impl": impl}))
@@ -117,6 +118,11 @@ def test_only_adapters_and_pause_rows_train(tmp_path, bases, base, method, impl)
         assert not torch.equal(out1[model.settings.dk_id], out0[model.settings.dk_id])
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["lora"] and 0 < info["trainable_parameters"] < info["num_parameters"] / 4
+    if method.get("pause_visibility") == "private":  # the adapter folder loads back private
+        loaded = PauseModel.from_pretrained(tmp_path / "run" / "final")
+        assert loaded.pause_visibility == "private"
+        ids = _ids()
+        torch.testing.assert_close(_logits(loaded, ids), _logits(model, ids))
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +185,10 @@ def test_merge_gives_a_plain_model_with_the_same_logits(lora_run, tmp_path, monk
     out = tmp_path / "merged"
     assert {"config.json", "model.safetensors", "cyb_pause.json"} <= {p.name for p in out.iterdir()}
     assert not (out / lora.LORA_FILE).exists() and not (out / "adapter_config.json").exists()
+    card = (out / "README.md").read_text()  # the run's card, re-titled, with what merging did
+    assert "(merged)" in card and "Written by `cyb merge`" in card and "folded into the weights" in card
+    assert "holds LoRA adapters" not in card
+    assert "holds LoRA adapters" in (Path(cfg.train.out_dir) / "final" / "README.md").read_text()
     monkeypatch.setitem(sys.modules, "peft", None)  # loads without peft
     plain = PauseModel.from_pretrained(out)
     torch.testing.assert_close(_logits(plain, ids), expected, atol=1e-5, rtol=1e-5)

@@ -65,7 +65,8 @@ def test_tables_pair_seeds_and_give_the_spread(results, tmp_path):
     text = results.table(rows)
     line = next(x for x in text.splitlines() if x.startswith("| Baseline"))
     assert "55.0 ± 7.1" in line and "+9.1 ± 0.0%" in line  # paired: 1 - 50/55 = 1 - 60/66
-    assert "`cyb train x/Baseline-sN.yaml`" in line and "| 0.50 |" in line
+    assert "`python experiments/run_suite.py finetune --seeds N --only Baseline-sN --out outputs/finetune`" in line
+    assert "| 0.50 |" in line
 
 
 def test_tables_go_between_their_markers_and_nothing_else_changes(results, tmp_path):
@@ -77,3 +78,17 @@ def test_tables_go_between_their_markers_and_nothing_else_changes(results, tmp_p
                     "<!-- end table -->\n\ntext b\n")
     results._fill(doc, {"a": "| A |", "b": "| B |\n| 2 |"})
     assert doc.read_text() == once
+
+
+def test_a_rows_command_reruns_it_alone_with_its_base(tmp_path, monkeypatch):
+    """The command recorded for a row runs this script with --only the row: the jobs it selects
+    are the row and, for a fine-tuning row, its base."""
+    from experiments import run_suite
+
+    cmd = run_suite.rerun_command("finetune", "ft-cyb-p3-s1", 1)
+    assert cmd == "python experiments/run_suite.py finetune --seeds 1 --only ft-cyb-p3-s1 --out outputs/finetune"
+    s = dict(run_suite.SCALES["cpu-quick"])
+    files = {k: k for k in ("train", "valid", "base", "ft", "tokenizer", "valid_in")}
+    jobs = run_suite.suite_jobs("finetune", 1, s, files, tmp_path)
+    assert {j.name for j in run_suite.select(jobs, ["ft-cyb-p3-s1"])} == {"ft-cyb-p3-s1", "base-s1"}
+    assert run_suite.rerun_command("smollm2", "sm-cyb-p3-private-s0", 0, "smollm2").endswith("--scale smollm2")

@@ -17,7 +17,6 @@ from .files import replace_dir
 from .run_data import train_texts
 
 TOKENIZER_DIR = "tokenizer"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def resolve_device(spec: str, info: DistInfo) -> torch.device:
@@ -32,18 +31,22 @@ def resolve_device(spec: str, info: DistInfo) -> torch.device:
 def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
     """The run's tokenizer (a Hugging Face tokenizer), saved under ``run_dir/tokenizer``.
 
-    Synthetic tasks use the character tokenizer; text runs use ``data.tokenizer``, else the
+    Synthetic tasks use the character tokenizer, or a pretrained model's own
+    (:func:`task_tokenizer`); text runs use ``data.tokenizer``, else the
     pretrained model's, else a byte-level BPE trained on the training documents.
     """
     from .data.tokenizer import load_tokenizer, train_bpe_tokenizer
 
     saved = run_dir / TOKENIZER_DIR
-    if cfg.data.task:
-        return _task_tokenizer(cfg)
+    if cfg.data.task:  # characters, or the pretrained model's tokenizer (tasks as text)
+        return task_tokenizer(cfg)
     if cfg.data.tokenizer:
         return _named(load_tokenizer, cfg.data.tokenizer, "data.tokenizer")
     if cfg.model.name_or_path:
-        return _named(load_tokenizer, cfg.model.name_or_path, "model.name_or_path")
+        from .model.sources import resolve_model_source  # a .gguf file or short name: its folder
+
+        return _named(lambda name: load_tokenizer(resolve_model_source(name)), cfg.model.name_or_path,
+                      "model.name_or_path")
     with main_first(info):
         if not (saved / "tokenizer.json").is_file() and info.is_main:
             texts, _ = train_texts(cfg)
@@ -60,31 +63,6 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
             train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, tmp)
             replace_dir(tmp, saved)
     return load_tokenizer(saved)
-
-
-def _task_tokenizer(cfg: RunConfig):
-    """The character tokenizer of a synthetic task; for a model saved by an earlier task run
-    (``model.name_or_path``, or ``data.tokenizer``), the tokenizer saved with it: the same
-    characters plus that model's pause and dk tokens, which its settings name."""
-    from .data.synthetic import CharTokenizer
-    from .data.tokenizer import load_tokenizer
-
-    chars = CharTokenizer().to_hf()
-    given = cfg.data.tokenizer
-    name = given or cfg.model.name_or_path
-    folder = Path(os.path.expanduser(name)) if name else None
-    if not given and not (folder is not None and any((folder / f).is_file() for f in _TOKENIZER_FILES)):
-        return chars  # a hub model, or a folder without a tokenizer, reads the task through the characters
-    saved = _named(load_tokenizer, name, "data.tokenizer" if given else "model.name_or_path")
-    vocab = chars.get_vocab()
-    same = all(saved.convert_tokens_to_ids(token) == i for token, i in vocab.items())
-    if same:
-        return saved
-    if given:
-        raise ValueError(f"data.tokenizer ({given}) does not give the characters of data.task "
-                         f"({cfg.data.task}) the ids of the task's character tokenizer; leave it "
-                         "unset, or give the folder of a model trained on a synthetic task")
-    return chars
 
 
 # ------------------------------------------------------------------------- names and paths
@@ -151,7 +129,21 @@ def check_paths(cfg: RunConfig) -> list[str]:
         problem = _missing_path(name, field)
         if problem is not None:
             raise problem
-        if not os.path.exists(os.path.expanduser(name)) and not _in_hub_cache(name):
+        if os.path.exists(os.path.expanduser(name)):
+            continue
+        if field == "model.name_or_path":
+            from .model import zoo
+            from .model.cache import is_complete, is_gguf
+
+            if is_gguf(name):
+                raise FileNotFoundError(f"{field} ({name}): the GGUF file does not exist")
+            known = zoo.find(name)
+            if known is not None:  # a short name such as smollm2-135m
+                if not is_complete(zoo.model_dir(known.name)):
+                    notes.append(f"{field} ({name}) is a known model not fetched yet: the run fetches it "
+                                 f"first (`cyb fetch {known.name}` does it now)")
+                continue
+        if not _in_hub_cache(name):
             notes.append(f"{field} ({name}) is not a local folder: it is read as a hub id, whose files must "
                          "be in the local cache or the hub reachable when the run starts")
     return notes
@@ -207,7 +199,8 @@ def _load_model(cfg: RunConfig, tokenizer):
 
     me, spec = cfg.method, cfg.method.spec
     pause_kw = dict(num_steps=spec.model_steps(me.num_steps), use_dk=spec.has_dk,
-                    psi_dk=me.psi_dk, method=me.name, position_scheme=spec.position_scheme(me))
+                    psi_dk=me.psi_dk, method=me.name, position_scheme=spec.position_scheme(me),
+                    pause_visibility=me.pause_visibility if spec.uses_pauses else "shared")
     # auto: float32 parameters (bf16 autocast on GPU), also for checkpoints stored in bf16
     dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
              "float16": torch.float16}[cfg.model.dtype]
@@ -227,3 +220,32 @@ def _load_model(cfg: RunConfig, tokenizer):
         raise ValueError(f"model.attn_implementation: this model does not support "
                          f"{cfg.model.attn_implementation!r} ({str(e).splitlines()[0][:160]}); "
                          f"use {other}") from None
+
+
+def task_tokenizer(cfg):
+    """The tokenizer of a task run: ``data.tokenizer``, else the tokenizer saved with
+    ``model.name_or_path`` (a folder, a ``.gguf`` file, a known model's name or a hub id in the
+    local cache); the character tokenizer when neither gives one.  A model trained on a task from
+    scratch saved the character tokenizer with its pause and dk tokens: that one is kept, since the
+    model's settings name those tokens (fine-tuning it again)."""
+    from pathlib import Path
+
+    from .model.loading import load_tokenizer as model_tokenizer
+    from .model.sources import resolve_model_source
+    from .data.synthetic import CharTokenizer
+    from .data.tokenizer import load_tokenizer
+
+    def saved_with_model(name):
+        source = resolve_model_source(name)
+        return model_tokenizer(source, {}) if Path(str(source)).expanduser().is_dir() else load_tokenizer(source)
+
+    tok = None
+    if cfg.data.tokenizer:
+        tok = _named(load_tokenizer, cfg.data.tokenizer, "data.tokenizer")
+    elif cfg.model.name_or_path:
+        tok = _named(saved_with_model, cfg.model.name_or_path, "model.name_or_path")
+    if tok is None:
+        return CharTokenizer().to_hf()
+    if isinstance(tok, CharTokenizer):  # saved as char_tokenizer.json: its special tokens kept
+        return tok.to_hf()
+    return tok  # the character tokenizer (and a saved model's pause tokens), or a pretrained one

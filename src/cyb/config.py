@@ -19,6 +19,7 @@ import yaml
 from . import config_parsing, extras, families, methods, paths
 from .config_parsing import ConfigError, apply_overrides
 from .vectors import step_vector_problem
+from .visibility import VISIBILITIES
 
 METHODS = methods.NAMES
 
@@ -72,6 +73,11 @@ class MethodConfig:
     """M: steps per real token (the token and M-1 pauses). Baselines use 1."""
     position_scheme: str = "shared"
     """shared (a pause takes its real token's position; one id per pause index) or advance."""
+    pause_visibility: str = "shared"
+    """What later tokens see of a token's pauses: shared (everything, the paper's layout),
+    or private (nothing: a token's pauses are seen only by its own later steps, so the real
+    tokens run exactly as in the base model and a KV cache holds real tokens only; best for
+    fine-tuning a pretrained model). docs/method.md compares them."""
     omega: list[float] | None = None
     """World stop distribution over steps 1..M (ratios); None = one-hot on M."""
     gamma: list[float] | None = None
@@ -392,6 +398,7 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
         _need(me.num_steps >= 2, "method.num_steps",
               f"{me.name} needs M >= 2 (at least one pause), got {me.num_steps}")
     _one_of(me.position_scheme, ("shared", "advance"), "method.position_scheme")
+    _one_of(me.pause_visibility, VISIBILITIES, "method.pause_visibility")
     for name in ("omega", "rho", "gamma"):
         vec = getattr(me, name)
         if vec is not None:

@@ -12,7 +12,7 @@ import importlib.util
 
 #: The extra of pyproject.toml that brings each optional package.
 EXTRA_OF = {"peft": "lora", "datasets": "data", "pyarrow": "data", "lm_eval": "eval",
-            "tensorboard": "tensorboard", "triton": "kernels"}
+            "tensorboard": "tensorboard", "triton": "kernels", "gguf": "gguf"}
 
 
 class MissingPackage(ImportError):

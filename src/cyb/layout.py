@@ -24,6 +24,7 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from .vectors import check_step_vector
+from .visibility import BlockSteps, inserted_steps, recipe1_steps, variable_steps
 
 IGNORE_INDEX = -100
 PositionScheme = Literal["shared", "advance"]
@@ -144,6 +145,11 @@ class Expanded:
     labels: torch.Tensor
     block_labels: torch.Tensor
     num_steps: int
+
+    @property
+    def steps(self) -> BlockSteps:
+        """Block and step of every position (for masks other than shared pauses)."""
+        return recipe1_steps(self.attention_mask[:, ::self.num_steps], self.num_steps)
 
 
 def left_pad(rows: Sequence[Sequence[int]], device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,6 +328,11 @@ class VariableExpanded:
         idx = idx.view(b, length * m, *([1] * len(extra))).expand(b, length * m, *extra)
         return torch.gather(x, 1, idx).view(b, length, m, *extra)
 
+    @property
+    def steps(self) -> BlockSteps:
+        """Block and step of every position (for masks other than shared pauses)."""
+        return variable_steps(self.grid_index, self.step_mask, self.input_ids.shape[1])
+
     def world_omega(self) -> torch.Tensor:
         """``[B, L, M]`` one-hot stop distribution at ``W``: pass as ``omega`` to the losses."""
         return torch.nn.functional.one_hot(self.world_stop - 1, self.num_steps).to(torch.float32)
@@ -416,6 +427,12 @@ class PausedSequence:
     position_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
+    is_pause: torch.Tensor | None = None
+
+    @property
+    def steps(self) -> BlockSteps:
+        """Each run of pauses as a block of the real token before it."""
+        return inserted_steps(self.is_pause, self.attention_mask.bool())
 
 
 def insert_pauses(
@@ -461,7 +478,8 @@ def insert_pauses(
     for r, (s, lab) in enumerate(zip(rows, labels)):
         input_ids[r, :len(s)], lab_t[r, :len(s)], mask[r, :len(s)] = s, lab, 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return PausedSequence(input_ids, pos, mask, lab_t)
+    is_pause = (input_ids == pause_id) & mask.bool()
+    return PausedSequence(input_ids, pos, mask, lab_t, is_pause)
 
 
 def random_pause_slots(n: int, k: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -424,7 +424,10 @@ def run_shape(cfg, vocab: int | None = None) -> ModelShape | None:
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(cfg.model.name_or_path, local_files_only=True)
+        from .model.sources import resolve_model_source
+
+        config = AutoConfig.from_pretrained(resolve_model_source(cfg.model.name_or_path, fetch=False),
+                                            local_files_only=True)
     except Exception:  # noqa: BLE001 (no local config: the check is skipped)
         return None
     return ModelShape.from_hf_config(config)

@@ -26,6 +26,7 @@ from .config import MethodConfig
 from .layout import (IGNORE_INDEX, PauseVocab, collapse, expand, expand_variable, insert_pauses,
                      prompt_pause_slots, random_pause_slots, sample_pause_counts)
 from .readout import readout
+from .visibility import BlockSteps
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Prepared:
     layout: str
     block_valid: torch.Tensor | None = None  # [B, L]
     variable: object | None = None
+    steps: BlockSteps | None = None  # block and step of every position (non-shared pause masks)
 
     def to(self, device, non_blocking: bool = False) -> "Prepared":
         """A copy with every tensor on ``device``."""
@@ -106,6 +108,14 @@ class Prepared:
     def max_position(self) -> int:
         """The largest position id used (for checks against the model's limit)."""
         return int(self.position_ids.max()) if self.position_ids.numel() else 0
+
+
+def run_model(model, prep: Prepared) -> torch.Tensor:
+    """``[B, T, H]`` last hidden states of a prepared batch, with the pause mask the model's
+    visibility asks for."""
+    hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask,
+                                    steps=prep.steps)
+    return hidden
 
 
 def _generators(seeds: Sequence[int] | None, rows: int) -> list:
@@ -168,11 +178,11 @@ class Objective:
             ex = expand_variable(ids, counts, self.vocab, attention_mask=mask, loss_mask=loss_mask)
             valid = ex.block_labels != IGNORE_INDEX
             return Prepared(ex.input_ids, ex.position_ids, ex.attention_mask, ex.labels,
-                            int(valid.sum()), num_real, "variable", valid, ex)
+                            int(valid.sum()), num_real, "variable", valid, ex, ex.steps)
         ex = expand(ids, self.vocab, attention_mask=mask, loss_mask=loss_mask)
         valid = ex.block_labels != IGNORE_INDEX
         return Prepared(ex.input_ids, ex.position_ids, ex.attention_mask, ex.labels,
-                        int(valid.sum()), num_real, "blocks", valid)
+                        int(valid.sum()), num_real, "blocks", valid, steps=ex.steps)
 
     def _prepare_inserted(self, ids, mask, loss_mask, gens) -> Prepared:
         """The original TBYS: one shared pause id inserted after the prompt or at random."""
@@ -187,7 +197,7 @@ class Objective:
         ps = insert_pauses(ids, pause_id, slots, attention_mask=mask, loss_mask=loss_mask)
         num_real = int(((ps.input_ids != pause_id) & ps.attention_mask.bool()).sum())
         return Prepared(ps.input_ids, ps.position_ids, ps.attention_mask, ps.labels,
-                        int((ps.labels != IGNORE_INDEX).sum()), num_real, "flat")
+                        int((ps.labels != IGNORE_INDEX).sum()), num_real, "flat", steps=ps.steps)
 
     def _omega_or_last(self):
         m = self.vocab.num_steps
@@ -197,7 +207,7 @@ class Objective:
     def _row_terms(self, model, prep: Prepared, *, dk: bool = True):
         """``(log_t, log_d, log_not_d)`` ``[B, T]`` per position; without full logits when the
         fused readout is on (it recomputes each chunk's logits in backward)."""
-        hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
+        hidden = run_model(model, prep)
         dk_id = self.vocab.dk_id if dk else None
         if not use_fused(self.impl, hidden.device):
             return readout(model.logits(hidden), prep.labels, dk_id=dk_id, dk_bias=self.dk_bias)
@@ -244,7 +254,7 @@ class Objective:
     def _fused_loss(self, model, prep: Prepared, with_metrics: bool) -> LossOutput:
         from .kernels import fused_linear_loss
 
-        hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
+        hidden = run_model(model, prep)
         weight, bias = model.output_projection()
         loss_sum, stats = fused_linear_loss(
             hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype), weight, prep.labels.reshape(-1),

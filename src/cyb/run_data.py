@@ -145,13 +145,30 @@ class TensorRows:
 
 
 def synthetic_sets(cfg: RunConfig, tokenizer=None):
-    """The run's synthetic train and held-out data sets."""
+    """The run's synthetic train and held-out data sets: character rows, or text rows when
+    ``tokenizer`` is a pretrained model's (:mod:`cyb.data.synthetic.text_task`)."""
     from .data.synthetic import CharTokenizer, SyntheticDataset, make_task
+    from .data.synthetic.text_task import is_char_tokenizer
+
+    if not is_char_tokenizer(tokenizer):
+        return text_task_sets(cfg, tokenizer)
 
     task = make_task(cfg.data.task, **cfg.data.task_kwargs)
     tok = CharTokenizer()
     train = SyntheticDataset(task, tok, cfg.data.num_train_examples, seed=cfg.train.seed, split="train")
     valid = SyntheticDataset(task, tok, cfg.data.num_valid_examples, seed=cfg.train.seed + 1, split="test")
+    return train, valid
+
+
+def text_task_sets(cfg, tokenizer):
+    """The run's train and held-out :class:`TextTaskDataset` (as
+    :func:`synthetic_sets` draws the character ones)."""
+    from .data.synthetic import make_task
+    from .data.synthetic.text_task import TextTaskDataset
+
+    task = make_task(cfg.data.task, **cfg.data.task_kwargs)
+    train = TextTaskDataset(task, tokenizer, cfg.data.num_train_examples, seed=cfg.train.seed, split="train")
+    valid = TextTaskDataset(task, tokenizer, cfg.data.num_valid_examples, seed=cfg.train.seed + 1, split="test")
     return train, valid
 
 

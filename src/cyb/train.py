@@ -36,6 +36,7 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
 from .files import replace_dir
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
+from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
 from .run_data import build_data
@@ -471,6 +472,7 @@ class Trainer:
             with _quiet_hf_progress():
                 self.model.save_pretrained(tmp, state_dict=state)
             (tmp / TRAINING_STATE_FILE).write_text(json.dumps(self.training_state(), indent=2))
+            write_run_card(tmp, self)  # README.md: base, method, measured numbers, command
             replace_dir(tmp, final)
         barrier(self.info)
         return final

@@ -92,6 +92,8 @@ class DecodeBenchConfig:
     whole_cache: bool = False
     #: the static decoder rows round their cache's slots per row up to a multiple of this
     capacity_multiple: int = CAPACITY_MULTIPLE
+    #: the pause models' visibility (``shared`` or ``private``: a cache of real tokens only)
+    visibility: str = "shared"
 
     @classmethod
     def quick(cls, **overrides) -> "DecodeBenchConfig":
@@ -124,6 +126,8 @@ class DecodeBenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.prompts is not None and self.model is None:
             raise ValueError("prompts: a prompts file goes with a trained model (model)")
+        if self.visibility not in ("shared", "private"):
+            raise ValueError(f"visibility must be shared or private, got {self.visibility!r}")
         if not 0.0 <= self.pause_fraction <= 1.0:
             raise ValueError(f"pause_fraction must lie in [0, 1], got {self.pause_fraction}")
         self.cache_options()
@@ -287,7 +291,7 @@ def agreement_check(hf_model, cfg: DecodeBenchConfig, device, graph_kind: str) -
         lengths[0] = cfg.prompt_len
         prompts = [torch.randint(0, limit, (n,), generator=g).tolist() for n in lengths]
         padded = torch.tensor([p + [0] * (cfg.prompt_len - len(p)) for p in prompts])
-        adaptive, _ = adaptive_fixture(model32, m, padded.to(device), cfg.pause_fraction)
+        adaptive, _ = adaptive_fixture(model32, m, padded.to(device), cfg.pause_fraction, cfg.visibility)
         cases = [("fixed", f"M={m}", adaptive), ("fixed", "M=1", wrap(model32, "baseline", 1)),
                  ("adaptive", f"M={m}", adaptive)]
         for mode, label, pm in cases:
@@ -451,9 +455,10 @@ def run(cfg: DecodeBenchConfig, *, out=None, log=print) -> dict:
         limit = real_ids_limit(cfg.vocab, m_big)
         prompts = {b: random_ids(b, cfg.prompt_len, limit, seed=cfg.seed).to(device) for b in cfg.batches}
         masks = {b: torch.ones_like(ids) for b, ids in prompts.items()}
-        fixture, info = adaptive_fixture(hf_model, m_big, prompts[max(cfg.batches)], cfg.pause_fraction)
+        fixture, info = adaptive_fixture(hf_model, m_big, prompts[max(cfg.batches)], cfg.pause_fraction,
+                                         cfg.visibility)
         result["adaptive_fixture"] = info
-        trained = wrap(hf_model, "cyb", m_big)
+        trained = wrap(hf_model, "cyb", m_big, cfg.visibility)
     else:
         trained, prompts, masks, info = trained_model(cfg, device, dtype)
         fixture, hf_model, m_big = trained, trained.hf_model, trained.num_steps

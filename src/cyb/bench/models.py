@@ -82,12 +82,18 @@ def pause_settings(method: str, vocab_size: int, num_steps: int):
     return PauseSettings(num_steps=num_steps, pause_ids=pause_ids, vocab_size=vocab_size, method=method, **dk)
 
 
-def wrap(hf_model, method: str, num_steps: int):
-    """``hf_model`` as a :class:`cyb.PauseModel` for ``method`` (weights shared, nothing copied)."""
+def wrap(hf_model, method: str, num_steps: int, visibility: str = "shared"):
+    """``hf_model`` as a :class:`cyb.PauseModel` for ``method`` (weights shared, nothing copied)
+    with pauses of ``visibility``."""
+    import dataclasses
+
     from ..model import PauseModel
 
     vocab = int(hf_model.get_output_embeddings().weight.shape[0])
-    return PauseModel(hf_model, pause_settings(method, vocab, num_steps))
+    settings = pause_settings(method, vocab, num_steps)
+    if visibility != "shared" and settings.num_steps > 1:
+        settings = dataclasses.replace(settings, pause_visibility=visibility)
+    return PauseModel(hf_model, settings)
 
 
 def real_ids_limit(vocab_size: int, num_steps: int) -> int:
@@ -117,9 +123,11 @@ def spread_weights(hf_model, seed: int = 0) -> None:
 
 
 @torch.inference_mode()
-def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction: float):
-    """A CYB wrapper of ``hf_model`` whose dk prior makes ``pause_fraction`` of the step-1
-    decisions on ``ids`` (the prompts, laid out in fixed mode) say dk under the greedy readout.
+def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction: float,
+                     visibility: str = "shared"):
+    """A CYB wrapper of ``hf_model`` (pauses of ``visibility``) whose dk prior makes
+    ``pause_fraction`` of the step-1 decisions on ``ids`` (the prompts, laid out in fixed mode)
+    say dk under the greedy readout.
 
     Returns ``(model, info)``; ``info`` has the prior and the fraction it gives on ``ids``.
     """
@@ -127,10 +135,10 @@ def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction
     from ..model import PauseModel
     from ..readout import dk_logit_bias
 
-    base = wrap(hf_model, "cyb", num_steps)
+    base = wrap(hf_model, "cyb", num_steps, visibility)
     v = base.vocab.vocab_size
     lay = expand(ids, base.vocab, check_ids=False)
-    hidden, _ = base.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+    hidden, _ = base.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask, steps=lay.steps)
     z = base.logits(hidden[:, ::num_steps]).float()  # step 1 of every block
     z[..., list(base.vocab.pause_ids)] = -math.inf
     dk = base.vocab.dk_id
@@ -145,7 +153,7 @@ def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction
     # the prior psi_dk whose logit bias is `bias`, inside (0, 1)
     logit = bias - math.log(v - 1)
     psi = min(max(1.0 / (1.0 + math.exp(-logit)), 1e-12), 1 - 1e-12)
-    settings = dataclasses.replace(pause_settings("cyb", v, num_steps), psi_dk=psi)
+    settings = dataclasses.replace(base.settings, psi_dk=psi)
     model = PauseModel(hf_model, settings)
     got = float(((margin + dk_logit_bias(v, psi)) > 0).double().mean())
     return model, {"psi_dk": psi, "dk_bias": dk_logit_bias(v, psi), "target_fraction": pause_fraction,

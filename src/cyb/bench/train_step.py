@@ -12,6 +12,8 @@ Variants (rows of ``L`` real tokens, batch ``B``, ``M`` steps per token):
   or the fused readout (:func:`cyb.kernels.fused_linear_loss`), as ``cyb train`` runs it.
 * ``cyb_fused_lowmem``: ``cyb_fused`` with logits chunks of at most ``2**27`` elements (the
   default allows up to ``2**29``): less memory, more chunks (more host work per step).
+* ``cyb_private`` / ``tbys_private``: ``cyb_fused`` and TBYS (fused readout) with private
+  pauses (:mod:`cyb.visibility`): block-sparse FlexAttention on CUDA, a dense mask elsewhere.
 
 Each in mode ``eager`` or ``compile`` (every decoder layer compiled with ``module.compile()``,
 as ``train.compile`` does).  A step is forward, backward, AdamW (fused on CUDA) and zeroing the
@@ -35,11 +37,15 @@ from .models import SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, num_para
 from .models import random_ids, real_ids_limit, wrap
 from .timing import Budget, device_name, environment, free_memory, guarded, time_calls, write_json
 
-VARIANTS = ("baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused", "cyb_fused_lowmem")
+VARIANTS = ("baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused", "cyb_fused_lowmem",
+            "cyb_private", "tbys_private")
 MODES = ("eager", "compile")
 PRECISIONS = ("autocast", "bf16", "fp32")
 _METHOD = {"baseline_hf": "baseline", "tbys_hf": "tbys", "tbys_liger": "tbys",
-           "cyb_naive": "cyb", "cyb_fused": "cyb", "cyb_fused_lowmem": "cyb"}
+           "cyb_naive": "cyb", "cyb_fused": "cyb", "cyb_fused_lowmem": "cyb",
+           "cyb_private": "cyb_private", "tbys_private": "tbys_private"}
+#: the method of each model key (``*_private``: the method with private pauses)
+_BASE = {"baseline": "baseline", "tbys": "tbys", "cyb": "cyb", "cyb_private": "cyb", "tbys_private": "tbys"}
 #: Logits per chunk of ``cyb_fused_lowmem`` (bf16: 256 MiB).
 LOWMEM_CHUNK_ELEMENTS = 1 << 27
 # Seconds a compiled row is assumed to need at least (compilation); rows that would not fit in
@@ -172,12 +178,14 @@ class _Case:
                                        device=device, max_positions=max(8192, cfg.real_tokens * m),
                                        seed=cfg.seed)
         self.hf_model.train()
-        self.models = {me: wrap(self.hf_model, me, m) for me in ("baseline", "tbys", "cyb")}
+        self.models = {key: wrap(self.hf_model, base, m,
+                                 "private" if key.endswith("_private") else "shared")
+                       for key, base in _BASE.items()}
         ids = random_ids(batch, cfg.real_tokens, real_ids_limit(vocab, m), seed=cfg.seed)
         self.preps = {}
-        for me, model in self.models.items():
-            prep = _objective(me, model, "naive").prepare({"ids": ids})
-            self.preps[me] = prep.to(device)
+        for key, model in self.models.items():
+            prep = _objective(_BASE[key], model, "naive").prepare({"ids": ids})
+            self.preps[key] = prep.to(device)
         self.hf_labels = {me: hf_last_step_labels(p.labels, self.models[me].num_steps)
                           for me, p in self.preps.items()}
         self.params_count = num_params(self.hf_model)
@@ -224,7 +232,7 @@ class _Case:
                 weight, _ = model.output_projection()
                 return liger(weight, last, targets)
             return liger_loss
-        objective = _objective(method, model, "naive" if variant == "cyb_naive" else "fused")
+        objective = _objective(_BASE[method], model, "naive" if variant == "cyb_naive" else "fused")
         chunks = _small_chunks() if variant == "cyb_fused_lowmem" else contextlib.nullcontext
 
         def cyb_loss():
@@ -327,11 +335,12 @@ def _static_compile_settings():
 
 
 #: Run order of the variants: the target rows first, the one that compiles another shape last.
-PRIORITY = ("cyb_fused", "tbys_liger", "cyb_fused_lowmem", "cyb_naive", "tbys_hf", "baseline_hf")
+PRIORITY = ("cyb_fused", "cyb_private", "tbys_liger", "tbys_private", "cyb_fused_lowmem", "cyb_naive",
+            "tbys_hf", "baseline_hf")
 
 
 #: Compiled rows of the targets run for every case before the other compiled rows.
-TARGET_VARIANTS = ("cyb_fused", "tbys_liger", "cyb_fused_lowmem")
+TARGET_VARIANTS = ("cyb_fused", "cyb_private", "tbys_liger", "tbys_private", "cyb_fused_lowmem")
 
 
 def _order(cfg: TrainBenchConfig):

@@ -5,4 +5,4 @@ imports nothing heavy at module level, so that ``cyb --help`` stays fast; the wo
 the library modules it imports inside ``run``.
 """
 
-NAMES = ("train", "eval", "generate", "merge", "demo", "bench", "report")
+NAMES = ("train", "eval", "generate", "merge", "fetch", "demo", "bench", "report")

@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     train.add_argument("--case", dest="cases", type=_case, action="append", metavar="VOCAB:BATCH",
                        help="a (vocabulary, batch) case, repeatable (default: 32768:4 262144:8)"
                        + _OWN_DEFAULT)
-    train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive "
+    train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive cyb_private tbys_private "
                        "cyb_fused cyb_fused_lowmem (default: all)" + _OWN_DEFAULT)
     train.add_argument("--modes", nargs="+", help="eager and/or compile (default: both; eager "
                        "only with --quick)" + _OWN_DEFAULT)
@@ -116,6 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--whole-cache", action="store_true",
                         help="the static decoder rows attend over their whole cache at every batch size "
                              "(no attention limits); the float32 check and generate keep the defaults")
+    decode.add_argument("--visibility", choices=("shared", "private"),
+                        help="pauses of the random models: shared, or private (a cache of real tokens "
+                             "only; docs/method.md)" + _OWN_DEFAULT)
     decode.add_argument("--capacity-multiple", type=int, metavar="N",
                         help="the static decoder rows round their cache's slots per row up to a multiple "
                              "of this (default 128)" + _OWN_DEFAULT)
@@ -230,7 +233,7 @@ def run(args) -> int:
                            "prompt_len": "prompt_len", "new_tokens": "new_tokens", "warmup_steps": "warmup_steps",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
                            "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
-                           "model": "model", "prompts": "prompts", "whole_cache": "whole_cache",
+                           "model": "model", "prompts": "prompts", "whole_cache": "whole_cache", "visibility": "visibility",
                            "capacity_multiple": "capacity_multiple"})
         if args.new_tokens is not None:  # the generate rows decode as many tokens as the timed rows
             kw["e2e_tokens"] = args.new_tokens

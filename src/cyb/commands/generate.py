@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model_dir", metavar="MODEL_DIR",
                    help="a saved cyb model folder (written by `cyb train` or PauseModel.save_pretrained), "
-                        "or a run folder of cyb train (its final/ model is used)")
+                        "or a run folder of cyb train (its final/ model is used); a plain model folder, a "
+                        ".gguf file or a known model's name (smollm2-135m) runs as a no-pause baseline")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt (repeat for several)")
     p.add_argument("--file", metavar="PATH", help="a text file with one prompt per line (blank lines skipped)")
@@ -71,7 +72,9 @@ def _prompts(args) -> list[str]:
 def _check_model_dir(path: str) -> Path:
     from ..model.loading import saved_model_folder
 
-    return saved_model_folder(path, "MODEL_DIR")
+    # a .gguf file or a known model's name: its folder; a plain Hugging Face model is generated
+    # from as a no-pause baseline
+    return saved_model_folder(path, "MODEL_DIR", allow_plain=True)
 
 
 def _config(args):
@@ -130,8 +133,9 @@ def run(args) -> int:
     from ..generation.shade import legend, shade, supports_truecolor
     from ..generation.registry import resolve_decoder
     from ..model import PauseModel
+    from ..model.sources import plain_model_kwargs
 
-    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype).to(device).eval()
+    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype, **plain_model_kwargs(folder)).to(device).eval()
     if model.tokenizer is None:
         return _fail(f"{args.model_dir} has no tokenizer: text prompts cannot be encoded")
     try:

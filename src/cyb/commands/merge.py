@@ -24,6 +24,7 @@ def run(args) -> int:
     from ..files import replace_dir
     from ..model.lora import lora_folder, merge_lora
     from ..model import PauseModel
+    from ..run_card import write_merged_card
     from ..model.settings import TRAINING_STATE_FILE
 
     src = Path(args.path).expanduser()
@@ -43,6 +44,7 @@ def run(args) -> int:
     merged.save_pretrained(tmp)
     if (folder / TRAINING_STATE_FILE).is_file():  # the step it was trained to, for cyb eval
         shutil.copy2(folder / TRAINING_STATE_FILE, tmp / TRAINING_STATE_FILE)
+    write_merged_card(tmp, folder, merged.settings)
     replace_dir(tmp, out)
     print(f"merged {folder} ({merged.num_parameters() / 1e6:.2f}M parameters) into {out}")
     return 0

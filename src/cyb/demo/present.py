@@ -37,7 +37,8 @@ def summary_lines(out: Path, metrics: dict) -> list[str]:
     lines = ["", format_table(metrics)]
     for name, r in metrics["methods"].items():
         if "decoding" in r:
-            lines.append("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"]))
+            lines.append("\n" + format_decoding(name, r["decoding"], r["num_steps"], recipe=r["recipe"],
+                                                 visibility=r.get("pause_visibility", "shared")))
     lines.append("\n" + format_reading(metrics))
     lines.append(f"\nreport: {out}/ (metrics.json, settings.json, table.md, latency.png, examples.html); "
                  f"total {metrics['total_seconds']:.0f} s")
@@ -126,15 +127,20 @@ def format_reading(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1) -> str:
+def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1,
+                    visibility: str = "shared") -> str:
     """One line per mode: free-running exact match and network positions per generated token,
-    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md)."""
+    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md) and
+    pauses of ``visibility``."""
     lines = [f"{method} generating its answers token by token (greedy; M = {num_steps}):"]
     for mode, d in decoding.items():
         lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
                      f"positions per token, {d['seconds']:.1f} s")
     fixed, adaptive = decoding.get("fixed"), decoding.get("adaptive")
-    if fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:
+    if visibility == "private":
+        lines.append("  (private pauses: no token reads another token's pauses, so adaptive mode makes fixed "
+                     "mode's decisions and runs a pause only where the model asks for one)")
+    elif fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:
         saved = fixed["positions_per_token"] / max(adaptive["positions_per_token"], 1e-9)
         lines.append(f"  (adaptive mode feeds a pause only after <don't know>: here it keeps the exact match "
                      f"with {saved:.1f}x fewer positions per token)")

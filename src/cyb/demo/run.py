@@ -271,6 +271,7 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
         results[method] = {**score, "train_seconds": train_s,
                            "num_parameters": model.num_parameters(),
                            "num_steps": model.num_steps, "recipe": cfg.method.recipe,
+                           "pause_visibility": model.pause_visibility,
                            "run_dir": configs[method]["train"]["out_dir"]}
         echo(present.score_line(method, score, train_s))
         if methods.spec(method).has_dk:

@@ -17,7 +17,7 @@ DEFAULT_METHODS = (*DEMO_METHODS, "cyb_decoupled")
 #: Method fields a demo may set per method (``DemoSettings.method_options``); the rest of a run's
 #: method section follows from the demo settings.
 METHOD_OPTIONS = ("omega", "gamma", "gamma0", "gamma0_anneal_steps", "psi_dk", "recipe", "aux_weight", "ponder_cost",
-                  "rho", "alpha")
+                  "rho", "alpha", "pause_visibility")
 
 
 def demo_method(name: str) -> bool:
@@ -83,6 +83,9 @@ class DemoSettings:
     0.5 let cyb_decoupled learn in the demo's search)."""
     gamma0: float | None = None
     """CYB's discount gamma_i = gamma0^(i-1) (None: no discount)."""
+    pause_visibility: str = "shared"
+    """What later tokens see of a token's pauses, for every method with pauses: shared (the
+    paper's layout) or private (cyb.visibility); method_options may set it per method."""
     num_train_examples: int = 20000
     """Training examples drawn (disjoint from the test prompts)."""
     num_test_examples: int = 1000
@@ -186,7 +189,8 @@ def run_config(s: DemoSettings, method: str):
     from ..config import RunConfig
 
     run_dir = Path(s.out_dir) / "runs" / method
-    me = {"name": method, "num_steps": s.num_steps, "psi_dk": s.psi_dk}
+    me = {"name": method, "num_steps": s.num_steps, "psi_dk": s.psi_dk,
+          "pause_visibility": s.pause_visibility}
     if methods.spec(method).has_dk and s.gamma0 is not None:
         me["gamma0"] = s.gamma0
     me.update(s.method_options.get(method) or {})

@@ -19,7 +19,7 @@ import torch
 from ..analysis.records import RecordCollector, TokenRecords
 from ..config import MethodConfig
 from ..layout import collapse
-from ..objective import Objective, use_fused
+from ..objective import Objective, run_model, use_fused
 from ..readout import readout
 from ..runtime import autocast
 from ..train import EVAL_SEED_STEP, row_seed
@@ -30,7 +30,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 def _block_terms(model, prep, vocab, dk_bias: float, fused: bool):
     """``(log_t, log_d, log_not_d)`` as ``[B, L, M]`` of a prepared block batch."""
-    hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
+    hidden = run_model(model, prep)
     b, t, h = hidden.shape
     if fused:
         from ..kernels import fused_readout
@@ -116,7 +116,7 @@ def collect_records(
             batch = {k: v.to(device) for k, v in batch.items()}
             with autocast(device, precision):
                 if flat:
-                    hidden, _ = model.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask)
+                    hidden = run_model(model, prep)
                     lt = readout(model.logits(hidden), prep.labels)[0]
                     n = collector.add_flat(prep.input_ids, prep.labels, lt, rows=rows)
                     nll -= float(lt[prep.labels != -100].double().sum())

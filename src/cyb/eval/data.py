@@ -61,7 +61,7 @@ class EvalData:
         rows), CPU tensors, in a fixed order."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        rows = self._synthetic_batches(batch_size) if self.kind == "synthetic" else \
+        rows = self._synthetic_batches(batch_size, tokenizer) if self.kind == "synthetic" else \
             self._text_batches(tokenizer, batch_size)
         left = self.max_rows
         for batch in rows:
@@ -72,10 +72,10 @@ class EvalData:
                 left -= next(iter(batch.values())).shape[0]
             yield batch
 
-    def _synthetic_batches(self, batch_size: int) -> Iterator[dict]:
+    def _synthetic_batches(self, batch_size: int, tokenizer=None) -> Iterator[dict]:
         from ..run_data import synthetic_sets
 
-        _, valid = synthetic_sets(self.config)
+        _, valid = synthetic_sets(self.config, tokenizer)
         rows = {"ids": valid.ids, "attention_mask": valid.attention_mask, "loss_mask": valid.loss_mask}
         n = rows["ids"].shape[0]
         for s in range(0, n, batch_size):

@@ -58,6 +58,8 @@ class EvalTarget:
             return method_label(self.config.method)
         from ..model.settings import PauseSettings
 
+        if not (self.model_dir / SETTINGS_FILE).is_file():  # a plain model: a no-pause baseline
+            return method_label(MethodConfig(name="baseline", num_steps=1))
         s = PauseSettings.load(self.model_dir)
         return method_label(_method_from_settings(s))
 
@@ -68,8 +70,12 @@ def _is_run(path: Path) -> bool:
 
 def resolve_target(path: str | os.PathLike) -> EvalTarget:
     """A run folder (``config.yaml`` + ``final/``), a run's ``final/`` folder, or a saved model
-    folder (``cyb_pause.json``).  Raises FileNotFoundError / ValueError naming the path."""
-    p = Path(path).expanduser()
+    folder (``cyb_pause.json``); also a plain model folder, a ``.gguf`` file or a known model's
+    name (``smollm2-135m``), evaluated as a no-pause baseline.  Raises FileNotFoundError /
+    ValueError naming the path."""
+    from ..model.sources import plain_model_kwargs, resolve_model_source
+
+    p = Path(resolve_model_source(str(path))).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist (give a run folder or a saved cyb model folder)")
     if not p.is_dir():
@@ -83,6 +89,8 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
         parent = p.parent
         if p.name == "final" and _is_run(parent):
             return EvalTarget(p, p, parent, RunConfig.load_run(parent))
+        return EvalTarget(p, p)
+    if plain_model_kwargs(p):
         return EvalTarget(p, p)
     raise ValueError(f"{p} is neither a run folder (config.yaml and final/ written by cyb train) nor a saved "
                      f"cyb model ({SETTINGS_FILE})")
@@ -120,8 +128,10 @@ def load_model(target: EvalTarget, *, device: str = "auto", dtype: str | None = 
         dtype = cfg.model.dtype
     attn = cfg.model.attn_implementation if cfg is not None else None
     dev = resolve_device(device, what="--device")
+    from ..model.sources import plain_model_kwargs
+
     model = PauseModel.from_pretrained(target.model_dir, torch_dtype=DTYPES.get(dtype or "auto"),
-                                       attn_implementation=attn)
+                                       attn_implementation=attn, **plain_model_kwargs(target.model_dir))
     return model.to(dev).eval()
 
 
@@ -298,6 +308,10 @@ def format_summary(metrics: dict) -> str:
     if ref:
         lines.append(f"relative improvement vs {ref['name']} (perplexity {ref['ppl']:.4f}): "
                      f"{metrics['relative_improvement_pct']:+.2f}%" + (f"  [{ref['warning']}]" if ref.get("warning") else ""))
+    if metrics.get("task"):
+        from .task_scores import format_task
+
+        lines.append(format_task(metrics["task"]))
     lat = metrics.get("latency")
     if lat:
         lines.append(f"latency: mean E[S] {lat['mean_steps']:.3f} steps ({lat['mean_pauses']:.3f} pauses); "
@@ -401,6 +415,10 @@ def evaluate(
     }
     metrics.update(analyse(records, method, has_dk=has_dk, tokenizer=tokenizer, min_count=min_count,
                            top_k=top_k, attribution=attribution))
+    if spec.kind == "synthetic":  # exact match of the greedy answers
+        from .task_scores import score_task
+
+        metrics["task"] = score_task(model, spec.config, tokenizer, max_rows=spec.max_rows)
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

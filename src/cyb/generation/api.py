@@ -413,9 +413,10 @@ def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepRe
                 decoder.keep(keep)  # finished rows leave the batch, cache included
                 active = [active[j] for j in keep]
             out = decoder.step()
-        for i in active:
+        per_row = getattr(decoder, "last_positions", None)  # positions that differ by row
+        for j, i in enumerate(active):
             if not rows[i].finished:
-                rows[i].result.positions += decoder.positions_per_step
+                rows[i].result.positions += per_row[j] if per_row is not None else decoder.positions_per_step
     return [row.result for row in rows]
 
 

@@ -15,6 +15,12 @@ sampled, fixed or adaptive mode); they differ in speed and in the models they su
 * ``auto`` (the default of every caller, :data:`DEFAULT`): the first of :data:`AUTO_ORDER` that
   can run the model -- ``graph`` on CUDA where the model supports a static cache, else ``eager``.
 
+Models with private pauses (:mod:`cyb.visibility`) keep real tokens only in the cache:
+``eager`` builds :mod:`cyb.generation.private`'s decoders (``one_position`` there means: run
+pauses only for the rows that ask for them), ``graph`` and ``static``
+:class:`~cyb.generation.static.StaticPrivateDecoder`; fixed and adaptive mode then make the
+same decisions.
+
 Within a decoder the mode picks the class.  Fixed mode has one; adaptive mode feeds either whole
 blocks (the token and its ``M - 1`` pauses, the steps after the stop step masked out: one forward
 per real token, greedy only) or one position per step.  ``one_position`` forces that choice;
@@ -35,8 +41,9 @@ from typing import Callable
 
 from ..model import hf
 from .decoders import AdaptiveDecoder, BlockAdaptiveDecoder, FixedDecoder, StepReadout
+from .private import private_decoder
 from .static import StaticAdaptiveDecoder, StaticBlockAdaptiveDecoder, StaticCacheOptions
-from .static import StaticFixedDecoder, unsupported_reason
+from .static import StaticFixedDecoder, StaticPrivateDecoder, unsupported_reason
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class Decoder:
 
 def _eager(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position=None,
            cache_options=None):
+    if model.pause_visibility == "private":  # a cache of real tokens (cyb.generation.private)
+        return private_decoder(model, ids, mask, readout, mode=mode, sparse=one_position)
     if mode == "fixed":
         return FixedDecoder(model, ids, mask, readout)
     if one_position is None:
@@ -75,6 +84,9 @@ def _eager(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position
 def _static(cuda_graph: bool):
     def build(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position=None,
               cache_options=None):
+        if model.pause_visibility == "private":  # one slot per real token, both modes
+            return StaticPrivateDecoder(model, ids, mask, readout, max_new_tokens=max_new_tokens,
+                                        cuda_graph=cuda_graph, cache_options=cache_options, mode=mode)
         if mode == "fixed":
             cls = StaticFixedDecoder
         else:

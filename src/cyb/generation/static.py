@@ -145,7 +145,7 @@ def unsupported_reason(model) -> str | None:
     if hf.has_sliding_window(model.config):
         return "the model has sliding-window layers (static decoding supports full attention only)"
     impl = hf.attention_of(model.hf_model)
-    if impl not in (None, "sdpa", "eager"):
+    if impl not in (None, "sdpa", "eager", hf.PAUSE_ATTENTION):
         return f"static decoding needs sdpa or eager attention, the model uses {impl!r}"
     return None
 
@@ -239,6 +239,12 @@ class _StaticDecoder:
     width = 0
     #: positions each row feeds per step
     positions_per_step = 1
+    #: cache slots each step leaves written for later steps (None: positions_per_step)
+    slots_per_step: int | None = None
+
+    @property
+    def _slot_advance(self) -> int:
+        return self.positions_per_step if self.slots_per_step is None else self.slots_per_step
 
     # ------------------------------------------------------------------ pieces
     def _forward(self, input_ids, position_ids, slots) -> torch.Tensor:
@@ -337,7 +343,7 @@ class _StaticDecoder:
         else:
             self.cache.limit = needed
             out = self._step_body()
-        self.cache.length += self.positions_per_step
+        self.cache.length += self._slot_advance
         self.steps_taken += 1
         return out
 
@@ -498,3 +504,60 @@ class StaticBlockAdaptiveDecoder(StaticFixedDecoder):
         self._rewind(out.steps)
         return out
 
+
+class StaticPrivateDecoder(StaticFixedDecoder):
+    """Private pauses on a static cache: the cache holds one slot per real token.  Each step
+    writes a row's token and its ``M - 1`` pauses at slots ``n .. n + M - 1``, where ``n`` is
+    the token's own slot, attends causally over the slots (the cached real tokens, then the
+    block), and moves ``n`` on by one: the next token overwrites the pauses.  The prompt pass
+    runs the prompt's real tokens and the last one's pauses.  Fixed and adaptive mode make the
+    same decisions (greedy or sampled: :mod:`cyb.generation.private` says why); adaptive mode
+    reports ``d`` only up to the stop step."""
+
+    slots_per_step = 1
+
+    def __init__(self, model, ids, mask, readout=None, *, max_new_tokens, cuda_graph=None,
+                 cache_options=None, mode: str = "fixed") -> None:
+        if model.pause_visibility != "private":
+            raise ValueError("StaticPrivateDecoder needs a model with private pauses")
+        super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
+                         cache_options=cache_options)
+        self.mode = mode
+        self.step_in_block = torch.arange(self.m, device=self.device)
+
+    def _prompt_steps(self) -> int:
+        return self.ids.shape[1] + self.m - 1
+
+    def _decode_slots(self) -> int:
+        # one slot per decided token, the block's M, and two steps of capture warm-up
+        return self.max_new_tokens + self.m + 2
+
+    def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
+        out = super()._decide(block_hidden)
+        return cut_block(out, self.step_in_block)[1] if self.mode == "adaptive" else out
+
+    def start(self) -> StepOutput:
+        from .private import private_prompt
+
+        input_ids, pos, valid, next_pos = private_prompt(self.ids, self.mask, self.vocab)
+        t, p = input_ids.shape[1], self.ids.shape[1]
+        self.valid[:, :t] = valid
+        self.cache.limit = self._limit_for(t)
+        hidden = self._forward(input_ids, pos, torch.arange(t, device=self.device))
+        self.cache.length = p  # the last token's pauses are overwritten by the first new block
+        self.prompt_positions = valid.sum(-1)
+        self._draw()
+        return self._first(hidden, next_pos, p)
+
+    def _step_body(self) -> StepOutput:
+        hidden = self._forward(self.step_ids, self.step_pos, self.slots)
+        out = self._decide(hidden)
+        self.step_ids[:, 0].copy_(out.token)
+        self._clamp(self.step_pos.add_(self.pos_increment))
+        self.slots.add_(1)
+        return out
+
+    def _check_room(self) -> None:
+        if self.steps_taken + 1 >= self.max_new_tokens:
+            raise RuntimeError(f"max_new_tokens = {self.max_new_tokens} decisions already made "
+                               "(the cache is sized for them)")

@@ -60,7 +60,8 @@ def score_batch(model, pairs: Sequence[tuple[list[int], list[int]]], *, max_leng
     ids, mask = left_pad(inputs, device)
     length, m = ids.shape[1], model.num_steps
     layout = expand(ids, model.vocab, attention_mask=mask)
-    hidden, _ = model.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask)
+    hidden, _ = model.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask,
+                                    steps=layout.steps)
     blocks = collapse(hidden, m)  # [B, L, M, H]
     lens = torch.tensor([len(pairs[j][1]) for j in live], device=device)
     rows = torch.repeat_interleave(torch.arange(len(live), device=device), lens)

@@ -27,11 +27,14 @@ import inspect
 import torch
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+#: the attention implementation :mod:`cyb.model.attention` gives models with private pauses
+#: (sdpa, and FlexAttention for block-sparse masks)
+PAUSE_ATTENTION = "cyb_sdpa"
 
 
 def check_attention(impl: str | None) -> None:
     """Raise unless ``impl`` is None (the library default: sdpa, else eager) or supported."""
-    if impl is None or impl in SUPPORTED_ATTENTION:
+    if impl is None or impl in SUPPORTED_ATTENTION or impl == PAUSE_ATTENTION:
         return
     hint = ""
     if "flash" in str(impl):
@@ -45,6 +48,11 @@ def check_attention(impl: str | None) -> None:
 def attention_of(hf_model) -> str | None:
     """The attention implementation the model runs with (``config._attn_implementation``)."""
     return getattr(hf_model.config, "_attn_implementation", None)
+
+
+def is_eager(hf_model) -> bool:
+    """Whether the model runs eager attention (additive masks) rather than sdpa (bool masks)."""
+    return attention_of(hf_model) == "eager"
 
 
 def text_config(config):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..layout import POSITION_SCHEMES, PauseVocab
 from ..readout import DEFAULT_PSI_DK, dk_logit_bias
+from ..visibility import DEFAULT_VISIBILITY, VISIBILITIES
 
 SETTINGS_FILE = "cyb_pause.json"
 #: Written by ``cyb train`` beside a final model: the step and epochs it was trained for.
@@ -56,6 +57,9 @@ class PauseSettings:
         pause_tokens: the token strings of ``pause_ids`` (same length), or ``()`` when the
             ids were reserved without a tokenizer.
         dk_token: the token string of ``dk_id``, or None.
+        pause_visibility: what later tokens see of a token's pauses (:mod:`cyb.visibility`):
+            ``"shared"`` (the paper's layout: everything) or ``"private"`` (nothing: each
+            token's pauses are seen only by its own later steps).
         format_version: version of this file format.
     """
 
@@ -68,6 +72,7 @@ class PauseSettings:
     method: str = "cyb"
     pause_tokens: tuple[str, ...] = ()
     dk_token: str | None = None
+    pause_visibility: str = DEFAULT_VISIBILITY
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -106,6 +111,8 @@ class PauseSettings:
             )
         if not isinstance(self.method, str) or not self.method:
             raise ValueError(f"method must be a non-empty string label, got {self.method!r}")
+        if self.pause_visibility not in VISIBILITIES:
+            raise ValueError(f"pause_visibility must be one of {VISIBILITIES}, got {self.pause_visibility!r}")
         self.vocab()  # validates M, the ids, their range and collisions
 
     # ------------------------------------------------------------------ derived views
@@ -185,11 +192,13 @@ class PauseSettings:
 # ------------------------------------------------------------------ set-up arguments
 
 
-def resolve_arguments(num_steps, use_dk, psi_dk, position_scheme, method):
-    """Fill in the defaults of the set-up arguments: ``(M, use_dk, psi_dk, scheme, method)``.
+def resolve_arguments(num_steps, use_dk, psi_dk, position_scheme, method, pause_visibility=DEFAULT):
+    """Fill in the defaults of the set-up arguments:
+    ``(M, use_dk, psi_dk, scheme, method, visibility)``.
 
     ``use_dk`` defaults to ``M > 1``, ``psi_dk`` to 0.9 (None without dk), the scheme to
-    ``"shared"``, the method label to ``"cyb"`` / ``"tbys"`` / ``"baseline"``.
+    ``"shared"``, the method label to ``"cyb"`` / ``"tbys"`` / ``"baseline"``, the pause
+    visibility to ``"shared"``.
     """
     if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
         raise ValueError(f"num_steps (M) must be an integer >= 1, got {num_steps!r}")
@@ -209,7 +218,10 @@ def resolve_arguments(num_steps, use_dk, psi_dk, position_scheme, method):
         raise ValueError(f"psi_dk (the dk prior probability) must lie in (0, 1) or be None, got {psi_dk!r}")
     if not isinstance(method, str) or not method:
         raise ValueError(f"method must be a non-empty string label, got {method!r}")
-    return num_steps, use_dk, (psi_dk if use_dk else None), position_scheme, method
+    pause_visibility = DEFAULT_VISIBILITY if pause_visibility is DEFAULT else pause_visibility
+    if pause_visibility not in VISIBILITIES:
+        raise ValueError(f"pause_visibility must be one of {VISIBILITIES}, got {pause_visibility!r}")
+    return num_steps, use_dk, (psi_dk if use_dk else None), position_scheme, method, pause_visibility
 
 
 def agrees(saved: PauseSettings, **given) -> bool:
@@ -229,6 +241,7 @@ def check_agrees(saved: PauseSettings, where, **given) -> None:
         "psi_dk": saved.psi_dk,
         "position_scheme": saved.position_scheme,
         "method": saved.method,
+        "pause_visibility": saved.pause_visibility,
     }
     for key, value in given.items():
         if value is DEFAULT or (value is None and key in ("num_steps", "method")):

@@ -7,6 +7,7 @@ positions and an explicit attention mask (see :mod:`cyb.model.hf` for why).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from safetensors import SafetensorError
 from ..checkpoint import DamagedFileError, _short
 from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
 from ..readout import readout
-from . import hf
+from ..visibility import BlockSteps, inverse_order, reorder
+from . import attention, hf
 from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
                       save_tokenizer)
 from .lora import check_lora_folder, is_lora, load_adapter_model, lora_folder, save_adapter
@@ -86,7 +88,12 @@ class PauseModel(torch.nn.Module):
             )
         if tokenizer is not None:
             check_tokenizer(tokenizer, settings)
+        if settings.pause_visibility != "shared":
+            attention.use_pause_attention(hf_model)  # FlexAttention for block-sparse masks on CUDA
         self.hf_model = hf_model
+        #: how masks other than shared pauses run: "auto" (block-sparse FlexAttention on CUDA,
+        #: dense elsewhere), "dense" or "flex" (:mod:`cyb.model.attention`)
+        self.pause_kernel = "auto"
         self._settings = settings
         self._vocab = settings.vocab()
         self._tokenizer = tokenizer
@@ -104,6 +111,7 @@ class PauseModel(torch.nn.Module):
         psi_dk=DEFAULT,
         position_scheme=DEFAULT,
         method: str | None = None,
+        pause_visibility=DEFAULT,
         reuse_unused: bool = True,
         new_rows: str = "mean",
     ) -> "PauseModel":
@@ -125,9 +133,11 @@ class PauseModel(torch.nn.Module):
             position_scheme: ``"shared"`` (default) or ``"advance"``.
             method: label stored in the settings (default ``"cyb"`` with dk, ``"tbys"`` with
                 pauses only, ``"baseline"`` for ``M = 1``).
+            pause_visibility: ``"shared"`` (default, the paper's layout) or ``"private"``
+                (:mod:`cyb.visibility`).
         """
-        m, use_dk, psi_dk, scheme, method = resolve_arguments(
-            num_steps, use_dk, psi_dk, position_scheme, method)
+        m, use_dk, psi_dk, scheme, method, visibility = resolve_arguments(
+            num_steps, use_dk, psi_dk, position_scheme, method, pause_visibility)
         hf.check_attention(hf.attention_of(hf_model))
         hf.check_position_ids(hf.decoder_of(hf_model))
         rows = int(hf_model.get_input_embeddings().weight.shape[0])
@@ -144,6 +154,7 @@ class PauseModel(torch.nn.Module):
             method=method,
             pause_tokens=plan.pause_tokens,
             dk_token=plan.dk_token,
+            pause_visibility=visibility,
         )
         return cls(hf_model, settings, tokenizer)
 
@@ -157,6 +168,7 @@ class PauseModel(torch.nn.Module):
         psi_dk=DEFAULT,
         position_scheme=DEFAULT,
         method: str | None = None,
+        pause_visibility=DEFAULT,
         tokenizer=None,
         torch_dtype=None,
         attn_implementation: str | None = None,
@@ -164,7 +176,8 @@ class PauseModel(torch.nn.Module):
         reconfigure: bool = False,
         **hf_kwargs,
     ) -> "PauseModel":
-        """Load a causal LM (hub name or folder) as a pause model, in eval mode (as Hugging
+        """Load a causal LM (hub name, folder, GGUF file or a known model's short name such as
+        ``smollm2-135m``; see :mod:`cyb.model.sources`) as a pause model, in eval mode (as Hugging
         Face's ``from_pretrained``; call ``.train()`` to train it).
 
         A folder (or repository) with ``cyb_pause.json`` is a saved pause model: its settings
@@ -186,13 +199,17 @@ class PauseModel(torch.nn.Module):
             reconfigure: a saved pause model whose settings differ from the arguments given
                 here (e.g. a no-pause base model fine-tuned with CYB) gets the requested
                 settings, its existing pause/dk tokens reused where present, instead of an
-                error.
+                error.  Only the pause visibility differing: the saved ids are kept and the
+                visibility replaced.
             **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``revision``,
                 ``local_files_only``, ...).
         """
         from transformers import AutoModelForCausalLM
 
+        from .sources import resolve_model_source
+
         hf.check_attention(attn_implementation)
+        name_or_path = resolve_model_source(name_or_path)  # a .gguf file or a short name: its folder
         adapter = lora_folder(name_or_path, hf_kwargs)
         if adapter is None:
             check_model_folder(name_or_path, hf_kwargs)  # a damaged file: one error naming it
@@ -202,13 +219,15 @@ class PauseModel(torch.nn.Module):
         saved = PauseSettings.load(settings_file) if settings_file is not None else None
         if adapter is not None and saved is None:
             raise ValueError(f"{adapter} is a LoRA folder without {SETTINGS_FILE}: it is not a saved pause model")
-        if saved is not None and reconfigure and num_steps is not None and not agrees(
-                saved, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
-                position_scheme=position_scheme, method=method):
+        given = dict(num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk, position_scheme=position_scheme,
+                     method=method)
+        if saved is not None and reconfigure and num_steps is not None and not agrees(saved, **given):
             saved = None  # fine-tune a saved pause model with other pause settings
+        if (saved is not None and reconfigure and pause_visibility is not DEFAULT
+                and pause_visibility != saved.pause_visibility):
+            saved = dataclasses.replace(saved, pause_visibility=pause_visibility)
         if saved is not None:
-            check_agrees(saved, settings_file, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
-                          position_scheme=position_scheme, method=method)
+            check_agrees(saved, settings_file, pause_visibility=pause_visibility, **given)
         elif num_steps is None:
             raise ValueError(
                 f"num_steps (M) is required: {name_or_path!s} has no cyb_pause.json (it is not a "
@@ -235,7 +254,7 @@ class PauseModel(torch.nn.Module):
             return cls(hf_model, saved, tokenizer).eval()
         return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
                            position_scheme=position_scheme, method=method,
-                           reuse_unused=reuse_unused).eval()
+                           pause_visibility=pause_visibility, reuse_unused=reuse_unused).eval()
 
     @classmethod
     def from_config(
@@ -248,6 +267,7 @@ class PauseModel(torch.nn.Module):
         psi_dk=DEFAULT,
         position_scheme=DEFAULT,
         method: str | None = None,
+        pause_visibility=DEFAULT,
         torch_dtype=None,
         attn_implementation: str | None = None,
         reuse_unused: bool = True,
@@ -268,7 +288,8 @@ class PauseModel(torch.nn.Module):
             hf_config, attn_implementation=attn_implementation, **hf.dtype_kwargs(torch_dtype)
         )
         return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
-                           position_scheme=position_scheme, method=method, reuse_unused=reuse_unused,
+                           position_scheme=position_scheme, method=method,
+                           pause_visibility=pause_visibility, reuse_unused=reuse_unused,
                            new_rows=new_rows)
 
     # ================================================================== persistence
@@ -320,6 +341,11 @@ class PauseModel(torch.nn.Module):
     @property
     def num_steps(self) -> int:
         return self._settings.num_steps
+
+    @property
+    def pause_visibility(self) -> str:
+        """``"shared"`` or ``"private"`` (:mod:`cyb.visibility`)."""
+        return self._settings.pause_visibility
 
     @property
     def dk_bias(self) -> float:
@@ -396,6 +422,7 @@ class PauseModel(torch.nn.Module):
         past_key_values=None,
         use_cache: bool = False,
         check_positions: bool = True,
+        steps: BlockSteps | None = None,
     ) -> tuple[torch.Tensor, object | None]:
         """Last hidden states of the decoder, with explicit positions and attention mask.
 
@@ -406,12 +433,18 @@ class PauseModel(torch.nn.Module):
                 cached steps and the new ones; None means nothing is padded.  Or a ready 4-D
                 mask ``[B, 1, T, P + T]`` (bool for sdpa, additive for eager attention), passed
                 to the decoder as it is: no query row may be all masked.  Models with
-                sliding-window layers need the 2-D form.
+                sliding-window layers need the 2-D form, or (pauses not shared) a dict of
+                4-D masks per layer type that applies the windows
+                (:func:`cyb.model.attention.dense_masks`).
             past_key_values: a cache (e.g. :meth:`new_cache`) holding ``P`` earlier steps; it is
                 extended in place with the new ones.
             use_cache: return a cache (a new one when ``past_key_values`` is None).
             check_positions: check the position ids against ``max_position_embeddings`` (a
                 host read of the device tensor; decode loops check their positions up front).
+            steps: the layout's blocks (:class:`cyb.visibility.BlockSteps`, e.g.
+                ``Expanded.steps``): required, without a cache, by a model whose pauses are not
+                shared, which then builds its own mask from them and ``attention_mask`` (2-D)
+                and ignores nothing else; unused by shared models.
 
         Returns:
             ``(hidden [B, T, H] in the model dtype, cache or None)``.  Steps that are padding
@@ -432,14 +465,16 @@ class PauseModel(torch.nn.Module):
                 f"{tuple(position_ids.shape)}"
             )
         past = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
-        four_d = attention_mask is not None and attention_mask.dim() == 4
+        per_layer = isinstance(attention_mask, dict)
+        four_d = per_layer or (attention_mask is not None and attention_mask.dim() == 4)
         if attention_mask is None:
             attention_mask = torch.ones((b, past + t), dtype=torch.long, device=input_ids.device)
         elif four_d:
-            if tuple(attention_mask.shape) != (b, 1, t, past + t):
-                raise ValueError(f"a 4-D attention_mask must have shape [B, 1, T, cached + new] = "
-                                 f"[{b}, 1, {t}, {past + t}], got {tuple(attention_mask.shape)}")
-            if hf.has_sliding_window(self.config):
+            for mask in (attention_mask.values() if per_layer else [attention_mask]):
+                if tuple(mask.shape) != (b, 1, t, past + t):
+                    raise ValueError(f"a 4-D attention_mask must have shape [B, 1, T, cached + new] = "
+                                     f"[{b}, 1, {t}, {past + t}], got {tuple(mask.shape)}")
+            if not per_layer and hf.has_sliding_window(self.config) and self.pause_visibility == "shared":
                 raise ValueError("this model has sliding-window layers: give a 2-D attention_mask")
         elif tuple(attention_mask.shape) != (b, past + t):
             raise ValueError(
@@ -448,6 +483,11 @@ class PauseModel(torch.nn.Module):
             )
         if check_positions:
             hf.check_positions(position_ids, self.config)
+        if self.pause_visibility != "shared" and past_key_values is None and not use_cache and not four_d:
+            if steps is None:
+                raise ValueError(f"this model's pauses are {self.pause_visibility}: give the layout's "
+                                 "steps (steps=...) or a ready 4-D attention mask")
+            return self._pause_masked(input_ids, position_ids.expand(b, t), steps), None
         lead = None
         if past_key_values is None and not use_cache and not four_d:
             input_ids, position_ids, attention_mask, lead = hf.padding_last(
@@ -466,6 +506,33 @@ class PauseModel(torch.nn.Module):
         if use_cache or past_key_values is not None:
             cache = past_key_values if past_key_values is not None else hf.cache_of(out)
         return hidden, cache
+
+    def _pause_masked(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                      steps: BlockSteps) -> torch.Tensor:
+        """Hidden states under private pauses: block-sparse FlexAttention over
+        the real-first order on CUDA, a dense 4-D mask in the layout's order elsewhere (and for
+        eager attention)."""
+        visibility = self.pause_visibility
+        steps = steps.to(input_ids.device)
+        if self.pause_kernel not in ("auto", "dense", "flex"):
+            raise ValueError(f"pause_kernel must be auto, dense or flex, got {self.pause_kernel!r}")
+        can_flex = hf.attention_of(self.hf_model) == hf.PAUSE_ATTENTION
+        if self.pause_kernel == "flex" and not can_flex:
+            raise ValueError("pause_kernel='flex' needs sdpa attention and a torch with FlexAttention")
+        flex = can_flex and (self.pause_kernel == "flex"
+                             or (self.pause_kernel == "auto" and input_ids.device.type == "cuda"))
+        if not flex:
+            additive = self.dtype if hf.is_eager(self.hf_model) else None
+            mask = attention.dense_masks(steps, visibility, position_ids, self.config,
+                                         additive_dtype=additive)
+            out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                               use_cache=False, **{self._cache_arg: None})
+            return out.last_hidden_state
+        order, mask = attention.flex_layout(steps, visibility, position_ids, self.config)
+        out = self.decoder(input_ids=reorder(input_ids, order), attention_mask=mask,
+                           position_ids=reorder(position_ids, order), use_cache=False,
+                           **{self._cache_arg: None})
+        return reorder(out.last_hidden_state, inverse_order(order))
 
     def output_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(weight [V, H], bias [V] or None)`` such that
@@ -520,7 +587,8 @@ class PauseModel(torch.nn.Module):
         m = self.num_steps
         layout = expand(ids, self._vocab, attention_mask=attention_mask, loss_mask=loss_mask,
                         check_ids=check_ids)
-        hidden, _ = self.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask)
+        hidden, _ = self.hidden_states(layout.input_ids, layout.position_ids, layout.attention_mask,
+                                       steps=layout.steps)
         logits = self.logits(hidden)
         log_t, log_d, log_not_d = readout(logits, layout.labels, dk_id=self._settings.dk_id,
                                           dk_bias=self._dk_bias)

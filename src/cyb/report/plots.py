@@ -188,3 +188,52 @@ def steps_per_position_figure(metrics: dict, path: str | Path) -> Path:
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 4), frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return _save(fig, path)
+
+
+def visibility_masks(path: str | Path, masks: dict, labels: Sequence[str]) -> Path:
+    """Attention masks side by side: ``masks`` maps a title to a ``[T, T]`` boolean nested list
+    (query rows, key columns), ``labels`` names the ``T`` positions (``x1``, ``p1``, ...)."""
+    n = len(masks)
+    t = len(labels)
+    fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.6), squeeze=False)
+    for ax, (title, mask) in zip(axes[0], masks.items()):
+        ax.imshow([[1.0 if v else 0.0 for v in row] for row in mask], cmap="Blues", vmin=0, vmax=1.25)
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(t), labels, fontsize=7, rotation=90)
+        ax.set_yticks(range(t), labels, fontsize=7)
+        ax.set_xlabel("key (attended to)", fontsize=8)
+        for k in range(1, t):  # block boundaries
+            if labels[k].startswith("x"):
+                ax.axvline(k - 0.5, color="0.6", linewidth=0.5)
+                ax.axhline(k - 0.5, color="0.6", linewidth=0.5)
+    axes[0][0].set_ylabel("query (attending)", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def quality_compute(path: str | Path, panels: dict) -> Path:
+    """Held-out perplexity against network forwards per real token, one panel per setting.
+
+    ``panels`` maps a title to points ``{"label", "forwards", "ppl", "ppl_sd" (or None),
+    "method", "exact"}``: ``forwards`` is 1 for a baseline, ``M`` for TBYS and fixed-mode
+    decoding, ``E[S]`` for CYB decoded adaptively; ``exact`` False marks an ``E[S]`` that
+    adaptive decoding does not reach exactly (shared pauses: the contexts differ from
+    training's), drawn hollow.
+    """
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.0), squeeze=False)
+    for ax, (title, points) in zip(axes[0], panels.items()):
+        markers = "osD^vP*Xh"
+        for i, p in enumerate(points):
+            colour, _ = _method_style(p["method"])
+            face = colour if p.get("exact", True) else "white"
+            ax.errorbar(p["forwards"], p["ppl"], yerr=p.get("ppl_sd") or None, fmt=markers[i % len(markers)],
+                        ms=7, color=colour, mfc=face, capsize=3, label=p["label"])
+        ax.legend(fontsize=7, loc="best")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("network forwards per real token")
+        ax.set_xlim(0.8, max(p["forwards"] for p in points) + 0.8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out perplexity")
+    fig.tight_layout()
+    return _save(fig, path)

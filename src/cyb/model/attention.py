@@ -1,0 +1,258 @@
+"""Attention masks for private pauses (:mod:`cyb.visibility`).
+
+Two ways to run the same mask:
+
+* **Dense** (:func:`dense_masks`, the reference; what the CPU uses): a ``[B, 1, T, T]`` mask in
+  the layout's own order, bool for sdpa and additive for eager attention, passed to the decoder
+  as a ready 4-D mask.
+* **Block-sparse** (:func:`flex_masks`, CUDA): the row is reordered real tokens first
+  (:func:`cyb.visibility.real_first_order`) and run through FlexAttention with a ``BlockMask``,
+  which skips every tile that no query attends to.  Under private pauses a row of ``L`` real
+  tokens and ``M`` steps then costs about ``M L^2 / 2`` attention products, against
+  ``(M L)^2 / 2`` for the paper's shared layout.
+
+The decoder must route a ``BlockMask`` to FlexAttention and any other mask to its usual kernel:
+:func:`use_pause_attention` gives a model whose attention is sdpa the registered attention
+implementation :data:`PAUSE_ATTENTION` that does exactly that (through ``transformers``'
+``AttentionInterface``, the library's extension point; nothing is patched).  The switch is
+permanent for the model object, so that activation checkpointing, which recomputes layers in
+backward, sees the same kernel choice.
+
+Models with sliding-window layers get one mask per layer type (a dict keyed
+``"full_attention"`` / ``"sliding_attention"``, as the Gemma 2/3 and Qwen 2/3 decoders accept);
+the window is measured in positions, so under private pauses it spans as many real tokens as
+the base model's.  A model whose every layer slides (Mistral with a window) gets the sliding
+mask alone.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import visibility as vis
+from . import hf
+
+PAUSE_ATTENTION = hf.PAUSE_ATTENTION
+#: FlexAttention tiles on CUDA: 64 x 64 ran the private mask's forward and backward faster
+#: than the defaults on an H200 (benchmarks/flex_variants.py)
+KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64}
+
+
+@functools.lru_cache(maxsize=None)
+def _registered() -> bool:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(PAUSE_ATTENTION, _pause_attention)
+    AttentionMaskInterface.register(PAUSE_ATTENTION, sdpa_mask)
+    return True
+
+
+def flex_available() -> bool:
+    """Whether this torch has FlexAttention."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _block_mask_type():
+    try:
+        from torch.nn.attention.flex_attention import BlockMask
+    except ImportError:
+        return None
+    return BlockMask
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_kernel(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+
+
+def _pause_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                     scaling: float | None = None, **kwargs):
+    """sdpa, except that a ``BlockMask`` runs FlexAttention (same contract as the
+    ``transformers`` attention functions: ``(output [B, T, heads, dim], None)``)."""
+    block_mask_type = _block_mask_type()
+    if block_mask_type is None or not isinstance(attention_mask, block_mask_type):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if dropout and module.training:
+        raise ValueError("private pauses on CUDA run FlexAttention, which has no attention dropout: "
+                         "set the model's attention_dropout to 0")
+    if kwargs.get("softcap") is not None:
+        raise ValueError("attention logit softcapping is not supported with FlexAttention here")
+    heads, kv_heads = query.shape[1], key.shape[1]
+    gqa = heads != kv_heads
+    if gqa and heads & (heads - 1):  # the kernel wants a power-of-two group layout
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+        gqa = False
+    compiled = query.device.type == "cuda" and not torch.compiler.is_compiling()
+    # (the layers hand over [B, heads, T, dim] views of [B, T, heads, dim]; the kernel reads
+    # contiguous heads much faster, and 64 x 64 tiles beat its defaults on the private mask)
+    out = _flex_kernel(compiled)(query.contiguous(), key.contiguous(), value.contiguous(),
+                                 block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
+                                 kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_pause_attention(hf_model) -> bool:
+    """Give a model with sdpa attention :data:`PAUSE_ATTENTION` (returns whether it has it now).
+    Models with eager attention keep it (they take dense masks)."""
+    impl = hf.attention_of(hf_model)
+    if impl == PAUSE_ATTENTION:
+        return True
+    if impl != "sdpa" or not flex_available():
+        return False
+    _registered()
+    setter = getattr(hf_model, "set_attn_implementation", None)
+    if callable(setter):
+        setter(PAUSE_ATTENTION)
+    else:
+        hf_model.config._attn_implementation = PAUSE_ATTENTION
+    return hf.attention_of(hf_model) == PAUSE_ATTENTION
+
+
+# ----------------------------------------------------------------------------- layer types
+
+
+def layer_windows(config) -> dict[str, int | None]:
+    """``{layer type: sliding window in positions, or None for full attention}`` of the
+    model's layers.  Keys are ``"full_attention"`` and ``"sliding_attention"`` for models that
+    name layer types, else the single key ``""`` (every layer alike)."""
+    cfg = hf.text_config(config)
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        out = {}
+        for t in set(types):
+            if "chunk" in str(t):
+                raise ValueError(f"layer type {t!r} (chunked attention) is not supported with private pauses")
+            out[str(t)] = int(window) if "sliding" in str(t) and window else None
+        return out
+    if window and getattr(cfg, "use_sliding_window", True):
+        return {"": int(window)}
+    return {"": None}
+
+
+def _pack(masks: dict):
+    return masks[""] if set(masks) == {""} else masks
+
+
+# ----------------------------------------------------------------------------- dense
+
+
+def dense_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tensor, config, *,
+                additive_dtype: torch.dtype | None = None):
+    """The pause mask as ready 4-D masks ``[B, 1, T, T]`` in the layout's order: one tensor, or
+    a dict per layer type (:func:`layer_windows`).  Bool, or additive in ``additive_dtype``."""
+    b, t = steps.valid.shape
+    pos = position_ids.expand(b, t)
+    return per_layer_masks(vis.visible(steps, visibility), pos, pos, config, additive_dtype=additive_dtype)
+
+
+def per_layer_masks(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, config, *,
+                    additive_dtype: torch.dtype | None = None):
+    """``allowed [B, T, K]`` as the decoder's ready 4-D masks ``[B, 1, T, K]``: one tensor, or a
+    dict per layer type whose sliding windows (in positions: ``query_pos [B, T]``, ``key_pos
+    [B, K]``) cut it further.  Bool, or additive in ``additive_dtype``."""
+    out = {}
+    for kind, window in layer_windows(config).items():
+        m = allowed
+        if window is not None:
+            m = m & ((query_pos.unsqueeze(2) - key_pos.unsqueeze(1)) < window)
+        m = m.unsqueeze(1)
+        if additive_dtype is not None:
+            zero = torch.zeros((), dtype=additive_dtype, device=m.device)
+            m = torch.where(m, zero, torch.finfo(additive_dtype).min)
+        out[kind] = m
+    return _pack(out)
+
+
+# ----------------------------------------------------------------------------- block-sparse
+
+
+#: block masks and orders of shared layouts without padding, by layout, visibility, windows
+#: and device: a training run builds its mask once
+_SHARED_MASKS: dict = {}
+
+
+def flex_layout(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tensor, config):
+    """``(order, masks)``: the real-first order (:func:`cyb.visibility.real_first_order`) and
+    the pause mask over it as FlexAttention ``BlockMask``\\ s (one, or a dict per layer type).
+
+    One mask serves the whole batch when the layout is shared and nothing is padded; it is then
+    built once per layout (:attr:`cyb.visibility.BlockSteps.layout_key`) and reused.
+    """
+    per_row = not steps.shared_layout or not bool(steps.valid.all())
+    key = None
+    windows = layer_windows(config)
+    if not per_row and steps.layout_key is not None and all(w is None for w in windows.values()):
+        # (windows are measured in positions, which the layout key does not fix)
+        key = (steps.layout_key, visibility, tuple(sorted(windows)), str(steps.valid.device))
+        if key in _SHARED_MASKS:
+            return _SHARED_MASKS[key]
+    order = vis.real_first_order(steps, visibility)
+    made = order, flex_masks(steps, visibility, position_ids, config, order)
+    if key is not None:
+        if len(_SHARED_MASKS) > 16:
+            _SHARED_MASKS.clear()
+        _SHARED_MASKS[key] = made
+    return made
+
+
+def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tensor, config,
+               order: torch.Tensor, *, compile_mask: bool | None = None):
+    """The pause mask as FlexAttention ``BlockMask``\\ s over the row reordered by ``order``
+    (``[B', T]``, :func:`cyb.visibility.real_first_order`): one, or a dict per layer type.
+
+    One mask serves the whole batch when the layout is shared and nothing is padded.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, t = steps.valid.shape
+    device = steps.valid.device
+    tok = vis.reorder(steps.token, order)
+    stp = vis.reorder(steps.step, order)
+    exp = vis.reorder(steps.exported(visibility), order)
+    per_row = not steps.shared_layout or not bool(steps.valid.all())
+    valid = vis.reorder(steps.valid, order.expand(b, t)) if per_row else None
+    pos = vis.reorder(position_ids.expand(b, t), order.expand(b, t))
+    if not per_row:
+        pos = pos[:1]
+    if compile_mask is None:
+        compile_mask = device.type == "cuda"
+
+    def row(x, bi):
+        return x[bi if x.shape[0] > 1 else 0]
+
+    def base(bi, hi, q, k):
+        tq, tk = row(tok, bi)[q], row(tok, bi)[k]
+        same = (tq == tk) & (row(stp, bi)[k] <= row(stp, bi)[q])
+        ok = same | ((tk < tq) & row(exp, bi)[k])
+        if valid is not None:
+            ok = ok & valid[bi][k]
+        return ok | (q == k)
+
+    out = {}
+    for kind, window in layer_windows(config).items():
+        if window is None:
+            mod = base
+        else:
+            def mod(bi, hi, q, k, w=window):
+                return base(bi, hi, q, k) & ((row(pos, bi)[q] - row(pos, bi)[k]) < w)
+        out[kind] = create_block_mask(mod, B=b if per_row else None, H=None, Q_LEN=t, KV_LEN=t,
+                                      device=device, _compile=compile_mask)
+    return _pack(out)
+
+
+__all__ = ["PAUSE_ATTENTION", "dense_masks", "flex_available", "flex_layout", "flex_masks", "layer_windows",
+           "per_layer_masks", "use_pause_attention"]

@@ -1,0 +1,81 @@
+"""Where a model comes from: ``model.name_or_path`` resolved to something ``transformers`` loads.
+
+``model.name_or_path`` (and ``PauseModel.from_pretrained``, ``cyb generate``, ``cyb eval``)
+takes any of:
+
+* a **local folder** (a Hugging Face checkpoint, a saved cyb model or run's ``final/``): used
+  as it is;
+* a **GGUF file** (``*.gguf``): converted once into a plain model folder in the cache
+  (:func:`cyb.model.gguf_convert.cached_conversion`, keyed by the file's content) and that
+  folder is used from then on;
+* a **known model's short name** (``smollm2-135m``; :mod:`cyb.model.zoo`), when no file or
+  folder of that name exists: the folder ``cyb fetch`` wrote, fetched on first use;
+* anything else, a **hub id** (``HuggingFaceTB/SmolLM2-135M-Instruct``): left to
+  ``transformers``.
+
+The cache (:mod:`cyb.model.cache`) is ``$CYB_CACHE`` (default ``~/.cache/cyb``):
+``models/NAME`` for fetched models, ``gguf/KEY`` for converted GGUF files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cache import is_complete, is_gguf, say
+
+
+def resolve_model_source(name_or_path, *, fetch: bool = True):
+    """What ``transformers`` should load for ``name_or_path`` (see the module docstring).
+
+    Returns a folder path (as a string) for GGUF files and known short names, else
+    ``name_or_path`` unchanged (a folder, a hub id, None).  With ``fetch=False`` a known model
+    that was not fetched yet, or a GGUF file not converted yet, is returned unchanged (nothing is
+    fetched or converted).
+
+    Raises FileNotFoundError for a ``.gguf`` path that does not exist, and ValueError
+    (:class:`~cyb.model.zoo.FetchError`) when a known model has to be fetched and neither of
+    its sources can be reached.
+    """
+    if name_or_path is None:
+        return None
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_file() and is_gguf(text):
+        from .gguf_convert import cached_conversion, cached_folder
+
+        if not fetch:
+            folder = cached_folder(path)
+            return str(folder) if is_complete(folder) else name_or_path
+        return str(cached_conversion(path))
+    if path.exists():
+        return name_or_path
+    if is_gguf(text):
+        raise FileNotFoundError(f"GGUF file {text} does not exist")
+    from . import zoo
+
+    known = zoo.find(text)
+    if known is None:
+        return name_or_path
+    folder = zoo.model_dir(known.name)
+    if is_complete(folder):
+        return str(folder)
+    if not fetch:
+        return name_or_path
+    say(f"{known.name} is not in the cache yet: fetching it once into {folder} (as `cyb fetch {known.name}` does)")
+    return str(zoo.fetch(known.name))
+
+
+def plain_model_kwargs(folder) -> dict:
+    """``{"num_steps": 1}`` for a folder that holds a plain Hugging Face model (a config, weights
+    and no pause settings), so that commands that load a saved cyb model also take a base model, as a no-pause
+    baseline; ``{}`` otherwise."""
+    from .settings import SETTINGS_FILE
+
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / SETTINGS_FILE).is_file() or not (folder / "config.json").is_file():
+        return {}
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    return {"num_steps": 1} if any((folder / w).is_file() for w in weights) else {}
+
+
+__all__ = ["plain_model_kwargs", "resolve_model_source"]

@@ -1,0 +1,112 @@
+"""Synthetic tasks written as text for a pretrained model's tokenizer (cyb.data.synthetic.text_task):
+the same examples as the character rows, the answer and end-of-sequence token scored, and a task
+run of a pretrained model that cyb eval scores by exact match.  A tiny Llama with a byte-level BPE
+the project trains stands in for the pretrained model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cyb.config import RunConfig
+from cyb.data.synthetic import CharTokenizer, SyntheticDataset, make_task
+from cyb.build import task_tokenizer
+from cyb.data.synthetic.text_task import TextTaskDataset, is_char_tokenizer
+from cyb.run_data import text_task_sets
+from cyb.data.tokenizer import train_bpe_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DOCS = [f"{a}+{b}={a + b} and {a}*{b}={a * b}." for a in range(40) for b in range(0, 40, 7)]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    return train_bpe_tokenizer(DOCS, 320, tmp_path_factory.mktemp("bpe"))
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, bpe):
+    """A 'pretrained' model folder: a tiny random Llama saved with the BPE tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("pretrained")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(bpe), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=256, eos_token_id=bpe.eos_token_id,
+                                         pad_token_id=bpe.pad_token_id, bos_token_id=bpe.bos_token_id))
+    model.save_pretrained(folder)
+    bpe.save_pretrained(folder)
+    return folder
+
+
+def test_text_rows_hold_the_character_examples(bpe):
+    task = make_task("addition", digits=3)
+    chars = SyntheticDataset(task, CharTokenizer(), 50, seed=3, split="test")
+    text = TextTaskDataset(task, bpe, 50, seed=3, split="test")
+    assert text.prompts == chars.prompts and text.answers == chars.answers
+    assert text.ids.shape == (50, text.seq_len) and text.seq_len == int(text.lengths.max())
+    for i in range(50):
+        n = int(text.lengths[i])
+        row = text.ids[i, :n].tolist()
+        assert row[-1] == bpe.eos_token_id
+        assert bpe.decode(row[:-1]) == text.prompts[i] + text.answers[i]
+        scored = [t for t, m in zip(text.ids[i].tolist(), text.loss_mask[i].tolist()) if m]
+        assert bpe.decode(scored[:-1]) == text.answers[i] and scored[-1] == bpe.eos_token_id
+        assert text.ids[i, :int(text.answer_start[i])].tolist() == bpe(text.prompts[i])["input_ids"]
+        assert text.attention_mask[i].sum() == n and not text.loss_mask[i, n:].any()
+    train = TextTaskDataset(task, bpe, 200, seed=3, split="train")
+    assert not set(train.prompts) & set(text.prompts)
+
+
+def test_which_tokenizer_makes_text_rows(bpe, pretrained, tmp_path):
+    char_hf = CharTokenizer().to_hf()
+    assert is_char_tokenizer(None) and is_char_tokenizer(CharTokenizer()) and is_char_tokenizer(char_hf)
+    char_hf.add_special_tokens({"additional_special_tokens": ["<pause_1>", "<dont_know>"]})
+    assert is_char_tokenizer(char_hf) and not is_char_tokenizer(bpe)
+    cfg = RunConfig.from_dict({"data": {"task": "addition", "task_kwargs": {"digits": 2}}})
+    assert is_char_tokenizer(task_tokenizer(cfg))  # from scratch: characters
+    cfg.model.name_or_path = str(pretrained)
+    assert task_tokenizer(cfg).get_vocab() == bpe.get_vocab()
+    (tmp_path / "config.json").write_text("{}")  # a model folder without a tokenizer: characters
+    cfg.model.name_or_path = str(tmp_path)
+    assert is_char_tokenizer(task_tokenizer(cfg))
+    cfg.data.num_train_examples, cfg.data.num_valid_examples = 20, 10
+    train, valid = text_task_sets(cfg, bpe)
+    assert len(train) == 20 and len(valid) == 10 and isinstance(valid, TextTaskDataset)
+
+
+def test_a_pretrained_model_trains_on_a_task_as_text_and_eval_scores_it(pretrained, tmp_path, capsys):
+    from cyb.cli import main
+    from cyb.train import train
+
+    cfg = RunConfig.from_dict({
+        "model": {"name_or_path": str(pretrained)},
+        "method": {"name": "cyb", "num_steps": 2},
+        "data": {"task": "addition", "task_kwargs": {"digits": 2}, "num_train_examples": 64,
+                 "num_valid_examples": 16},
+        "optim": {"lr": 1e-2, "warmup_steps": 1},
+        "train": {"out_dir": str(tmp_path / "run"), "steps": 2, "batch_size": 8, "eval_every": 0, "eval_batches": 2,
+                  "save_every": 0, "progress": False},
+    }).validate()
+    train(cfg)
+    final = tmp_path / "run" / "final"
+    saved = json.loads((final / "tokenizer_config.json").read_text())
+    assert saved  # the pretrained tokenizer, with the pause tokens, was saved with the model
+    assert main(["eval", str(tmp_path / "run"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "task: exact match" in out and "on 16 held-out examples" in out
+    metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
+    task = metrics["task"]
+    assert 0.0 <= task["exact_match"] <= 1.0 and task["num_examples"] == 16
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(final))
+    _, valid = text_task_sets(cfg, tok)
+    assert task["answer_tokens_scored"] == sum(len(tok(a, add_special_tokens=False)["input_ids"]) + 1
+                                               for a in valid.answers)
+    assert "synthetic task `addition`" in (final / "README.md").read_text()
