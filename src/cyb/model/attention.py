@@ -209,6 +209,15 @@ def flex_layout(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tens
     return made
 
 
+def _windowed(base, pos: torch.Tensor, window: torch.Tensor, row):
+    """``base`` limited to keys less than ``window`` positions back.  The window is a tensor, not
+    a Python number: compiled kernels then read it as an input, and a model with another window
+    in the same process cannot reuse a kernel built for this one."""
+    def mod(bi, hi, q, k):
+        return base(bi, hi, q, k) & ((row(pos, bi)[q] - row(pos, bi)[k]) < window)
+    return mod
+
+
 def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tensor, config,
                order: torch.Tensor, *, compile_mask: bool | None = None):
     """The pause mask as FlexAttention ``BlockMask``\\ s over the row reordered by ``order``
@@ -244,11 +253,7 @@ def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tenso
 
     out = {}
     for kind, window in layer_windows(config).items():
-        if window is None:
-            mod = base
-        else:
-            def mod(bi, hi, q, k, w=window):
-                return base(bi, hi, q, k) & ((row(pos, bi)[q] - row(pos, bi)[k]) < w)
+        mod = base if window is None else _windowed(base, pos, torch.tensor(window, device=device), row)
         out[kind] = create_block_mask(mod, B=b if per_row else None, H=None, Q_LEN=t, KV_LEN=t,
                                       device=device, _compile=compile_mask)
     return _pack(out)
