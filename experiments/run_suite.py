@@ -27,6 +27,8 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   plain CYB 3 row of ``finetune`` is their reference.
 * ``epochs``: baseline, TBYS 3 and CYB 3 pretrained for two epochs (seed 0 is enough to show the
   trend), evaluated every 400 steps.
+* ``visibility``: shared against private pauses (``method.pause_visibility``) for TBYS 3 and
+  CYB 3, beside the baseline, fine-tuned as ``finetune`` (``--scale cpu`` runs it on a CPU).
 * ``smollm2``: SmolLM2-135M (``$CYB_SMOLLM2``, else ``cyb fetch smollm2-135m``'s folder)
   fine-tuned on all of techdocs for 500 steps of 32 x 256 real tokens at lr 1e-4: baseline, CYB
   3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
@@ -72,6 +74,9 @@ SCALES = {
     # SmolLM2-135M fine-tuned on all of techdocs (suite smollm2): 32 x 256 real tokens per step
     "smollm2": dict(block_len=256, batch=32, ft_steps=500, eval_every=250, warmup=50, lr=1e-4,
                     pre_steps=0, vocab=0),
+    # a small model on a 2-core CPU: minutes per run
+    "cpu": dict(hidden=128, layers=4, heads=4, block_len=64, batch=16, pre_steps=600, epochs_steps=1200,
+                base_steps=600, ft_steps=200, vocab=2048, eval_every=100, warmup=30),
     # a CPU smoke test of the whole pipeline
     "cpu-quick": dict(hidden=32, layers=1, heads=2, block_len=16, batch=4, pre_steps=6, epochs_steps=8,
                       base_steps=6, ft_steps=4, vocab=300, eval_every=3, warmup=2),
@@ -109,7 +114,7 @@ def prepare_data(out: Path, s: dict, scale: str) -> dict:
 
     d = out / "data"
     d.mkdir(parents=True, exist_ok=True)
-    split = SPLIT_DOC if scale == "gpu" else 40
+    split = 40 if scale == "cpu-quick" else SPLIT_DOC
     files = {"train": data_dir() / "train.jsonl.gz", "valid": data_dir() / "valid.jsonl.gz",
              "base": d / "docs-base.jsonl.gz", "ft": d / "docs-finetune.jsonl.gz", "tokenizer": out / "tokenizer"}
     files["valid_in"] = d / "valid-in-distribution.jsonl.gz"
@@ -237,6 +242,12 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
         plan = [("Baseline", method("baseline"), 0.25), ("Baseline 4xseq", method("baseline_nx", seq_multiplier=4), 1.0)]
         plan += [(f"TBYS {plural(p)}", method("tbys", p), 0.2 + 0.12 * p) for p in (1, 2, 3)]
         plan += [(f"CYB {plural(p)}", method("cyb", p), 0.2 + 0.12 * p) for p in (1, 2, 3)]
+    elif suite == "visibility":  # shared against private pauses, fine-tuned as finetune
+        plan = [("Baseline", method("baseline"), 0.25),
+                ("TBYS 3 pauses, shared", method("tbys"), 0.56),
+                ("TBYS 3 pauses, private", method("tbys", pause_visibility="private"), 0.56),
+                ("CYB 3 pauses, shared", method("cyb"), 0.56),
+                ("CYB 3 pauses, private", method("cyb", pause_visibility="private"), 0.56)]
     else:
         plan = [("CYB w=1:1:1:1", method("cyb", omega=[1, 1, 1, 1]), 0.56),
                 ("CYB w=4:1:1:4", method("cyb", omega=[4, 1, 1, 4]), 0.56),
@@ -247,8 +258,12 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
         short = {"baseline": "base", "baseline_nx": "base4x"}.get(m["name"], m["name"])
         if suite == "recipes":
             short = "rc-" + short
+        if suite == "visibility":
+            short = "vis-" + short
         suffix = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, list) else v}"
-                         for k, v in m.items() if k not in ("name", "num_steps", "seq_multiplier"))
+                         for k, v in m.items() if k not in ("name", "num_steps", "seq_multiplier",
+                                                            "pause_visibility"))
+        suffix += "-private" if m.get("pause_visibility") == "private" else ""
         name = f"ft-{short}-p{m['num_steps'] - 1}{suffix}-s{seed}"
         jobs.append(Job(name, suite, label, seed,
                         config(s, files, out, name, seed, m, source="ft", steps=s["ft_steps"], base=base_dir),
@@ -298,7 +313,8 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
     cfg_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = cfg_dir / f"{job.name}.yaml"
     cfg_path.write_text(yaml.safe_dump(job.cfg, sort_keys=False))
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="4", RAYON_NUM_THREADS="4")
+    threads = "1" if device == "cpu" else "4"  # CPU jobs: one core each
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, RAYON_NUM_THREADS=threads)
     if device != "cpu":
         env["CUDA_VISIBLE_DEVICES"] = device
     script = f"{sys.executable} -m cyb train {cfg_path}"
@@ -390,7 +406,8 @@ def select(jobs: list[Job], parts: list[str]) -> list[Job]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes", "smollm2"))
+    p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes",
+                                                 "visibility", "smollm2"))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
@@ -418,7 +435,7 @@ def main() -> int:
     seeds = [int(x) for x in args.seeds.split(",")]
     jobs = [j for suite in args.suites for seed in (seeds[:1] if suite == "epochs" else seeds)
             for j in suite_jobs(suite, seed, s, files, out)]  # two epochs: the first seed shows the trend
-    if {"hparams", "recipes"} & set(args.suites) and "finetune" not in args.suites:  # they need the bases
+    if {"hparams", "recipes", "visibility"} & set(args.suites) and "finetune" not in args.suites:  # they need the bases
         jobs += [j for seed in seeds for j in suite_jobs("finetune", seed, s, files, out) if j.name.startswith("base-")]
     if args.only:
         jobs = select(jobs, args.only)

