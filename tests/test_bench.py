@@ -65,6 +65,18 @@ def test_bench_train_quick_writes_json(tmp_path, capsys):
     assert "| cyb_fused |" in capsys.readouterr().out
 
 
+def test_bench_decode_quick_private_runs_every_part(tmp_path):
+    """--visibility private: every row, the checks and the loglikelihood scoring run."""
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "2", "--prompt-len", "4",
+                 "--new-tokens", "3", "--visibility", "private"]) == 0
+    res = _read(out)
+    assert all(r["status"] == "ok" for r in res["results"]), res["results"]
+    assert res["agreement_fp32"]["status"] == "ok" and res["agreement_fp32"]["equal"]
+    assert res["loglikelihood"]["status"] != "error", res["loglikelihood"]
+    assert res["loglikelihood"]["max_abs_difference"] < 1e-3
+
+
 def test_bench_decode_quick_writes_json(tmp_path):
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "2",

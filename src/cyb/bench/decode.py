@@ -374,7 +374,8 @@ def loglikelihood_bench(model, cfg: DecodeBenchConfig, device) -> dict:
         with torch.inference_mode():
             ids = seqs[:, :-1].to(device)
             lay = expand(ids, model.vocab)
-            hidden, _ = model.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask)
+            hidden, _ = model.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask,
+                                            steps=lay.steps)
             logits = model.logits(hidden)  # [B, L*M, V]: every position
             m = model.num_steps
             blocks = collapse(logits, m)[:, -cfg.ll_continuation:]  # [B, C, M, V]
