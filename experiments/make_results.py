@@ -1,6 +1,7 @@
 """Tables and figures of docs/results.md from the text suites' outputs.
 
     python experiments/make_results.py [results/experiments/text]
+    python experiments/make_results.py results/experiments/smollm2     # or .../visibility, .../recipes
 
 Reads ``summary.jsonl`` written by ``experiments/run_suite.py`` (the newest finished row per
 run) and writes ``tables.md`` (one Markdown table per suite, mean and standard deviation over
@@ -82,18 +83,20 @@ def paired(groups: dict[str, list[dict]], label: str, reference: str | None) -> 
 
 
 def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"),
-          extra: dict[str, list[dict]] | None = None, order: list[str] | None = None) -> str:
+          extra: dict[str, list[dict]] | None = None, order: list[str] | None = None,
+          digits: int = 1) -> str:
     """One line per method: held-out perplexity on the in-distribution part of the held-out
     file (mean ± sd over seeds, and per seed), the relative improvement over each of
     ``references`` paired by seed, perplexity on the whole held-out file, E[S] and the stop
     distribution, epochs of training data, training perplexity of the last logged steps and
-    the command (``-sN`` = seed N)."""
+    the command (``-sN`` = seed N); perplexities with ``digits`` decimals."""
     groups = {**(extra or {}), **by_label(rows)}
     labels = order or list(groups)
     refs = [r for r in references if r in groups]
     head = ("| method | held-out ppl | per seed | " + " | ".join(f"vs {r}" for r in refs) +
             " | whole-file ppl | E[S] | E[S] spread | stop distribution | epochs | train ppl | command |")
     lines = [head, "|---|---:|---|" + "---:|" * len(refs) + "---:|---:|---:|---|---:|---:|---|"]
+    fmt = "{:.%df}" % digits
     for label in labels:
         runs = groups.get(label)
         if not runs:
@@ -107,8 +110,8 @@ def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"
         epochs = [r["final"].get("epoch") for r in runs if r["final"].get("epoch") is not None]
         train = [r["train_ppl"] for r in runs if r.get("train_ppl")]
         lines.append(" | ".join([
-            f"| {label}", mean_sd(ppl), ", ".join(f"{x:.1f}" for x in ppl),
-            *[paired(groups, label, ref) for ref in refs], mean_sd(whole),
+            f"| {label}", mean_sd(ppl, fmt), ", ".join(fmt.format(x) for x in ppl),
+            *[paired(groups, label, ref) for ref in refs], mean_sd(whole, fmt),
             mean_sd(steps, "{:.2f}") if steps else "", mean_sd(spread, "{:.2f}") if spread else "", dist,
             f"{statistics.mean(epochs):.2f}" if epochs else "", f"{statistics.mean(train):.1f}" if train else "",
             command_of(runs)]) + " |")
@@ -185,6 +188,27 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
     print(f"wrote {folder / 'tables.md'} and the tables of docs/recipes.md")
 
 
+#: the suites that set shared against private pauses: ``(row order, reference rows)``
+VISIBILITY_TABLES = {
+    "smollm2": (["Baseline", "CYB 3 pauses, private", "CYB 3 pauses, shared", "TBYS 3 pauses, private",
+                 "CYB-decoupled 3 pauses, private"], ("Baseline", "CYB 3 pauses, shared")),
+    "visibility": (["Pretrained base, not fine-tuned", "Baseline", "TBYS 3 pauses, shared",
+                    "TBYS 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, private"],
+                   ("Baseline", "TBYS 3 pauses, shared", "CYB 3 pauses, shared")),
+}
+
+
+def write_visibility(folder: Path, rows: list[dict]) -> None:
+    """The shared-against-private table of ``folder`` (``run_suite.py smollm2`` or
+    ``visibility``) into its ``tables.md`` and docs/results.md (marker: the folder's name)."""
+    order, references = VISIBILITY_TABLES[folder.name]
+    digits = 2 if folder.name == "smollm2" else 1  # a pretrained model's gains are small
+    tables = {folder.name: table(rows, references=references, order=order, digits=digits)}
+    (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
+    _fill(DOC, tables)
+    print(f"wrote {folder / 'tables.md'} and its table in {DOC}")
+
+
 def _fill(doc: Path, tables: dict) -> None:
     """Put each table between its markers in ``doc``."""
     if not doc.is_file():
@@ -204,6 +228,8 @@ def main() -> None:
         SCALE = json.loads((folder / "scale.json").read_text()).get("scale", "gpu")
     if folder.name.startswith("recipes"):
         return write_recipes(folder, rows)
+    if folder.name in VISIBILITY_TABLES:
+        return write_visibility(folder, rows)
     suite = lambda name: [r for r in rows if r["suite"] == name]  # noqa: E731
     ft = suite("finetune")
     cyb3 = [dict(r, label="CYB w=0:0:0:1 (the CYB 3 pauses row above)") for r in ft if r["label"] == "CYB 3 pauses"]

@@ -1,5 +1,5 @@
 """Held-out perplexity against network forwards per real token for the fine-tuning rows
-(results/experiments/text, three seeds; results/experiments/smollm2, one seed)::
+(results/experiments/text, three seeds; results/experiments/smollm2, three seeds (TBYS two))::
 
     python experiments/quality_compute.py [OUT.png]      # default results/experiments/quality_compute.png
 
@@ -77,7 +77,7 @@ def points(folder: Path, suite: str) -> list[dict]:
 
 def main(out: str = str(RESULTS / "quality_compute.png")) -> Path:
     panels = {"fine-tuning a model pretrained here (techdocs, 3 seeds)": points(RESULTS / "text", "finetune"),
-              "fine-tuning SmolLM2-135M (techdocs, 1 seed)": points(RESULTS / "smollm2", "smollm2")}
+              "fine-tuning SmolLM2-135M (techdocs, 3 seeds; TBYS 2)": points(RESULTS / "smollm2", "smollm2")}
     return quality_compute(out, panels)
 
 
