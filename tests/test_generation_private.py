@@ -147,3 +147,33 @@ def test_sparse_decoder_runs_pauses_only_where_asked():
         # one position per token, M for a token that paused (the first decision is in the prompt pass)
         paused = sum(1 for s in res.steps[1:] if s > 1)
         assert res.positions == len(res.prompt_ids) + pm.num_steps - 1 + 5 + paused * (pm.num_steps - 1)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_private_decode_steps_run_under_the_growing_attention_kernels(monkeypatch, mode, sparse):
+    """Every forward of the real-token decoders (prompt and steps) avoids kernels that plan anew
+    for every key length (cuDNN attention on CUDA), as the other eager decoders do."""
+    from contextlib import contextmanager
+
+    from cyb import runtime
+    from cyb.generation import private
+
+    entered = []
+
+    @contextmanager
+    def recording(device):
+        entered.append(device.type)
+        with runtime.growing_attention(device):
+            yield
+
+    monkeypatch.setattr(private, "growing_attention", recording)
+    pm = build()
+    ids = torch.tensor([encode(PROMPTS[0])])
+    dec = private.private_decoder(pm, ids, torch.ones_like(ids), StepReadout(pm.vocab, pm.dk_bias),
+                                  mode=mode, sparse=sparse if mode == "adaptive" else None)
+    with torch.no_grad():
+        dec.start()
+        for _ in range(3):
+            dec.step()
+    assert len(entered) >= 4 and set(entered) == {"cpu"}

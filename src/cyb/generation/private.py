@@ -32,6 +32,7 @@ import torch
 
 from ..layout import expand
 from ..model import attention, hf
+from ..runtime import growing_attention
 from .decoders import StepOutput, StepReadout, cut_block
 
 
@@ -167,8 +168,9 @@ class _PrivateDecoder:
         valid = torch.cat([key_valid, valid_new], dim=1) if key_valid is not None else valid_new
         kpos = torch.cat([key_pos, position_ids], dim=1) if key_pos is not None else position_ids
         attn = block_masks(valid, kpos, position_ids, self.model.config, additive_dtype=self.additive)
-        hidden, _ = self.model.hidden_states(input_ids, position_ids, attn, past_key_values=cache,
-                                             check_positions=check)
+        with growing_attention(self.device):  # the key length grows every call
+            hidden, _ = self.model.hidden_states(input_ids, position_ids, attn, past_key_values=cache,
+                                                 check_positions=check)
         return hidden
 
     def _store(self, count: int, valid_new: torch.Tensor, pos_new: torch.Tensor) -> None:
