@@ -109,10 +109,11 @@ def test_a_second_run_stops_and_ctrl_c_says_what_is_lost_and_how_to_resume(cfg_p
     import socket
 
     out = tmp_path / "run"
-    # (slow steps: the first run must still be going after the second has started and stopped,
-    # which takes a while on a loaded 2-core machine)
-    first = subprocess.Popen(_command(cfg_path, out), env=_env(**{FAULT_ENV: "step_delay=5"}),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # (Ctrl-C's default action restored in the child: a test run started in the background of a
+    # shell without job control inherits SIGINT ignored, and so would the training run)
+    first = subprocess.Popen(_command(cfg_path, out), env=_env(**{FAULT_ENV: "step_delay=2"}),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while first.poll() is None and latest_checkpoint(out) is None and time.monotonic() < deadline:
         time.sleep(0.01)
