@@ -415,3 +415,18 @@ def test_mmlu_group_over_all_subjects(tokenizer, tmp_path):
     subjects = [f"mmlu_local_{s}" for s in gen.SUBJECTS]
     assert all(out["n-shot"][name] == 5 for name in subjects)
     assert res["mmlu_local"]["acc,none"] == pytest.approx(sum(res[n]["acc,none"] for n in subjects) / 57)
+
+
+def test_the_module_as_a_program_scores_with_the_cyb_model(tokenizer, tmp_path):
+    """``python -m cyb.integrations.lm_eval --model cyb``: the model is registered and scores a
+    shipped task end to end."""
+    import subprocess
+    import sys
+
+    folder = pause_model(tokenizer, "cyb").save_pretrained(tmp_path / "model")
+    done = subprocess.run([sys.executable, "-m", "cyb.integrations.lm_eval", "--model", "cyb",
+                           "--model_args", f"pretrained={folder},device=cpu", "--tasks", "cyb_tiny_ppl",
+                           "--include_path", str(tasks_dir()), "--limit", "2"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cyb_tiny_ppl" in done.stdout

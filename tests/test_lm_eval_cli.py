@@ -56,7 +56,8 @@ def test_a_missing_data_folder_or_model_is_one_line(tiny_model, monkeypatch, cap
     monkeypatch.delenv("CYB_EVAL_DATA", raising=False)
     model = str(tiny_model) if case == "no_data_dir" else "runs/not-here/final"
     code = harness_cli.main(["--model", "cyb", "--model_args", f"pretrained={model},device=cpu",
-                             "--tasks", "hellaswag_local", "--include_path", str(tasks_dir()), "--limit", "1"])
+                             "--tasks", "hellaswag_local", "--include_path", str(tasks_dir()), "--limit", "1"],
+                            model_module="cyb.integrations.lm_eval")
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"{harness_cli.PROG}: error: ")
@@ -64,3 +65,4 @@ def test_a_missing_data_folder_or_model_is_one_line(tiny_model, monkeypatch, cap
         assert "no data folder for the local benchmark tasks: set the environment variable CYB_EVAL_DATA" in err
     else:
         assert "pretrained=runs/not-here/final does not exist" in err
+

@@ -404,7 +404,7 @@ def trained_model(cfg: DecodeBenchConfig, device, dtype):
     from ..layout import left_pad
     from ..model import PauseModel
 
-    from ..model.loading import saved_model_folder
+    from ..model.sources import saved_model_folder
 
     folder = saved_model_folder(cfg.model, "--model")  # a model folder, or a run folder's final/
     model = PauseModel.from_pretrained(folder).to(device=device, dtype=dtype).eval()

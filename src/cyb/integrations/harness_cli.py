@@ -60,9 +60,13 @@ def _ours(error: BaseException) -> bool:
     return last is not None and os.path.abspath(last).startswith(package)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the harness's command line on ``argv`` (default ``sys.argv[1:]``) with the ``cyb``
-    model registered; returns the exit status."""
+def main(argv: Sequence[str] | None = None, *, model_module: str | None = None) -> int:
+    """Run the harness's command line on ``argv`` (default ``sys.argv[1:]``); returns the exit
+    status.  ``model_module``: the module whose import registers the ``cyb`` model with the
+    harness (:mod:`cyb.integrations.lm_eval`, which names itself), imported once the harness is
+    found."""
+    import importlib
+
     from ..extras import MissingPackage, require
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -76,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from lm_eval.__main__ import cli_evaluate
 
-    from . import lm_eval  # noqa: F401  (registers the model "cyb")
+    if model_module:
+        importlib.import_module(model_module)
 
     if wants_help:
         print()

@@ -37,10 +37,10 @@ import sys
 from collections import defaultdict
 from typing import Sequence
 
-if __name__ == "__main__":  # python -m cyb.integrations.lm_eval: the harness imports this module by name
+if __name__ == "__main__":  # python -m cyb.integrations.lm_eval: the harness's model is this module by name
     from cyb.integrations.harness_cli import main as _main
 
-    sys.exit(_main())
+    sys.exit(_main(model_module="cyb.integrations.lm_eval"))
 
 import torch
 from tqdm import tqdm
@@ -413,4 +413,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     with the ``cyb`` model registered (:func:`cyb.integrations.harness_cli.main`)."""
     from .harness_cli import main as run
 
-    return run(argv)
+    return run(argv, model_module=__name__)

@@ -78,4 +78,39 @@ def plain_model_kwargs(folder) -> dict:
     return {"num_steps": 1} if any((folder / w).is_file() for w in weights) else {}
 
 
-__all__ = ["plain_model_kwargs", "resolve_model_source"]
+
+
+def saved_model_folder(path, what: str = "MODEL_DIR", *, allow_plain: bool = False) -> Path:
+    """The saved pause model that ``path`` names: a model folder (``cyb_pause.json``), the
+    ``final/`` of a ``cyb train`` run folder, a ``.gguf`` file or a known model's short name (their
+    folder, :func:`cyb.model.sources.resolve_model_source`), and with ``allow_plain`` a plain
+    Hugging Face model folder.  ValueError saying what is wrong (``what`` names the argument): a
+    path that does not exist, a run that has not finished, a folder that is not a saved cyb model."""
+    from .lora import lora_folder
+    from .settings import SETTINGS_FILE
+
+    path = str(resolve_model_source(path))
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ValueError(f"{what} {path} does not exist")
+    if not folder.is_dir():
+        raise ValueError(f"{what} {path} is not a folder")
+    if not (folder / SETTINGS_FILE).is_file() and (folder / "config.yaml").is_file():  # a run folder
+        if not (folder / "final" / SETTINGS_FILE).is_file():
+            raise ValueError(f"{path} is a run folder whose training has not finished (no final/ model yet); "
+                             "finish or resume it with cyb train, or give a saved model folder")
+        folder = folder / "final"
+        path = str(folder)
+    if allow_plain and plain_model_kwargs(folder):
+        return folder
+    if not (folder / SETTINGS_FILE).is_file():
+        raise ValueError(
+            f"{path} is not a saved cyb model: expected {SETTINGS_FILE} (the pause settings) beside a "
+            "Hugging Face checkpoint (config.json, model.safetensors) and its tokenizer, as written by "
+            "`cyb train` or PauseModel.save_pretrained, or a run folder of cyb train")
+    if not (folder / "config.json").is_file() and lora_folder(folder) is None:
+        raise ValueError(f"{path} has {SETTINGS_FILE} but no config.json: the Hugging Face checkpoint is missing")
+    return folder
+
+
+__all__ = ["plain_model_kwargs", "resolve_model_source", "saved_model_folder"]
