@@ -28,7 +28,7 @@ from . import __version__
 from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
-from .config import RunConfig, local_paths
+from .config import RunConfig
 from .data.packing import resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, no_sync,
@@ -40,6 +40,7 @@ from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
 from .run_data import build_data
+from .resume import CannotResume, check_resumable, rng_state, set_rng_state
 from .run_lock import lock_run
 from .threads import adapt as adapt_threads
 from .runtime import autocast
@@ -116,54 +117,6 @@ def _quiet_hf_progress():
     finally:
         if was:
             hf_logging.enable_progress_bar()
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((3, tuple(int(x) for x in state["python"]), None))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# Fields that must agree between a checkpoint and the configuration resuming it (None = all).
-_RESUME_FIELDS = {
-    "model": None,
-    "method": None,
-    "lora": None,
-    "data": ("tokenizer", "bpe_vocab_size", "bpe_train_docs", "block_len", "task", "task_kwargs",
-             "num_train_examples", "shuffle", "shuffle_buffer"),
-    "train": ("seed", "batch_size"),
-}
-_RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtype", "pause_init")}
-
-
-class CannotResume(ValueError):
-    """``train.out_dir`` holds checkpoints this run cannot resume from (another run's, damaged
-    ones, a later step than ``train.steps``, or ``train.resume`` is false)."""
-
-
-def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
-    """Raise ValueError naming the first field in which a checkpoint's run differs from ``cfg``
-    (paths compared as absolute paths: a checkpoint of an older version may hold them relative)."""
-    now = local_paths(cfg.to_dict())
-    saved = local_paths(saved)
-    defaults = RunConfig().to_dict()  # a section the checkpoint's version did not have yet
-    for section, names in _RESUME_FIELDS.items():
-        keys = names if names is not None else [k for k in now[section] if k not in _RESUME_FREE.get(section, ())]
-        for key in keys:
-            before = saved.get(section, {}).get(key) if section in saved else defaults[section][key]
-            after = now[section][key]
-            if before != after:
-                raise CannotResume(
-                    f"train.out_dir ({where}) holds checkpoints of another run: {section}.{key} was "
-                    f"{before!r}, now {after!r}; use another train.out_dir (or delete its checkpoints)")
 
 
 def _strip(batch: dict) -> tuple[dict, list[int]]:
@@ -255,7 +208,7 @@ class Trainer:
                 load_full_optim_state(self.loss_module, self.optimizer, trainer_state["optimizer"], info)
             self.scheduler.load_state_dict(trainer_state["scheduler"])
             rngs = trainer_state["rng"]
-            _set_rng_state(rngs[info.rank] if info.rank < len(rngs) else rngs[0])
+            set_rng_state(rngs[info.rank] if info.rank < len(rngs) else rngs[0])
             self.train_data.load_state_dict(data_state)
             self.step = self.saved_step = int(meta["step"])
             if self.step > t.steps:
@@ -433,7 +386,7 @@ class Trainer:
             if lora:
                 model_state = trainable_state(self.model, model_state) if self.info.is_main else None
             trainer_state["optimizer"] = full_optim_state(self.loss_module, self.optimizer, self.info)
-        trainer_state["rng"] = gather_objects(_rng_state(), self.info)
+        trainer_state["rng"] = gather_objects(rng_state(), self.info)
         window = reduce_sums(self.window, self.info, self.device) if self.window else {}
         if self.info.is_main:
             save_checkpoint(

@@ -8,6 +8,8 @@ was trained.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -222,6 +224,22 @@ def resolve_arguments(num_steps, use_dk, psi_dk, position_scheme, method, pause_
     if pause_visibility not in VISIBILITIES:
         raise ValueError(f"pause_visibility must be one of {VISIBILITIES}, got {pause_visibility!r}")
     return num_steps, use_dk, (psi_dk if use_dk else None), position_scheme, method, pause_visibility
+
+
+def settings_to_load(saved: PauseSettings | None, where, *, reconfigure: bool, pause_visibility,
+                     **given) -> PauseSettings | None:
+    """The saved settings ``from_pretrained`` loads a model with, given the arguments it got:
+    ``saved`` when they agree (ValueError naming the first that does not, unless
+    ``reconfigure``), None when ``reconfigure`` asks for other pause settings (the model is then
+    set up anew), ``saved`` with the visibility replaced when only that differs."""
+    if saved is not None and reconfigure and given.get("num_steps") is not None and not agrees(saved, **given):
+        return None  # fine-tune a saved pause model with other pause settings
+    if (saved is not None and reconfigure and pause_visibility is not DEFAULT
+            and pause_visibility != saved.pause_visibility):
+        saved = dataclasses.replace(saved, pause_visibility=pause_visibility)
+    if saved is not None:
+        check_agrees(saved, where, pause_visibility=pause_visibility, **given)
+    return saved
 
 
 def agrees(saved: PauseSettings, **given) -> bool:

@@ -7,7 +7,6 @@ positions and an explicit attention mask (see :mod:`cyb.model.hf` for why).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from . import attention, hf
 from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
                       save_tokenizer)
 from .lora import check_lora_folder, is_lora, load_adapter_model, lora_folder, save_adapter
-from .settings import DEFAULT, SETTINGS_FILE, PauseSettings, agrees, check_agrees, resolve_arguments
+from .settings import DEFAULT, SETTINGS_FILE, PauseSettings, resolve_arguments, settings_to_load
 from .tokens import apply_plan, check_tokenizer, reserve_tokens
 
 
@@ -219,16 +218,10 @@ class PauseModel(torch.nn.Module):
         saved = PauseSettings.load(settings_file) if settings_file is not None else None
         if adapter is not None and saved is None:
             raise ValueError(f"{adapter} is a LoRA folder without {SETTINGS_FILE}: it is not a saved pause model")
-        given = dict(num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk, position_scheme=position_scheme,
-                     method=method)
-        if saved is not None and reconfigure and num_steps is not None and not agrees(saved, **given):
-            saved = None  # fine-tune a saved pause model with other pause settings
-        if (saved is not None and reconfigure and pause_visibility is not DEFAULT
-                and pause_visibility != saved.pause_visibility):
-            saved = dataclasses.replace(saved, pause_visibility=pause_visibility)
-        if saved is not None:
-            check_agrees(saved, settings_file, pause_visibility=pause_visibility, **given)
-        elif num_steps is None:
+        saved = settings_to_load(saved, settings_file, reconfigure=reconfigure, pause_visibility=pause_visibility,
+                                 num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
+                                 position_scheme=position_scheme, method=method)
+        if saved is None and num_steps is None:
             raise ValueError(
                 f"num_steps (M) is required: {name_or_path!s} has no cyb_pause.json (it is not a "
                 "saved pause model)"
