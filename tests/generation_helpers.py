@@ -84,3 +84,22 @@ def same_results(got: list[GenerationResult], want: list[GenerationResult], *,
                                    atol=1e-5, rtol=1e-4)
         if w.expected_steps is not None:
             assert g.expected_steps == pytest.approx(w.expected_steps, abs=1e-5)
+
+
+def record_growing_attention(monkeypatch, module) -> list[str]:
+    """Make ``module``'s ``growing_attention`` also note the device type of every entry; returns
+    the list it appends to."""
+    from contextlib import contextmanager
+
+    from cyb import runtime
+
+    entered: list[str] = []
+
+    @contextmanager
+    def recording(device):
+        entered.append(device.type)
+        with runtime.growing_attention(device):
+            yield
+
+    monkeypatch.setattr(module, "growing_attention", recording)
+    return entered

@@ -13,26 +13,15 @@ import pytest
 import torch
 
 from cyb.generation import generate
-from generation_helpers import PROMPTS, build, encode, model, same_results
+from generation_helpers import PROMPTS, build, encode, model, record_growing_attention, same_results
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
 def test_eager_decode_steps_run_under_the_growing_attention_kernels(monkeypatch, mode):
-    from contextlib import contextmanager
-
-    from cyb import runtime
     from cyb.generation import decoders
 
-    entered = []
-
-    @contextmanager
-    def recording(device):
-        entered.append(device.type)
-        with runtime.growing_attention(device):
-            yield
-
-    monkeypatch.setattr(decoders, "growing_attention", recording)
+    entered = record_growing_attention(monkeypatch, decoders)
     generate(model("llama"), PROMPTS[:1], mode=mode, max_new_tokens=3, eos_token_ids=(), decoder="eager")
     assert len(entered) >= 3 and set(entered) == {"cpu"}
 

@@ -154,20 +154,10 @@ def test_sparse_decoder_runs_pauses_only_where_asked():
 def test_private_decode_steps_run_under_the_growing_attention_kernels(monkeypatch, mode, sparse):
     """Every forward of the real-token decoders (prompt and steps) avoids kernels that plan anew
     for every key length (cuDNN attention on CUDA), as the other eager decoders do."""
-    from contextlib import contextmanager
-
-    from cyb import runtime
     from cyb.generation import private
+    from generation_helpers import record_growing_attention
 
-    entered = []
-
-    @contextmanager
-    def recording(device):
-        entered.append(device.type)
-        with runtime.growing_attention(device):
-            yield
-
-    monkeypatch.setattr(private, "growing_attention", recording)
+    entered = record_growing_attention(monkeypatch, private)
     pm = build()
     ids = torch.tensor([encode(PROMPTS[0])])
     dec = private.private_decoder(pm, ids, torch.ones_like(ids), StepReadout(pm.vocab, pm.dk_bias),
