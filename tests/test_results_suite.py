@@ -23,7 +23,7 @@ def results():
 FILES = {k: f"data/{k}.jsonl.gz" for k in ("train", "valid", "valid_in", "base", "ft")} | {"tokenizer": "tok"}
 
 
-@pytest.mark.parametrize("name", ["pretrain", "finetune", "hparams", "epochs", "recipes"])
+@pytest.mark.parametrize("name", ["pretrain", "finetune", "hparams", "epochs", "recipes", "visibility"])
 def test_every_job_is_a_valid_shuffled_run(suite, name, tmp_path):
     s = suite.SCALES["gpu"]
     jobs = suite.suite_jobs(name, 1, s, FILES, tmp_path)
@@ -92,3 +92,24 @@ def test_a_rows_command_reruns_it_alone_with_its_base(tmp_path, monkeypatch):
     jobs = run_suite.suite_jobs("finetune", 1, s, files, tmp_path)
     assert {j.name for j in run_suite.select(jobs, ["ft-cyb-p3-s1"])} == {"ft-cyb-p3-s1", "base-s1"}
     assert run_suite.rerun_command("smollm2", "sm-cyb-p3-private-s0", 0, "smollm2").endswith("--scale smollm2")
+
+
+@pytest.mark.parametrize("name", ["visibility", "smollm2"])
+def test_shared_against_private_tables_read_the_committed_runs(results, name):
+    folder = results.HERE.parent / "results" / "experiments" / name
+    order, references = results.VISIBILITY_TABLES[name]
+    text = results.table(results.load(folder), references=references, order=order)
+    rows = [line for line in text.splitlines()[2:]]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == [label for label in order
+                                                           if f"| {label} |" in text]
+    assert any(r.startswith("| CYB 3 pauses, private |") for r in rows)
+    assert "vs CYB 3 pauses, shared" in text.splitlines()[0]
+
+
+def test_early_pausing_orders_the_cyb_seeds_by_final_perplexity():
+    from experiments import early_pausing
+
+    rows = early_pausing.table(early_pausing.DEFAULT).splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == ["| 2", "| 0", "| 1"]
+    assert rows[-1].endswith("150.2 / 48.1 |")
+    assert "TBYS seeds' largest gradient norm" in early_pausing.others(early_pausing.DEFAULT)
