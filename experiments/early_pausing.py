@@ -59,8 +59,8 @@ def others(folder: Path) -> str:
     base = seeds(folder, "baseline")
     first = min(s for s in next(iter(base.values()))["valid"] if s > 0) if base else None
     ppl = ", ".join(f"{run['valid'][first]['ppl']:.1f}" for _, run in sorted(base.items())) if base else "-"
-    tbys = ", ".join(f"{largest_grad_norm(run)[0]:.2f} ({largest_grad_norm(run)[1]})"
-                     for _, run in sorted(seeds(folder, "tbys").items()))
+    norms = [largest_grad_norm(run) for _, run in sorted(seeds(folder, "tbys").items())]
+    tbys = ", ".join(f"{norm:.2f} ({step})" for norm, step in norms)
     return f"baseline seeds at step {first}: {ppl}\nTBYS seeds' largest gradient norm (step): {tbys or '-'}"
 
 

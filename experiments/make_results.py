@@ -188,21 +188,21 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
     print(f"wrote {folder / 'tables.md'} and the tables of docs/recipes.md")
 
 
-#: the suites that set shared against private pauses: ``(row order, reference rows)``
+#: the suites that set shared against private pauses: ``(row order, reference rows, decimals of
+#: the perplexities)`` (a pretrained model's gains are small: two decimals)
 VISIBILITY_TABLES = {
     "smollm2": (["Baseline", "CYB 3 pauses, private", "CYB 3 pauses, shared", "TBYS 3 pauses, private",
-                 "CYB-decoupled 3 pauses, private"], ("Baseline", "CYB 3 pauses, shared")),
+                 "CYB-decoupled 3 pauses, private"], ("Baseline", "CYB 3 pauses, shared"), 2),
     "visibility": (["Pretrained base, not fine-tuned", "Baseline", "TBYS 3 pauses, shared",
                     "TBYS 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, private"],
-                   ("Baseline", "TBYS 3 pauses, shared", "CYB 3 pauses, shared")),
+                   ("Baseline", "TBYS 3 pauses, shared", "CYB 3 pauses, shared"), 1),
 }
 
 
 def write_visibility(folder: Path, rows: list[dict]) -> None:
     """The shared-against-private table of ``folder`` (``run_suite.py smollm2`` or
     ``visibility``) into its ``tables.md`` and docs/results.md (marker: the folder's name)."""
-    order, references = VISIBILITY_TABLES[folder.name]
-    digits = 2 if folder.name == "smollm2" else 1  # a pretrained model's gains are small
+    order, references, digits = VISIBILITY_TABLES[folder.name]
     tables = {folder.name: table(rows, references=references, order=order, digits=digits)}
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
     _fill(DOC, tables)

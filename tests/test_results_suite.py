@@ -97,8 +97,8 @@ def test_a_rows_command_reruns_it_alone_with_its_base(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["visibility", "smollm2"])
 def test_shared_against_private_tables_read_the_committed_runs(results, name):
     folder = results.HERE.parent / "results" / "experiments" / name
-    order, references = results.VISIBILITY_TABLES[name]
-    text = results.table(results.load(folder), references=references, order=order)
+    order, references, digits = results.VISIBILITY_TABLES[name]
+    text = results.table(results.load(folder), references=references, order=order, digits=digits)
     rows = [line for line in text.splitlines()[2:]]
     assert [r.split(" | ")[0].lstrip("| ") for r in rows] == [label for label in order
                                                            if f"| {label} |" in text]

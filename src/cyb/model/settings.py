@@ -9,7 +9,6 @@ was trained.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import os
