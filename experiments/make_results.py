@@ -1,7 +1,8 @@
 """Tables and figures of docs/results.md from the text suites' outputs.
 
     python experiments/make_results.py [results/experiments/text]
-    python experiments/make_results.py results/experiments/smollm2     # or .../visibility, .../recipes
+    python experiments/make_results.py results/experiments/smollm2     # or .../visibility, .../recipes,
+        # .../smollm2-epoch, .../smollm2-arith, .../stability
 
 Reads ``summary.jsonl`` written by ``experiments/run_suite.py`` (the newest finished row per
 run) and writes ``tables.md`` (one Markdown table per suite, mean and standard deviation over
@@ -67,7 +68,11 @@ def command_of(runs: list[dict]) -> str:
     name, seed = r["name"], r["seed"]
     if len(runs) > 1:
         name, seed = name[: -len(f"-s{seed}")] + "-sN", "N"
-    return f"`{rerun_command(r['suite'], name, seed, SCALE)}`"
+    # the scale the suite ran with, and its scratch folder, as its recorded command says (a suite
+    # written straight into results/ reruns into outputs/SUITE)
+    out, scale = (re.search(rf"--{key} (\S+)", r.get("command", "")) for key in ("out", "scale"))
+    out = out.group(1) if out and out.group(1).startswith("outputs/") else None
+    return f"`{rerun_command(r['suite'], name, seed, scale.group(1) if scale else SCALE, out)}`"
 
 
 def paired(groups: dict[str, list[dict]], label: str, reference: str | None) -> str:
@@ -188,25 +193,73 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
     print(f"wrote {folder / 'tables.md'} and the tables of docs/recipes.md")
 
 
-#: the suites that set shared against private pauses: ``(row order, reference rows, decimals of
-#: the perplexities)`` (a pretrained model's gains are small: two decimals)
-VISIBILITY_TABLES = {
-    "smollm2": (["Baseline", "CYB 3 pauses, private", "CYB 3 pauses, shared", "TBYS 3 pauses, private",
-                 "CYB-decoupled 3 pauses, private"], ("Baseline", "CYB 3 pauses, shared"), 2),
+#: the suites with one table each, named after their folder: ``(row order, reference rows,
+#: decimals of the perplexities)`` (a pretrained model's gains are small: two decimals)
+SUITE_TABLES = {
+    "smollm2": (["Baseline", "CYB 1 pause, private", "CYB 2 pauses, private", "CYB 3 pauses, private",
+                 "CYB 3 pauses, shared", "CYB-decoupled 3 pauses, private", "TBYS 3 pauses, private",
+                 "TBYS 3 pauses, shared", "Baseline, LoRA", "CYB 3 pauses, private, LoRA"],
+                ("Baseline", "CYB 3 pauses, shared", "Baseline, LoRA"), 2),
+    "smollm2-epoch": (["Baseline", "CYB 3 pauses, private"], ("Baseline",), 2),
     "visibility": (["Pretrained base, not fine-tuned", "Baseline", "TBYS 3 pauses, shared",
                     "TBYS 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, private"],
                    ("Baseline", "TBYS 3 pauses, shared", "CYB 3 pauses, shared"), 1),
+    "stability": (["Baseline", "Baseline, warmup 400", "CYB 3 pauses", "CYB 3 pauses, private",
+                   "CYB 3 pauses, warmup 400", "CYB 3 pauses, lr 5e-4"], ("Baseline", "Baseline, warmup 400"), 1),
 }
 
 
-def write_visibility(folder: Path, rows: list[dict]) -> None:
-    """The shared-against-private table of ``folder`` (``run_suite.py smollm2`` or
-    ``visibility``) into its ``tables.md`` and docs/results.md (marker: the folder's name)."""
-    order, references, digits = VISIBILITY_TABLES[folder.name]
-    tables = {folder.name: table(rows, references=references, order=order, digits=digits)}
+def write_suite(folder: Path, rows: list[dict]) -> None:
+    """The table of ``folder`` (a suite of :data:`SUITE_TABLES`, or ``smollm2-arith``) into its
+    ``tables.md`` and docs/results.md (marker: the folder's name)."""
+    if folder.name == "smollm2-arith":
+        text = arithmetic_table(rows)
+    else:
+        order, references, digits = SUITE_TABLES[folder.name]
+        text = table(rows, references=references, order=order, digits=digits)
+    tables = {folder.name: text}
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
     _fill(DOC, tables)
     print(f"wrote {folder / 'tables.md'} and its table in {DOC}")
+
+
+ARITHMETIC_ORDER = ["Baseline", "TBYS 3 pauses, private", "TBYS 3 pauses, shared", "CYB 3 pauses, private",
+                    "CYB 3 pauses, shared", "CYB-decoupled 3 pauses, private"]
+
+
+def arithmetic_table(rows: list[dict]) -> str:
+    """One line per method of a task suite (``run_suite.py smollm2-arith``): exact match of the
+    teacher-forced greedy answers (mean ± sd over seeds, per seed, and against the baseline of
+    the same seed in points), of free-running fixed and adaptive generation, the positions per
+    generated token adaptive generation used, E[S] by answer position (the end-of-sequence token
+    last), the answers' perplexity, epochs and the command."""
+    groups = by_label(rows)
+    base = {r["seed"]: r["task"]["teacher_forced"]["exact_match"] for r in groups.get("Baseline", []) if r.get("task")}
+    lines = ["| method | exact match | per seed | vs Baseline (points) | fixed generation | adaptive generation "
+             "| positions per token | E[S] by answer position | answer ppl | epochs | command |",
+             "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---|"]
+    pct = lambda values: mean_sd([100 * v for v in values], "{:.1f}") + "%" if values else ""  # noqa: E731
+    for label in ARITHMETIC_ORDER:
+        runs = groups.get(label)
+        if not runs:
+            continue
+        scored = [r for r in runs if r.get("task")]
+        exact = [r["task"]["teacher_forced"]["exact_match"] for r in scored]
+        gain = [100 * (r["task"]["teacher_forced"]["exact_match"] - base[r["seed"]]) for r in scored
+                if r["seed"] in base and label != "Baseline"]
+        modes = {m: [r["task"][m]["exact_match"] for r in scored if m in r["task"]] for m in ("fixed", "adaptive")}
+        used = [r["task"]["adaptive"]["positions_per_token"] for r in scored if "adaptive" in r["task"]]
+        per_position = [r["task"]["teacher_forced"]["per_position_steps"] for r in scored]
+        by_position = " / ".join(f"{statistics.mean(col):.2f}" for col in zip(*per_position)) if per_position else ""
+        missing = [str(r["seed"]) for r in runs if not r.get("task")]
+        seeds = ", ".join(f"{100 * x:.1f}%" for x in exact) + (f" (seed {', '.join(missing)}: not scored)"
+                                                               if missing else "")
+        lines.append(" | ".join([
+            f"| {label}", pct(exact), seeds, "---" if label == "Baseline" else (mean_sd(gain, "{:+.1f}") if gain else ""),
+            pct(modes["fixed"]), pct(modes["adaptive"]), mean_sd(used, "{:.2f}") if used else "", by_position,
+            mean_sd([r["final"]["ppl"] for r in runs], "{:.3f}"),
+            f"{statistics.mean(r['final']['epoch'] for r in runs):.2f}", command_of(runs)]) + " |")
+    return "\n".join(lines)
 
 
 def _fill(doc: Path, tables: dict) -> None:
@@ -228,8 +281,8 @@ def main() -> None:
         SCALE = json.loads((folder / "scale.json").read_text()).get("scale", "gpu")
     if folder.name.startswith("recipes"):
         return write_recipes(folder, rows)
-    if folder.name in VISIBILITY_TABLES:
-        return write_visibility(folder, rows)
+    if folder.name in SUITE_TABLES or folder.name == "smollm2-arith":
+        return write_suite(folder, rows)
     suite = lambda name: [r for r in rows if r["suite"] == name]  # noqa: E731
     ft = suite("finetune")
     cyb3 = [dict(r, label="CYB w=0:0:0:1 (the CYB 3 pauses row above)") for r in ft if r["label"] == "CYB 3 pauses"]

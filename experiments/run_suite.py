@@ -73,7 +73,13 @@ SCALES = {
                 base_steps=1000, ft_steps=400, vocab=8192, eval_every=400, warmup=100),
     # SmolLM2-135M fine-tuned on all of techdocs (suite smollm2): 32 x 256 real tokens per step
     "smollm2": dict(block_len=256, batch=32, ft_steps=500, eval_every=250, warmup=50, lr=1e-4,
-                    pre_steps=0, vocab=0),
+                    pre_steps=0, vocab=0, compile=1, save_every=250),
+    # the same for about one epoch (1,620 steps of 51,825 blocks), checkpointed to resume
+    "smollm2-epoch": dict(block_len=256, batch=32, ft_steps=1620, eval_every=405, warmup=50, lr=1e-4,
+                          pre_steps=0, vocab=0, compile=1, save_every=405),
+    # SmolLM2-135M fine-tuned on 5-digit addition written as text (suite smollm2-arith)
+    "smollm2-arith": dict(task="addition", digits=5, batch=64, ft_steps=1500, eval_every=500, warmup=50,
+                          lr=1e-4, train_examples=100000, valid_examples=500, pre_steps=0, vocab=0, compile=0),
     # a small model on a 2-core CPU: minutes per run
     "cpu": dict(hidden=128, layers=4, heads=4, block_len=64, batch=16, pre_steps=600, epochs_steps=1200,
                 base_steps=600, ft_steps=200, vocab=2048, eval_every=100, warmup=30),
@@ -101,6 +107,7 @@ class Job:
     cost: float = 1.0  # run time relative to a one-epoch baseline; long jobs start first
     first: bool = False  # start before every other job (others wait for it)
     priority: int = 0  # higher starts first (before cost decides)
+    task: bool = False  # scored by exact match on its task (no held-out text to read)
     row: dict = field(default_factory=dict)
 
 
@@ -185,27 +192,81 @@ def smollm2_model() -> str:
 
 
 def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
-    """SmolLM2-135M fine-tuned on techdocs with and without pauses, shared and private."""
-    rows = [("Baseline", method("baseline"), 0.3),
-            ("CYB 3 pauses, private", method("cyb", pause_visibility="private"), 1.0),
-            ("CYB 3 pauses, shared", method("cyb"), 1.0),
-            ("TBYS 3 pauses, private", method("tbys", pause_visibility="private"), 1.0),
-            ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private"), 1.0)]
+    """SmolLM2-135M fine-tuned on techdocs with and without pauses, shared and private, fully
+    and with LoRA adapters (rank 16, lr 1e-3)."""
+    lora = {"rank": 16, "alpha": 32.0}
+    rows = [("Baseline", method("baseline"), None, 0.3),
+            ("CYB 3 pauses, private", method("cyb", pause_visibility="private"), None, 1.0),
+            ("CYB 3 pauses, shared", method("cyb"), None, 1.0),
+            ("TBYS 3 pauses, private", method("tbys", pause_visibility="private"), None, 1.0),
+            ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private"), None, 1.0),
+            ("TBYS 3 pauses, shared", method("tbys"), None, 1.0),
+            ("CYB 1 pause, private", method("cyb", 1, pause_visibility="private"), None, 0.5),
+            ("CYB 2 pauses, private", method("cyb", 2, pause_visibility="private"), None, 0.75),
+            ("Baseline, LoRA", method("baseline"), lora, 0.3),
+            ("CYB 3 pauses, private, LoRA", method("cyb", pause_visibility="private"), lora, 1.0)]
     jobs = []
-    for rank, (label, m, cost) in enumerate(rows):
+    for rank, (label, m, adapters, cost) in enumerate(rows):
         vis = "-private" if m.get("pause_visibility") == "private" else ""
-        name = f"sm-{m['name']}-p{m['num_steps'] - 1}{vis}-s{seed}"
+        name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{vis}-s{seed}"
         cfg = {"model": {"name_or_path": smollm2_model()}, "method": m,
                "data": {"source": files["train"], "valid_source": files["valid_in"],
                         "block_len": s["block_len"], "shuffle": "corpus"},
-               "optim": {"lr": s["lr"], "warmup_steps": s["warmup"]},
+               "optim": {"lr": 1e-3 if adapters else s["lr"], "warmup_steps": s["warmup"]},
                "train": {"out_dir": str(out / name), "steps": s["ft_steps"], "batch_size": s["batch"],
-                         "eval_every": s["eval_every"], "eval_batches": 0, "save_every": 0,
-                         "log_every": 20, "seed": seed, "progress": False}}
+                         "eval_every": s["eval_every"], "eval_batches": 0, "save_every": s["save_every"],
+                         "keep_last": 1, "log_every": 20, "seed": seed, "progress": False,
+                         "compile": bool(s["compile"])}}
+        if adapters:
+            cfg["lora"] = adapters
         # seed 0 of every row first, then the baseline and private CYB of the other seeds
         priority = 100 - rank if seed == 0 else (50 - rank if rank < 2 else 10 - rank)
         jobs.append(Job(name, "smollm2", label, seed, cfg, cost=cost, priority=priority,
-                        analyse=seed == 0 and m["name"] == "cyb"))
+                        analyse=seed == 0 and m["name"] == "cyb" and not adapters and m["num_steps"] == 4))
+    return jobs
+
+
+def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
+    """SmolLM2-135M fine-tuned on an arithmetic task written as text (``s["task"]``), scored by
+    exact match of teacher-forced greedy answers and of free-running fixed and adaptive decoding
+    (``experiments/task_decoding.py``)."""
+    rows = [("Baseline", method("baseline")),
+            ("TBYS 3 pauses, private", method("tbys", pause_visibility="private")),
+            ("TBYS 3 pauses, shared", method("tbys")),
+            ("CYB 3 pauses, private", method("cyb", pause_visibility="private")),
+            ("CYB 3 pauses, shared", method("cyb")),
+            ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private"))]
+    jobs = []
+    for label, m in rows:
+        vis = "-private" if m.get("pause_visibility") == "private" else ""
+        name = f"ar-{m['name']}-p{m['num_steps'] - 1}{vis}-s{seed}"
+        cfg = {"model": {"name_or_path": smollm2_model()}, "method": m,
+               "data": {"task": s["task"], "task_kwargs": {"digits": s["digits"]},
+                        "num_train_examples": s["train_examples"], "num_valid_examples": s["valid_examples"]},
+               "optim": {"lr": s["lr"], "warmup_steps": s["warmup"]},
+               "train": {"out_dir": str(out / name), "steps": s["ft_steps"], "batch_size": s["batch"],
+                         "eval_every": s["eval_every"], "eval_batches": 0, "save_every": 0, "keep_last": 1,
+                         "log_every": 50, "seed": seed, "progress": False, "compile": bool(s["compile"])}}
+        jobs.append(Job(name, "smollm2-arith", label, seed, cfg, cost=0.5, task=True))
+    return jobs
+
+
+def stability_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
+    """CYB pretrained from scratch as in ``pretrain``, beside the baseline, with the candidates
+    that hold up its early pauses: private pauses and a four times longer warmup (and a lower
+    peak learning rate)."""
+    rows = [("Baseline", "base", method("baseline"), {}, 1.0),
+            ("CYB 3 pauses", "cyb", method("cyb"), {}, 1.4),
+            ("CYB 3 pauses, private", "cyb-private", method("cyb", pause_visibility="private"), {}, 1.4),
+            ("CYB 3 pauses, warmup 400", "cyb-warmup400", method("cyb"), {"warmup_steps": 400}, 1.4),
+            ("CYB 3 pauses, lr 5e-4", "cyb-lr5e-4", method("cyb"), {"lr": 5e-4}, 1.4),
+            ("Baseline, warmup 400", "base-warmup400", method("baseline"), {"warmup_steps": 400}, 1.0)]
+    jobs = []
+    for rank, (label, short, m, optim, cost) in enumerate(rows):
+        name = f"st-{short}-s{seed}"
+        cfg = config(s, files, out, name, seed, m)
+        cfg["optim"].update(optim)
+        jobs.append(Job(name, "stability", label, seed, cfg, cost=cost, priority=-rank))
     return jobs
 
 
@@ -213,6 +274,10 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
     jobs = []
     if suite == "smollm2":
         return smollm2_jobs(seed, s, files, out)
+    if suite == "smollm2-arith":
+        return arithmetic_jobs(seed, s, out)
+    if suite == "stability":
+        return stability_jobs(seed, s, files, out)
     if suite in ("pretrain", "epochs"):
         steps = s["pre_steps"] if suite == "pretrain" else s["epochs_steps"]
         tag = "" if suite == "pretrain" else "-2ep"
@@ -298,6 +363,8 @@ def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
         row["train_ppl"] = last[0].get("ppl") if last else None  # the last logging window's
         row["curve"] = [{k: r.get(k) for k in ("step", "epoch", "ppl", "mean_steps", "targets")}
                         for r in lines if r.get("split") == "valid"]
+        if (run / "task.json").is_file():
+            row["task"] = json.loads((run / "task.json").read_text())
         whole = run / "eval-whole-file" / "metrics.json"
         if whole.is_file():
             w = json.loads(whole.read_text())["perplexity"]
@@ -318,6 +385,11 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
     if device != "cpu":
         env["CUDA_VISIBLE_DEVICES"] = device
     script = f"{sys.executable} -m cyb train {cfg_path}"
+    if job.task:  # exact match, teacher-forced and free-running
+        script += f" && {sys.executable} experiments/task_decoding.py {out / job.name}"
+        log = open(log_dir / f"{job.name}.log", "w")
+        return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     if job.analyse:  # figures and analyses on the run's own held-out rows
         script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
     # and the whole held-out file, Jargon File included
@@ -407,7 +479,8 @@ def select(jobs: list[Job], parts: list[str]) -> list[Job]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes",
-                                                 "visibility", "smollm2"))
+                                                 "visibility", "smollm2", "smollm2-arith",
+                                                 "stability"))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--seeds", default="0", help="comma-separated seeds")

@@ -97,13 +97,57 @@ def test_a_rows_command_reruns_it_alone_with_its_base(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["visibility", "smollm2"])
 def test_shared_against_private_tables_read_the_committed_runs(results, name):
     folder = results.HERE.parent / "results" / "experiments" / name
-    order, references, digits = results.VISIBILITY_TABLES[name]
+    order, references, digits = results.SUITE_TABLES[name]
     text = results.table(results.load(folder), references=references, order=order, digits=digits)
     rows = [line for line in text.splitlines()[2:]]
     assert [r.split(" | ")[0].lstrip("| ") for r in rows] == [label for label in order
                                                            if f"| {label} |" in text]
     assert any(r.startswith("| CYB 3 pauses, private |") for r in rows)
     assert "vs CYB 3 pauses, shared" in text.splitlines()[0]
+
+
+def test_the_real_model_suites_name_their_rows_apart(tmp_path):
+    """--only selects one row: private CYB is not its LoRA row, shared TBYS not private TBYS; the
+    arithmetic rows are scored on their task and the stability rows change only the optimiser."""
+    from experiments import run_suite
+
+    files = {k: k for k in ("train", "valid", "base", "ft", "tokenizer", "valid_in")}
+    sm = run_suite.suite_jobs("smollm2", 0, dict(run_suite.SCALES["smollm2"]), files, tmp_path)
+    names = {j.name for j in sm}
+    assert len(names) == len(sm) == 10
+    assert {j.name for j in run_suite.select(sm, ["sm-cyb-p3-private"])} == {"sm-cyb-p3-private-s0"}
+    assert {j.name for j in run_suite.select(sm, ["sm-tbys-p3-s"])} == {"sm-tbys-p3-s0"}
+    lora = [j for j in sm if "lora" in j.name]
+    assert all(j.cfg["lora"]["rank"] == 16 and j.cfg["optim"]["lr"] == 1e-3 for j in lora) and len(lora) == 2
+    epoch = run_suite.suite_jobs("smollm2", 1, dict(run_suite.SCALES["smollm2-epoch"]), files, tmp_path)
+    assert {j.cfg["train"]["steps"] for j in epoch} == {1620} and all(j.cfg["train"]["save_every"] for j in epoch)
+    ar = run_suite.suite_jobs("smollm2-arith", 2, dict(run_suite.SCALES["smollm2-arith"]), files, tmp_path)
+    assert all(j.task and j.cfg["data"]["task"] == "addition" for j in ar) and len(ar) == 6
+    st = run_suite.suite_jobs("stability", 3, dict(run_suite.SCALES["gpu"]), files, tmp_path)
+    plain = next(j for j in st if j.name == "st-cyb-s3")
+    warm = next(j for j in st if j.name == "st-cyb-warmup400-s3")
+    assert warm.cfg["optim"]["warmup_steps"] == 400 and plain.cfg["optim"]["warmup_steps"] == 100
+    assert {k: v for k, v in warm.cfg.items() if k != "optim" and k != "train"} == \
+        {k: v for k, v in plain.cfg.items() if k != "optim" and k != "train"}
+
+
+@pytest.mark.parametrize("name", ["smollm2-epoch", "stability"])
+def test_the_suite_tables_read_the_committed_runs(results, name):
+    folder = results.HERE.parent / "results" / "experiments" / name
+    order, references, digits = results.SUITE_TABLES[name]
+    text = results.table(results.load(folder), references=references, order=order, digits=digits)
+    labels = [line.split(" | ")[0].lstrip("| ") for line in text.splitlines()[2:]]
+    assert labels == order
+    assert f"--out outputs/{name}" in text  # each row's command reruns it into its own folder
+
+
+def test_the_arithmetic_table_reads_the_committed_runs(results):
+    folder = results.HERE.parent / "results" / "experiments" / "smollm2-arith"
+    text = results.arithmetic_table(results.load(folder))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()[2:]}
+    assert list(rows)[0] == "Baseline" and "CYB 3 pauses, private" in rows
+    assert "| 90.8 ± 1.1% | 91.6%, 90.0% | --- |" in rows["Baseline"]
+    assert "--scale smollm2-arith" in rows["CYB 3 pauses, private"]
 
 
 def test_early_pausing_orders_the_cyb_seeds_by_final_perplexity():

@@ -110,3 +110,29 @@ def test_a_pretrained_model_trains_on_a_task_as_text_and_eval_scores_it(pretrain
     assert task["answer_tokens_scored"] == sum(len(tok(a, add_special_tokens=False)["input_ids"]) + 1
                                                for a in valid.answers)
     assert "synthetic task `addition`" in (final / "README.md").read_text()
+
+
+def test_task_decoding_scores_a_private_run_three_ways(pretrained, tmp_path):
+    """experiments/task_decoding.py: under private pauses, free-running adaptive generation
+    answers exactly the examples the teacher-forced greedy readout gets right."""
+    from cyb.train import train
+    from experiments import task_decoding
+
+    cfg = RunConfig.from_dict({
+        "model": {"name_or_path": str(pretrained)},
+        "method": {"name": "cyb", "num_steps": 2, "pause_visibility": "private"},
+        "data": {"task": "addition", "task_kwargs": {"digits": 2}, "num_train_examples": 64,
+                 "num_valid_examples": 12},
+        "optim": {"lr": 1e-2, "warmup_steps": 1},
+        "train": {"out_dir": str(tmp_path / "run"), "steps": 2, "batch_size": 8, "eval_every": 0,
+                  "save_every": 0, "progress": False},
+    }).validate()
+    train(cfg)
+    assert task_decoding.main([str(tmp_path / "run"), "--limit", "12"]) == 0
+    scores = json.loads((tmp_path / "run" / "task.json").read_text())
+    forced = scores["teacher_forced"]
+    assert scores["num_examples"] == 12 and scores["pause_visibility"] == "private"
+    assert scores["adaptive"]["exact_match"] == forced["exact_match"]
+    assert scores["fixed"]["positions_per_token"] == 2.0
+    assert 1.0 <= scores["adaptive"]["positions_per_token"] <= 2.0
+    assert len(forced["per_position_steps"]) == 4  # three answer digits and the end of sequence
