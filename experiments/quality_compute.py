@@ -1,5 +1,6 @@
 """Held-out perplexity against network forwards per real token for the fine-tuning rows
-(results/experiments/text, three seeds; results/experiments/smollm2, three seeds (TBYS two))::
+(results/experiments/text, three seeds; results/experiments/smollm2, 500 steps, two or three
+seeds, full fine-tuning; results/experiments/smollm2-epoch, one epoch, three seeds)::
 
     python experiments/quality_compute.py [OUT.png]      # default results/experiments/quality_compute.png
 
@@ -68,16 +69,18 @@ def _point(label: str, runs: list[dict]) -> dict:
 
 
 def points(folder: Path, suite: str) -> list[dict]:
+    """One point per row of ``folder`` (full fine-tuning: LoRA rows and the base left out)."""
     groups: dict[str, list[dict]] = {}
     for r in _rows(folder):
-        if r["suite"] == suite and not r["label"].startswith("Pretrained base"):
+        if r["suite"] == suite and not r["label"].startswith("Pretrained base") and "LoRA" not in r["label"]:
             groups.setdefault(r["label"], []).append(r)
     return [_point(label, runs) for label, runs in groups.items()]
 
 
 def main(out: str = str(RESULTS / "quality_compute.png")) -> Path:
     panels = {"fine-tuning a model pretrained here (techdocs, 3 seeds)": points(RESULTS / "text", "finetune"),
-              "fine-tuning SmolLM2-135M (techdocs, 3 seeds; TBYS 2)": points(RESULTS / "smollm2", "smollm2")}
+              "fine-tuning SmolLM2-135M, 500 steps (2-3 seeds)": points(RESULTS / "smollm2", "smollm2"),
+              "fine-tuning SmolLM2-135M, one epoch (3 seeds)": points(RESULTS / "smollm2-epoch", "smollm2")}
     return quality_compute(out, panels)
 
 

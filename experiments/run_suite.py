@@ -32,6 +32,15 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``smollm2``: SmolLM2-135M (``$CYB_SMOLLM2``, else ``cyb fetch smollm2-135m``'s folder)
   fine-tuned on all of techdocs for 500 steps of 32 x 256 real tokens at lr 1e-4: baseline, CYB
   3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
+  More rows: TBYS 3 shared, CYB 1 and 2 pauses private, and LoRA (rank 16, lr 1e-3) for the
+  baseline and private CYB 3. ``--scale smollm2-epoch`` runs them for about one epoch (1,620
+  steps, checkpointed every 405 so that a cut run resumes).
+* ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
+  written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared and private
+  and CYB-decoupled private, scored by exact match three ways (``experiments/task_decoding.py``).
+* ``stability``: the ``pretrain`` suite's baseline and CYB 3 over five seeds (``--seeds
+  0,1,2,3,4``), beside CYB with private pauses, with 400 warmup steps instead of 100, with peak
+  lr 5e-4, and the baseline with 400 warmup steps: what narrows CYB's spread between seeds.
 * ``recipes``: the training recipes beyond the paper (``cyb_anytime``, ``cyb_decoupled``,
   ``cyb_ponder`` at two costs, CYB-VA with a geometric rho as in PonderNet, CYB with gamma0 0.9
   held or annealed from 1 over half the steps) against baseline, TBYS 3 and
