@@ -9,14 +9,17 @@
 #   LoRA rows, seeds 0-2, and the baseline of seed 0 again (compiled; the first rows ran eager);
 # * smollm2-arith: 5-digit addition, six methods, seeds 0-2.
 #
-# Each GPU runs one job of each suite at a time. Runs are checkpointed: rerunning the script
-# on the same machine before the deadline's kills are forgotten resumes them (finished runs
-# are skipped). Results (no weights) are packed into $OUT/<suite>.tar.gz after every run.
+# Each GPU runs one job of each suite at a time. SECONDS counts from the script's start (the
+# staging included): leave a minute under a call's time limit for the last packing, or the
+# call ends with the jobs still running. Runs are checkpointed: running the script again on the
+# same machine resumes them (finished runs are skipped). Results (no weights) are packed into
+# $OUT/<suite>.tar.gz after every run.
 set -u
+start=$SECONDS
 source experiments/stage_smollm2.sh
 stage_smollm2 || exit 1
 out=${OUT:-.}
-deadline=${1:-540}
+deadline=$(( ${1:-540} - (SECONDS - start) ))  # what the staging left
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
 suite() {  # NAME SUITE [run_suite.py options]
   local name=$1
