@@ -252,8 +252,7 @@ def arithmetic_table(rows: list[dict]) -> str:
         per_position = [r["task"]["teacher_forced"]["per_position_steps"] for r in scored]
         by_position = " / ".join(f"{statistics.mean(col):.2f}" for col in zip(*per_position)) if per_position else ""
         missing = [str(r["seed"]) for r in runs if not r.get("task")]
-        seeds = ", ".join(f"{100 * x:.1f}%" for x in exact) + (f" (seed {', '.join(missing)}: not scored)"
-                                                               if missing else "")
+        seeds = ", ".join([f"{100 * x:.1f}%" for x in exact] + [f"seed {m} not scored" for m in missing])
         lines.append(" | ".join([
             f"| {label}", pct(exact), seeds, "---" if label == "Baseline" else (mean_sd(gain, "{:+.1f}") if gain else ""),
             pct(modes["fixed"]), pct(modes["adaptive"]), mean_sd(used, "{:.2f}") if used else "", by_position,
