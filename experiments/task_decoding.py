@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", type=Path, help="a finished run folder of a task (config.yaml, final/)")
     p.add_argument("--limit", type=int, default=500, help="prompts generated free-running (default 500)")
     args = p.parse_args(argv)
-    scores = task_scores(args.run, args.limit)
+    try:
+        scores = task_scores(args.run, args.limit)
+    except (FileNotFoundError, ValueError) as e:  # not a finished run: say so in one line
+        p.error(str(e))
     (args.run / "task.json").write_text(json.dumps(scores, indent=1) + "\n")
     forced = scores["teacher_forced"]
     line = f"{args.run.name}: exact match {forced['exact_match']:.1%} (teacher-forced, E[S] {forced['mean_steps']:.2f})"
