@@ -2,14 +2,14 @@
 
     python experiments/task_decoding.py RUN [--limit 500]
 
-* ``teacher_forced``: the greedy readout over the held-out answers
-  (:func:`cyb.demo.score_model`: per answer token the greedy ``<don't know>`` decision), with
-  E[S] per answer position: which digits the model pauses on.
-* ``fixed`` and ``adaptive``: free-running greedy generation from each prompt
-  (:func:`cyb.demo.decoding_cost`): every token read out at step M, or at the first step that
-  does not answer ``<don't know>``, with the positions per generated token each used.  Under
-  private pauses adaptive generation is the teacher-forced greedy readout exactly; under shared
-  ones later tokens then read contexts training did not show.
+* ``teacher_forced``: the greedy readout over the held-out answers (per answer token the greedy
+  ``<don't know>`` decision), with E[S] per answer position: which digits the model pauses on.
+* ``fixed`` and ``adaptive``: free-running greedy generation from each prompt: every token read
+  out at step M, or at the first step that does not answer ``<don't know>``, with the positions
+  per generated token each used.
+
+These are ``cyb eval RUN --generate LIMIT``'s task scores (:mod:`cyb.eval.task_scores`), without
+the rest of its analyses, in the layout the suite's tables read.
 
 The held-out examples are the run's own (``data.num_valid_examples``, seed ``train.seed + 1``,
 disjoint from the training examples).
@@ -24,22 +24,19 @@ from pathlib import Path
 
 
 def task_scores(run: Path, limit: int) -> dict:
-    from cyb.demo import decoding_cost, score_model
+    """The run's scores as ``cyb eval RUN --generate LIMIT`` computes them
+    (:func:`cyb.eval.task_scores.score_task`), on all its held-out examples."""
     from cyb.eval.evaluate import load_model, resolve_target
-    from cyb.run_data import synthetic_sets
+    from cyb.eval.task_scores import score_task
 
     target = resolve_target(run)
     model = load_model(target)
-    _, valid = synthetic_sets(target.config, model.tokenizer)
-    forced = score_model(model, valid, batch_size=128)
-    out = {"num_examples": valid.num_examples, "num_steps": model.num_steps,
-           "pause_visibility": model.pause_visibility,
-           "teacher_forced": {k: forced[k] for k in ("exact_match", "token_accuracy", "ppl", "mean_steps",
-                                                     "greedy_steps", "per_position_accuracy",
-                                                     "per_position_steps")}}
-    if model.num_steps > 1:  # a baseline has one mode
-        out.update(decoding_cost(model, valid, limit=limit, batch_size=128))
-    return out
+    scores = score_task(model, target.config, model.tokenizer, generate=limit)
+    teacher = {k: scores[k] for k in ("exact_match", "token_accuracy", "ppl", "mean_steps", "greedy_steps",
+                                      "per_position_accuracy", "per_position_steps")}
+    return {"num_examples": scores["num_examples"], "num_steps": model.num_steps,
+            "pause_visibility": model.pause_visibility, "teacher_forced": teacher,
+            **scores.get("generation", {})}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,6 +100,17 @@ def test_a_pretrained_model_trains_on_a_task_as_text_and_eval_scores_it(pretrain
     assert main(["eval", str(tmp_path / "run"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "task: exact match" in out and "on 16 held-out examples" in out
+    assert "generating" not in out  # the teacher-forced readout only, unless asked
+    assert main(["eval", str(tmp_path / "run"), "--no-progress", "--generate", "4",
+                 "--out", str(tmp_path / "generated")]) == 0
+    out = capsys.readouterr().out
+    assert "generating the first 4 answers in fixed mode: exact match" in out
+    assert "generating the first 4 answers in adaptive mode" in out
+    generated = json.loads((tmp_path / "generated" / "metrics.json").read_text())["task"]["generation"]
+    assert generated["fixed"]["positions_per_token"] == 2.0 and generated["fixed"]["prompts"] == 4
+    assert 1.0 <= generated["adaptive"]["positions_per_token"] <= 2.0
+    assert main(["eval", str(tmp_path / "run"), "--no-progress", "--generate", "-1"]) != 0
+    assert "--generate" in capsys.readouterr().err
     metrics = json.loads((tmp_path / "run" / "eval" / "metrics.json").read_text())
     task = metrics["task"]
     assert 0.0 <= task["exact_match"] <= 1.0 and task["num_examples"] == 16

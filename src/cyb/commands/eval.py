@@ -51,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attribution", default="input", choices=("input", "target"),
                    help="pause statistics: count a block's pauses for the token after which they come "
                         "(input, Table 2) or for the token it predicts (target, as the shaded text)")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="a task run: also generate the answers to the first N held-out prompts, "
+                        "free-running, in fixed and adaptive mode, and report their exact match "
+                        "and positions per token (default: 0, the teacher-forced readout only)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -66,7 +70,8 @@ def run(args) -> int:
                        out_dir=args.out, reference=args.reference, device=args.device, precision=args.precision,
                        impl=args.impl, dtype=args.dtype, block_len=args.block_len, num_passages=args.passages,
                        passage_tokens=args.passage_tokens, min_count=args.min_count, top_k=args.top_k,
-                       attribution=args.attribution, progress=not args.no_progress, command=command)
+                       attribution=args.attribution, progress=not args.no_progress, command=command,
+                       generate=args.generate)
     print(format_summary(metrics))
     return 0
 

@@ -353,6 +353,7 @@ def evaluate(
     progress: bool = True,
     write: bool = True,
     command: str | None = None,
+    generate: int = 0,
 ) -> dict:
     """Evaluate a run or saved model on held-out data; returns the metrics (also written as
     ``metrics.json`` with figures into ``out_dir``, default ``PATH/eval``, unless ``write`` is
@@ -374,11 +375,15 @@ def evaluate(
         num_passages, passage_tokens: shaded-text passages and their length.
         min_count, top_k, attribution: Table 2 settings (see :mod:`cyb.analysis.pause_stats`).
         command: the command line, stored in ``metrics.json``.
+        generate: a task run: also generate the answers to the first ``generate`` held-out
+            prompts in fixed and adaptive mode (:func:`cyb.eval.task_scores.score_task`).
     """
     if max_tokens is not None and max_tokens != RUN_ROWS and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"max_tokens (--tokens) must be >= 1, None or {RUN_ROWS!r}, got {max_tokens!r}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {batch_size}")
+    if generate < 0:
+        raise ValueError(f"generate (--generate) must be >= 0, got {generate}")
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
     target = resolve_target(path)
@@ -418,7 +423,8 @@ def evaluate(
     if spec.kind == "synthetic":  # exact match of the greedy answers
         from .task_scores import score_task
 
-        metrics["task"] = score_task(model, spec.config, tokenizer, max_rows=spec.max_rows)
+        metrics["task"] = score_task(model, spec.config, tokenizer, max_rows=spec.max_rows,
+                                     generate=generate)
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
