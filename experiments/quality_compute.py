@@ -1,5 +1,6 @@
 """Held-out perplexity against network forwards per real token for the fine-tuning rows
-(results/experiments/text, three seeds; results/experiments/smollm2, 500 steps, two or three
+(results/experiments/text and the recipes of results/experiments/recipes that move CYB along
+the compute axis, three seeds; results/experiments/smollm2, 500 steps, two or three
 seeds, full fine-tuning; results/experiments/smollm2-epoch, one epoch, three seeds)::
 
     python experiments/quality_compute.py [OUT.png]      # default results/experiments/quality_compute.png
@@ -77,8 +78,15 @@ def points(folder: Path, suite: str) -> list[dict]:
     return [_point(label, runs) for label, runs in groups.items()]
 
 
+#: the recipes (results/experiments/recipes, fine-tuned as the finetune suite, same bases and
+#: seeds) that move CYB along the compute axis: a ponder reward pauses more, the others differ in
+#: how the steps are trained
+CURVE_RECIPES = ("CYB-ponder tau=-0.05", "CYB-ponder tau=-0.02", "CYB-anytime w=0.1", "CYB-decoupled")
+
+
 def main(out: str = str(RESULTS / "quality_compute.png")) -> Path:
-    panels = {"fine-tuning a model pretrained here (techdocs, 3 seeds)": points(RESULTS / "text", "finetune"),
+    recipes = [p for p in points(RESULTS / "recipes", "recipes") if p["label"] in CURVE_RECIPES]
+    panels = {"fine-tuning a model pretrained here (techdocs, 3 seeds)": points(RESULTS / "text", "finetune") + recipes,
               "fine-tuning SmolLM2-135M, 500 steps (2-3 seeds)": points(RESULTS / "smollm2", "smollm2"),
               "fine-tuning SmolLM2-135M, one epoch (3 seeds)": points(RESULTS / "smollm2-epoch", "smollm2")}
     return quality_compute(out, panels)
