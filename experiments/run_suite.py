@@ -200,6 +200,21 @@ def smollm2_model() -> str:
     return os.environ.get("CYB_SMOLLM2", "smollm2-135m")
 
 
+def private_suffix(m: dict) -> str:
+    """``-private`` in the run names of methods with private pauses."""
+    return "-private" if m.get("pause_visibility") == "private" else ""
+
+
+def smollm2_config(s: dict, run: Path, seed: int, m: dict, data: dict, *, lr: float, save_every: int,
+                   log_every: int) -> dict:
+    """The config of one SmolLM2-135M fine-tuning run of scale ``s`` into the folder ``run``."""
+    return {"model": {"name_or_path": smollm2_model()}, "method": m, "data": data,
+            "optim": {"lr": lr, "warmup_steps": s["warmup"]},
+            "train": {"out_dir": str(run), "steps": s["ft_steps"], "batch_size": s["batch"],
+                      "eval_every": s["eval_every"], "eval_batches": 0, "save_every": save_every, "keep_last": 1,
+                      "log_every": log_every, "seed": seed, "progress": False, "compile": bool(s["compile"])}}
+
+
 def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
     """SmolLM2-135M fine-tuned on techdocs with and without pauses, shared and private, fully
     and with LoRA adapters (rank 16, lr 1e-3)."""
@@ -216,16 +231,11 @@ def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
             ("CYB 3 pauses, private, LoRA", method("cyb", pause_visibility="private"), lora, 1.0)]
     jobs = []
     for rank, (label, m, adapters, cost) in enumerate(rows):
-        vis = "-private" if m.get("pause_visibility") == "private" else ""
-        name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{vis}-s{seed}"
-        cfg = {"model": {"name_or_path": smollm2_model()}, "method": m,
-               "data": {"source": files["train"], "valid_source": files["valid_in"],
-                        "block_len": s["block_len"], "shuffle": "corpus"},
-               "optim": {"lr": 1e-3 if adapters else s["lr"], "warmup_steps": s["warmup"]},
-               "train": {"out_dir": str(out / name), "steps": s["ft_steps"], "batch_size": s["batch"],
-                         "eval_every": s["eval_every"], "eval_batches": 0, "save_every": s["save_every"],
-                         "keep_last": 1, "log_every": 20, "seed": seed, "progress": False,
-                         "compile": bool(s["compile"])}}
+        name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{private_suffix(m)}-s{seed}"
+        data = {"source": files["train"], "valid_source": files["valid_in"], "block_len": s["block_len"],
+                "shuffle": "corpus"}
+        cfg = smollm2_config(s, out / name, seed, m, data, lr=1e-3 if adapters else s["lr"],
+                             save_every=s["save_every"], log_every=20)
         if adapters:
             cfg["lora"] = adapters
         # seed 0 of every row first, then the baseline and private CYB of the other seeds
@@ -247,15 +257,10 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
             ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private"))]
     jobs = []
     for label, m in rows:
-        vis = "-private" if m.get("pause_visibility") == "private" else ""
-        name = f"ar-{m['name']}-p{m['num_steps'] - 1}{vis}-s{seed}"
-        cfg = {"model": {"name_or_path": smollm2_model()}, "method": m,
-               "data": {"task": s["task"], "task_kwargs": {"digits": s["digits"]},
-                        "num_train_examples": s["train_examples"], "num_valid_examples": s["valid_examples"]},
-               "optim": {"lr": s["lr"], "warmup_steps": s["warmup"]},
-               "train": {"out_dir": str(out / name), "steps": s["ft_steps"], "batch_size": s["batch"],
-                         "eval_every": s["eval_every"], "eval_batches": 0, "save_every": 0, "keep_last": 1,
-                         "log_every": 50, "seed": seed, "progress": False, "compile": bool(s["compile"])}}
+        name = f"ar-{m['name']}-p{m['num_steps'] - 1}{private_suffix(m)}-s{seed}"
+        data = {"task": s["task"], "task_kwargs": {"digits": s["digits"]},
+                "num_train_examples": s["train_examples"], "num_valid_examples": s["valid_examples"]}
+        cfg = smollm2_config(s, out / name, seed, m, data, lr=s["lr"], save_every=0, log_every=50)
         jobs.append(Job(name, "smollm2-arith", label, seed, cfg, cost=0.5, task=True))
     return jobs
 
@@ -337,7 +342,7 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
         suffix = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, list) else v}"
                          for k, v in m.items() if k not in ("name", "num_steps", "seq_multiplier",
                                                             "pause_visibility"))
-        suffix += "-private" if m.get("pause_visibility") == "private" else ""
+        suffix += private_suffix(m)
         name = f"ft-{short}-p{m['num_steps'] - 1}{suffix}-s{seed}"
         jobs.append(Job(name, suite, label, seed,
                         config(s, files, out, name, seed, m, source="ft", steps=s["ft_steps"], base=base_dir),
@@ -396,14 +401,12 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
     script = f"{sys.executable} -m cyb train {cfg_path}"
     if job.task:  # exact match, teacher-forced and free-running
         script += f" && {sys.executable} experiments/task_decoding.py {out / job.name}"
-        log = open(log_dir / f"{job.name}.log", "w")
-        return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    if job.analyse:  # figures and analyses on the run's own held-out rows
-        script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
-    # and the whole held-out file, Jargon File included
-    script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
-               f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
+    else:
+        if job.analyse:  # figures and analyses on the run's own held-out rows
+            script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
+        # and the whole held-out file, Jargon File included
+        script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
+                   f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
     log = open(log_dir / f"{job.name}.log", "w")
     return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

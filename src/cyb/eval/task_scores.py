@@ -24,11 +24,10 @@ LOGIT_BUDGET = 64 * 2**20
 
 def score_task(model, config, tokenizer, *, max_rows: int | None = None, generate: int = 0) -> dict:
     """``{"exact_match", "token_accuracy", "ppl", "mean_steps", "per_position_accuracy",
-    "per_position_steps", "greedy_steps", "num_examples", "answer_tokens_scored"}`` (``ppl``:
-    the answers' perplexity under the model's method; ``mean_steps``: E[S] per answer token) of
-    ``model`` on the held-out
-    examples of ``config``'s task (the first ``max_rows``); per position: answer tokens in
-    order, the end-of-sequence token last.  With ``generate > 0`` and a model that can generate
+    "per_position_steps", "greedy_steps", "num_examples", "answer_tokens_scored"}`` of ``model``
+    on the held-out examples of ``config``'s task (the first ``max_rows``): ``ppl`` the answers'
+    perplexity under the model's method, ``mean_steps`` E[S] per answer token, per position the
+    answer tokens in order and the end-of-sequence token last.  With ``generate > 0`` and a model that can generate
     with pauses (M > 1, shared or private pauses) also ``"generation": {"fixed": ...,
     "adaptive": ...}``, each ``{"exact_match", "positions_per_token", "seconds", "prompts"}``
     over the first ``generate`` prompts."""

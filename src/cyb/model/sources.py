@@ -78,8 +78,6 @@ def plain_model_kwargs(folder) -> dict:
     return {"num_steps": 1} if any((folder / w).is_file() for w in weights) else {}
 
 
-
-
 def saved_model_folder(path, what: str = "MODEL_DIR", *, allow_plain: bool = False) -> Path:
     """The saved pause model that ``path`` names: a model folder (``cyb_pause.json``), the
     ``final/`` of a ``cyb train`` run folder, a ``.gguf`` file or a known model's short name (their
