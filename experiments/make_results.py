@@ -196,8 +196,9 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
 #: the suites with one table each, named after their folder: ``(row order, reference rows,
 #: decimals of the perplexities)`` (a pretrained model's gains are small: two decimals)
 SUITE_TABLES = {
-    "smollm2": (["Baseline", "CYB 1 pause, private", "CYB 2 pauses, private", "CYB 3 pauses, private",
-                 "CYB 3 pauses, shared", "CYB-decoupled 3 pauses, private", "TBYS 3 pauses, private",
+    "smollm2": (["Baseline", "Baseline 4xseq", "CYB 1 pause, private", "CYB 2 pauses, private",
+                 "CYB 3 pauses, private", "CYB 1 pause, shared", "CYB 2 pauses, shared", "CYB 3 pauses, shared",
+                 "CYB-decoupled 3 pauses, private", "CYB-ponder tau=-0.05, private", "TBYS 3 pauses, private",
                  "TBYS 3 pauses, shared", "Baseline, LoRA", "CYB 3 pauses, private, LoRA"],
                 ("Baseline", "CYB 3 pauses, shared", "Baseline, LoRA"), 2),
     "smollm2-epoch": (["Baseline", "CYB 3 pauses, private"], ("Baseline",), 2),

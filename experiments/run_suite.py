@@ -32,8 +32,9 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``smollm2``: SmolLM2-135M (``$CYB_SMOLLM2``, else ``cyb fetch smollm2-135m``'s folder)
   fine-tuned on all of techdocs for 500 steps of 32 x 256 real tokens at lr 1e-4: baseline, CYB
   3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
-  More rows: TBYS 3 shared, CYB 1 and 2 pauses private, and LoRA (rank 16, lr 1e-3) for the
-  baseline and private CYB 3. ``--scale smollm2-epoch`` runs them for about one epoch (1,620
+  More rows: TBYS 3 shared, CYB 1 and 2 pauses private and shared, LoRA (rank 16, lr 1e-3) for
+  the baseline and private CYB 3, the baseline with 4x the context (``baseline_nx``,
+  compute-matched) and CYB-ponder tau=-0.05 private (docs/recipes.md). ``--scale smollm2-epoch`` runs them for about one epoch (1,620
   steps, checkpointed every 405 so that a cut run resumes).
 * ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
   written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared and private
@@ -228,7 +229,12 @@ def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
             ("CYB 1 pause, private", method("cyb", 1, pause_visibility="private"), None, 0.5),
             ("CYB 2 pauses, private", method("cyb", 2, pause_visibility="private"), None, 0.75),
             ("Baseline, LoRA", method("baseline"), lora, 0.3),
-            ("CYB 3 pauses, private, LoRA", method("cyb", pause_visibility="private"), lora, 1.0)]
+            ("CYB 3 pauses, private, LoRA", method("cyb", pause_visibility="private"), lora, 1.0),
+            ("CYB 1 pause, shared", method("cyb", 1), None, 0.5),
+            ("CYB 2 pauses, shared", method("cyb", 2), None, 0.75),
+            ("Baseline 4xseq", method("baseline_nx", seq_multiplier=4), None, 1.0),
+            ("CYB-ponder tau=-0.05, private", method("cyb_ponder", ponder_cost=-0.05, pause_visibility="private"),
+             None, 1.0)]
     jobs = []
     for rank, (label, m, adapters, cost) in enumerate(rows):
         name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{private_suffix(m)}-s{seed}"

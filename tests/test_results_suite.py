@@ -114,9 +114,10 @@ def test_the_real_model_suites_name_their_rows_apart(tmp_path):
     files = {k: k for k in ("train", "valid", "base", "ft", "tokenizer", "valid_in")}
     sm = run_suite.suite_jobs("smollm2", 0, dict(run_suite.SCALES["smollm2"]), files, tmp_path)
     names = {j.name for j in sm}
-    assert len(names) == len(sm) == 10
+    assert len(names) == len(sm) == 14
     assert {j.name for j in run_suite.select(sm, ["sm-cyb-p3-private"])} == {"sm-cyb-p3-private-s0"}
     assert {j.name for j in run_suite.select(sm, ["sm-tbys-p3-s"])} == {"sm-tbys-p3-s0"}
+    assert {j.name for j in run_suite.select(sm, ["sm-cyb-p1-s", "sm-cyb-p2-s"])} == {"sm-cyb-p1-s0", "sm-cyb-p2-s0"}
     lora = [j for j in sm if "lora" in j.name]
     assert all(j.cfg["lora"]["rank"] == 16 and j.cfg["optim"]["lr"] == 1e-3 for j in lora) and len(lora) == 2
     epoch = run_suite.suite_jobs("smollm2", 1, dict(run_suite.SCALES["smollm2-epoch"]), files, tmp_path)
