@@ -105,6 +105,7 @@ GRIDS: dict[str, dict[str, dict]] = {
         "add3-shared": {"pause_visibility": "shared",
                         "methods": ["baseline", "tbys", "cyb", "cyb_decoupled"]},
         "add3-private": {"pause_visibility": "private", "methods": ["tbys", "cyb", "cyb_decoupled"]},
+        "add3-gated": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"]},
     },
 }
 #: The demo's defaults when the cpu and demo14 grids ran (the default demo has changed since):

@@ -85,6 +85,8 @@ PRIVATE = [
     ("cyb", {"pause_visibility": "private", "recipe": 2, "omega": [1.0, 1.0, 1.0]}),
     ("tbys_original", {"pause_visibility": "private"}),
     ("cyb_decoupled", {"pause_visibility": "private"}),
+    ("cyb", {"pause_visibility": "gated"}),
+    ("tbys", {"pause_visibility": "gated", "recipe": 2, "omega": [1.0, 1.0, 1.0]}),
 ]
 
 
@@ -109,15 +111,25 @@ def test_every_method_learns_synthetic(tmp_path, method, extra):
         assert 1.0 <= rows[-1]["mean_steps"] <= 3.0 and abs(sum(rows[-1]["stop_dist"]) - 1) < 1e-4
 
 
-@pytest.mark.parametrize("method,extra", PRIVATE, ids=["private", "private-recipe2", "private-inserted", "private-decoupled"])
-def test_private_and_last_visible_pauses_learn_synthetic(tmp_path, method, extra):
-    """Non-shared pauses train end to end (with gradient checkpointing on one of them) and
-    their model folder keeps the visibility."""
+@pytest.mark.parametrize("method,extra", PRIVATE, ids=["private", "private-recipe2", "private-inserted", "private-decoupled",
+                                                     "gated", "gated-recipe2"])
+def test_non_shared_pauses_learn_synthetic(tmp_path, method, extra):
+    """Non-shared pauses train end to end (with gradient checkpointing on the Recipe 2 runs) and
+    their model folder keeps the visibility (gated ones: the gates moved, at their own
+    learning rate, and read back)."""
     cfg = tiny_cfg(tmp_path / "run", method=dict(name=method, **extra))
     cfg.model.gradient_checkpointing = extra.get("recipe") == 2
     trainer, _ = _learns(cfg)
     saved = json.loads((tmp_path / "run" / "final" / "cyb_pause.json").read_text())
     assert saved["pause_visibility"] == extra["pause_visibility"]
+    if extra["pause_visibility"] == "gated":
+        from cyb.model import PauseModel, gates
+
+        assert [g["lr"] for g in trainer.optimizer.param_groups][-1] < cfg.method.pause_gate_lr  # (decayed)
+        trained = gates.gate_values(trainer.model.hf_model)
+        assert not torch.equal(trained, torch.full_like(trained, gates.GATE_INIT))
+        loaded = PauseModel.from_pretrained(tmp_path / "run" / "final")
+        assert torch.equal(gates.gate_values(loaded.hf_model), trained)
 
 
 @pytest.mark.parametrize("method,extra", METHODS + [("baseline_nx", {"seq_multiplier": 2})],

@@ -35,7 +35,7 @@ def test_recipe1_mask_is_the_rule(visibility):
     got = vis.visible(steps, visibility)
     for r in range(2):
         tok, stp = steps.token[0].tolist(), steps.step[0].tolist()
-        exported = [{"shared": True, "private": s == 0}[visibility] for s in stp]
+        exported = [{"shared": True, "gated": True, "private": s == 0}[visibility] for s in stp]
         assert torch.equal(got[r], brute_visible(tok, stp, exported, steps.valid[r].tolist()))
 
 

@@ -183,12 +183,15 @@ def build_model(cfg: RunConfig, tokenizer):
     """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch), with
     LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.model.lora.apply_lora`;
     before any DDP/FSDP wrapping, which must see the final set of trainable parameters)."""
+    from .model import gates
     from .model.lora import apply_lora, is_lora
 
     model = _load_model(cfg, tokenizer)
     if is_lora(model):
         raise ValueError(f"model.name_or_path ({cfg.model.name_or_path}) is a LoRA folder: merge it into a "
                          "plain model first (cyb merge FOLDER OUT) and fine-tune that")
+    if model.pause_visibility == "gated" and not model.gates_loaded:
+        gates.fill_gates(model.hf_model, cfg.method.pause_gate_init)
     if cfg.lora.rank > 0:
         apply_lora(model, cfg.lora)
     return model

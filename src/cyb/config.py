@@ -77,7 +77,16 @@ class MethodConfig:
     """What later tokens see of a token's pauses: shared (everything, the paper's layout),
     or private (nothing: a token's pauses are seen only by its own later steps, so the real
     tokens run exactly as in the base model and a KV cache holds real tokens only; best for
-    fine-tuning a pretrained model). docs/method.md compares them."""
+    fine-tuning a pretrained model), or gated (everything, the logits of other tokens' pauses
+    biased by a learned gate per layer and head that starts almost closed; no KV-cache
+    decoding). docs/method.md compares them."""
+    pause_gate_init: float = -8.0
+    """pause_visibility gated: the gates' starting bias on the attention logits of other tokens'
+    pauses (-8: almost closed, the base model nearly intact; 0: the shared layout). A model
+    that was saved gated keeps its trained gates."""
+    pause_gate_lr: float = 0.02
+    """pause_visibility gated: learning rate of the gates (AdamW, no weight decay, the run's
+    schedule); a gate's bias moves by up to about this much per step."""
     omega: list[float] | None = None
     """World stop distribution over steps 1..M (ratios); None = one-hot on M."""
     gamma: list[float] | None = None
@@ -276,6 +285,10 @@ class RunConfig:
         _validate_model(self.model)
         _validate_method(self.method, self.data)
         _validate_lora(self.lora, self.model)
+        _need(not (self.lora.rank and self.method.pause_visibility == "gated"), "method.pause_visibility",
+              "gated pauses train their gates with the whole model: set lora.rank = 0, or use shared or private")
+        _need(self.model.attn_implementation != "eager" or self.method.pause_visibility != "gated",
+              "method.pause_visibility", "gated pauses need model.attn_implementation sdpa")
         _validate_data(self.data)
         _validate_optim(self.optim)
         _validate_train(self.train)
@@ -399,6 +412,9 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
               f"{me.name} needs M >= 2 (at least one pause), got {me.num_steps}")
     _one_of(me.position_scheme, ("shared", "advance"), "method.position_scheme")
     _one_of(me.pause_visibility, VISIBILITIES, "method.pause_visibility")
+    _need(math.isfinite(me.pause_gate_lr) and me.pause_gate_lr >= 0, "method.pause_gate_lr",
+          f"must be finite and >= 0, got {me.pause_gate_lr}")
+    _need(math.isfinite(me.pause_gate_init), "method.pause_gate_init", f"must be finite, got {me.pause_gate_init}")
     for name in ("omega", "rho", "gamma"):
         vec = getattr(me, name)
         if vec is not None:

@@ -177,6 +177,7 @@ class MethodSpec:
 
 
 _DISCOUNT = ("gamma", "gamma0", "gamma0_anneal_steps")
+_VISIBILITY = ("pause_visibility", "pause_gate_init", "pause_gate_lr")
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("baseline", "Baseline", "none", False, _last_step_ce, _last_step_ce,
                colour="tab:gray", help="no pauses"),
@@ -184,28 +185,28 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                fields=("seq_multiplier",), lengthens_context=True, colour="tab:brown",
                help="no pauses, seq_multiplier x longer context (compute-matched)"),
     MethodSpec("tbys_original", "TBYS (original)", "inserted", False, _last_step_ce, _last_step_ce,
-               positions="advance", fields=("tbys_scheme", "random_pause_fraction", "pause_visibility"), colour="tab:olive",
+               positions="advance", fields=("tbys_scheme", "random_pause_fraction", *_VISIBILITY), colour="tab:olive",
                help="random pauses, advancing positions, one shared pause id"),
-    MethodSpec("tbys", "TBYS", "blocks", False, _tbys, _tbys, fields=("omega", "position_scheme", "pause_visibility", "recipe"),
+    MethodSpec("tbys", "TBYS", "blocks", False, _tbys, _tbys, fields=("omega", "position_scheme", *_VISIBILITY, "recipe"),
                recipe2=True, colour="tab:orange", help="Recipe 1 pauses, cross-entropy at the world's stop"),
     MethodSpec("cyb", "CYB", "blocks", True, _cyb, _own_stopping,
-               fields=("omega", *_DISCOUNT, "psi_dk", "position_scheme", "pause_visibility", "recipe"), recipe2=True,
+               fields=("omega", *_DISCOUNT, "psi_dk", "position_scheme", *_VISIBILITY, "recipe"), recipe2=True,
                colour="tab:blue", help="the CYB loss"),
     MethodSpec("cyb_va", "CYB-VA", "blocks", True, _cyb_va, _own_stopping,
-               fields=(*_DISCOUNT, "rho", "psi_dk", "position_scheme", "pause_visibility"), needs_rho=True, rho_positive=True,
+               fields=(*_DISCOUNT, "rho", "psi_dk", "position_scheme", *_VISIBILITY), needs_rho=True, rho_positive=True,
                colour="tab:purple", help="variational CYB with a desired stop distribution rho"),
     MethodSpec("cyb_dp", "CYB-DP", "blocks", True, _cyb_dp, _own_stopping,
-               fields=("omega", *_DISCOUNT, "rho", "alpha", "psi_dk", "position_scheme", "pause_visibility"), needs_rho=True,
+               fields=("omega", *_DISCOUNT, "rho", "alpha", "psi_dk", "position_scheme", *_VISIBILITY), needs_rho=True,
                colour="tab:green", help="CYB plus alpha KL(rho || s)"),
     # training recipes beyond the paper (docs/recipes.md compares them)
     MethodSpec("cyb_anytime", "CYB-anytime", "blocks", True, _cyb_anytime, _own_stopping,
-               fields=("omega", *_DISCOUNT, "aux_weight", "psi_dk", "position_scheme", "pause_visibility", "recipe"), recipe2=True,
+               fields=("omega", *_DISCOUNT, "aux_weight", "psi_dk", "position_scheme", *_VISIBILITY, "recipe"), recipe2=True,
                colour="tab:cyan", help="CYB plus aux_weight x the mean cross-entropy of every step"),
     MethodSpec("cyb_decoupled", "CYB-decoupled", "blocks", True, _cyb_decoupled, _own_stopping,
-               fields=("omega", *_DISCOUNT, "psi_dk", "position_scheme", "pause_visibility", "recipe"), recipe2=True,
+               fields=("omega", *_DISCOUNT, "psi_dk", "position_scheme", *_VISIBILITY, "recipe"), recipe2=True,
                colour="tab:red", help="per-step cross-entropy for the predictions, CYB for d alone"),
     MethodSpec("cyb_ponder", "CYB-ponder", "blocks", True, _cyb_ponder, _own_stopping,
-               fields=("omega", *_DISCOUNT, "ponder_cost", "psi_dk", "position_scheme", "pause_visibility", "recipe"), recipe2=True,
+               fields=("omega", *_DISCOUNT, "ponder_cost", "psi_dk", "position_scheme", *_VISIBILITY, "recipe"), recipe2=True,
                colour="tab:pink", help="CYB plus ponder_cost x E[S]"),
 )}
 

@@ -35,6 +35,7 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
+from .model import gates
 from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
@@ -85,13 +86,18 @@ def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float, device: torch.device):
-    """AdamW with decoupled weight decay on matrices only (fused kernels on CUDA)."""
-    decay, no_decay = [], []
+    """AdamW with decoupled weight decay on matrices only (fused kernels on CUDA); the gates of
+    a gated pause layout (:mod:`cyb.model.gates`) in a group of their own at
+    ``method.pause_gate_lr``."""
+    gate_ids = {id(p) for p in gates.gate_parameters(model)}
+    decay, no_decay, gate = [], [], []
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+            (gate if id(p) in gate_ids else decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    if gate:
+        groups.append({"params": gate, "weight_decay": 0.0, "lr": cfg.method.pause_gate_lr})
     kw = {"fused": True} if device.type == "cuda" else {}
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                              eps=cfg.optim.eps, **kw)
@@ -438,7 +444,8 @@ class Trainer:
             grad_norm = grad_norm.full_tensor()
         metrics.update(step=self.step, lr=self.scheduler.get_last_lr()[0],
                        grad_norm=None if grad_norm is None else float(grad_norm),
-                       tokens_per_s=sums.get("real", 0.0) / max(elapsed, 1e-9))
+                       tokens_per_s=sums.get("real", 0.0) / max(elapsed, 1e-9),
+                       **gates.gate_summary(self.loss_module))
         epochs = self.train_data.epochs()
         if epochs is not None:
             metrics["epoch"] = epochs

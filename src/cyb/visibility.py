@@ -6,6 +6,11 @@ decides what a later token's steps see of an earlier block:
 
 * ``shared`` (the paper's layout): everything.  Attention is plain causal over the layout, the
   way the model reads any other sequence; no mask beyond it is needed.
+* ``gated``: everything, as ``shared``, but the attention logit of a query to another (earlier)
+  token's pause gets a learned bias per layer and head (:mod:`cyb.model.gates`), which starts
+  low (the gate almost closed: nearly ``private``, so a freshly wrapped pretrained model keeps
+  its quality) and is trained with the model, so that later tokens may learn to read earlier
+  tokens' pauses where that helps.
 * ``private``: the real token only.  The query at (token ``i``, step ``j``) sees the real
   tokens ``1..i`` and the steps ``1..j`` of token ``i``'s own block, never another token's
   pauses.  The real tokens then form exactly the base model's sequence (a freshly wrapped
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-VISIBILITIES = ("shared", "private")
+VISIBILITIES = ("shared", "private", "gated")
 DEFAULT_VISIBILITY = "shared"
 
 
@@ -71,7 +76,7 @@ class BlockSteps:
     def exported(self, visibility: str) -> torch.Tensor:
         """Positions that later tokens may attend to (shape of ``step``)."""
         check_visibility(visibility)
-        if visibility == "shared":
+        if visibility in ("shared", "gated"):
             return torch.ones_like(self.step, dtype=torch.bool)
         return self.step == 0
 
@@ -137,6 +142,13 @@ def visible(steps: BlockSteps, visibility: str) -> torch.Tensor:
     return allowed | eye
 
 
+def foreign_pauses(token: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """``[B, T, T]`` bool: the key (dim 2) is a pause of an earlier token than the query's
+    (dim 1), the keys whose logits a gated layout biases.  ``token`` and ``step`` are ``[B, T]``
+    (:class:`BlockSteps`' fields, in the order the decoder sees the positions)."""
+    return (token.unsqueeze(1) < token.unsqueeze(2)) & (step.unsqueeze(1) > 0)
+
+
 def real_first_order(steps: BlockSteps, visibility: str) -> torch.Tensor:
     """``[B', T]`` long permutation that puts the exported positions first, in token order,
     then every block's remaining steps, block by block (``B'`` is 1 for a shared layout).
@@ -167,5 +179,5 @@ def reorder(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, idx)
 
 
-__all__ = ["BlockSteps", "DEFAULT_VISIBILITY", "VISIBILITIES", "check_visibility", "inserted_steps",
+__all__ = ["BlockSteps", "DEFAULT_VISIBILITY", "VISIBILITIES", "check_visibility", "foreign_pauses", "inserted_steps",
            "inverse_order", "real_first_order", "recipe1_steps", "reorder", "variable_steps", "visible"]

@@ -222,7 +222,7 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
     checkpoint.  ``fresh`` removes them first (:func:`clear_runs`).  Runs of other settings
     (another seed, model or task) are refused with an error that says how to start afresh.
     """
-    from ..model import PauseModel
+    from ..model import PauseModel, gates
     from ..run_data import synthetic_sets
     from ..train import CannotResume, train
 
@@ -274,7 +274,9 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
                            "pause_visibility": model.pause_visibility,
                            "run_dir": configs[method]["train"]["out_dir"]}
         echo(present.score_line(method, score, train_s))
-        if methods.spec(method).has_dk:
+        if model.pause_visibility == "gated":
+            results[method]["pause_gates"] = gates.gate_values(model.hf_model).tolist()
+        elif methods.spec(method).has_dk:  # (a gated model has no cached decoding)
             results[method]["decoding"] = decoding_cost(model, test)
     metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),
                "num_test_examples": len(test), "methods": results,

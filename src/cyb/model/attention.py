@@ -32,7 +32,7 @@ import functools
 import torch
 
 from .. import visibility as vis
-from . import hf
+from . import gates, hf
 
 PAUSE_ATTENTION = hf.PAUSE_ATTENTION
 #: FlexAttention tiles on CUDA: 64 x 64 ran the private mask's forward and backward faster
@@ -77,11 +77,19 @@ def _flex_kernel(compiled: bool):
 def _pause_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                      scaling: float | None = None, **kwargs):
     """sdpa, except that a ``BlockMask`` runs FlexAttention (same contract as the
-    ``transformers`` attention functions: ``(output [B, T, heads, dim], None)``)."""
+    ``transformers`` attention functions: ``(output [B, T, heads, dim], None)``).
+
+    ``pause_blocks=(token, step)`` (``[B', T]`` each, in the order of the queries and keys)
+    marks a gated layout: the module's gate (:mod:`cyb.model.gates`) is added to the logits of
+    keys that are pauses of earlier tokens."""
+    blocks = kwargs.pop("pause_blocks", None)
     block_mask_type = _block_mask_type()
     if block_mask_type is None or not isinstance(attention_mask, block_mask_type):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        if blocks is not None:
+            foreign = vis.foreign_pauses(*blocks).unsqueeze(1)
+            attention_mask = gates.gated_attention_bias(module, attention_mask, foreign).to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     if dropout and module.training:
@@ -98,10 +106,27 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     compiled = query.device.type == "cuda" and not torch.compiler.is_compiling()
     # (the layers hand over [B, heads, T, dim] views of [B, T, heads, dim]; the kernel reads
     # contiguous heads much faster, and 64 x 64 tiles beat its defaults on the private mask)
+    score_mod = None if blocks is None else _gate_score_mod(module, *blocks)
     out = _flex_kernel(compiled)(query.contiguous(), key.contiguous(), value.contiguous(),
-                                 block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
+                                 score_mod=score_mod, block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
                                  kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _gate_score_mod(module, token: torch.Tensor, step: torch.Tensor):
+    """FlexAttention's ``score_mod`` of a gated layer: the gate added to the scores of keys that
+    are pauses of earlier tokens (``token``, ``step``: ``[B', T]`` in the kernel's order)."""
+    gate = gates.gate_of(module)
+    if gate is None:
+        raise ValueError("a gated pause layout reached an attention module without a gate")
+
+    def row(x, b):
+        return x[b if x.shape[0] > 1 else 0]
+
+    def mod(score, b, h, q, k):
+        foreign = (row(token, b)[k] < row(token, b)[q]) & (row(step, b)[k] > 0)
+        return score + torch.where(foreign, gate[h].to(score.dtype), torch.zeros_like(score))
+    return mod
 
 
 def use_pause_attention(hf_model) -> bool:

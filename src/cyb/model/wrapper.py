@@ -17,7 +17,7 @@ from ..checkpoint import DamagedFileError, _short
 from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
 from ..readout import readout
 from ..visibility import BlockSteps, inverse_order, reorder
-from . import attention, hf
+from . import attention, gates, hf
 from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
                       save_tokenizer)
 from .lora import check_lora_folder, is_lora, load_adapter_model, lora_folder, save_adapter
@@ -89,6 +89,11 @@ class PauseModel(torch.nn.Module):
             check_tokenizer(tokenizer, settings)
         if settings.pause_visibility != "shared":
             attention.use_pause_attention(hf_model)  # FlexAttention for block-sparse masks on CUDA
+        if settings.pause_visibility == "gated":
+            if hf.attention_of(hf_model) != hf.PAUSE_ATTENTION:
+                raise ValueError("gated pauses need sdpa attention (their gates act in the attention "
+                                 f"function), got {hf.attention_of(hf_model)!r}")
+            gates.add_gates(hf_model)
         self.hf_model = hf_model
         #: how masks other than shared pauses run: "auto" (block-sparse FlexAttention on CUDA,
         #: dense elsewhere), "dense" or "flex" (:mod:`cyb.model.attention`)
@@ -97,6 +102,8 @@ class PauseModel(torch.nn.Module):
         self._vocab = settings.vocab()
         self._tokenizer = tokenizer
         self._dk_bias = settings.dk_bias()
+        #: whether the gates (pause_visibility gated) came from a saved model, not their start
+        self.gates_loaded = False
 
     # ================================================================== construction
     @classmethod
@@ -236,15 +243,19 @@ class PauseModel(torch.nn.Module):
                                           attn_implementation=attn_implementation, **hf_kwargs)
             return cls(hf_model, saved, tokenizer).eval()
         try:
-            hf_model = AutoModelForCausalLM.from_pretrained(
-                str(name_or_path), attn_implementation=attn_implementation,
-                **hf.dtype_kwargs(torch_dtype), **hf_kwargs,
-            )
+            with gates.quiet_load(saved is not None and saved.pause_visibility == "gated"):
+                hf_model = AutoModelForCausalLM.from_pretrained(
+                    str(name_or_path), attn_implementation=attn_implementation,
+                    **hf.dtype_kwargs(torch_dtype), **hf_kwargs,
+                )
         except SafetensorError as e:  # a hub download cut short, or a file changed while loading
             raise DamagedFileError(name_or_path, _short(e), model_advice(Path(str(name_or_path))),
                                    f"the weights of {name_or_path} are damaged ({_short(e)}): {MODEL_ADVICE}") from e
         if saved is not None:
-            return cls(hf_model, saved, tokenizer).eval()
+            model = cls(hf_model, saved, tokenizer)
+            if saved.pause_visibility == "gated":
+                model.gates_loaded = gates.load_gates(hf_model, name_or_path) > 0
+            return model.eval()
         return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
                            position_scheme=position_scheme, method=method,
                            pause_visibility=pause_visibility, reuse_unused=reuse_unused).eval()
@@ -476,6 +487,10 @@ class PauseModel(torch.nn.Module):
             )
         if check_positions:
             hf.check_positions(position_ids, self.config)
+        if self.pause_visibility == "gated" and (past_key_values is not None or use_cache or four_d):
+            raise ValueError("a model with gated pauses runs whole laid-out rows (steps=...): it has no "
+                             "KV-cache decoding yet; train and evaluate it, or fine-tune with "
+                             "pause_visibility shared or private to generate")
         if self.pause_visibility != "shared" and past_key_values is None and not use_cache and not four_d:
             if steps is None:
                 raise ValueError(f"this model's pauses are {self.pause_visibility}: give the layout's "
@@ -514,17 +529,20 @@ class PauseModel(torch.nn.Module):
             raise ValueError("pause_kernel='flex' needs sdpa attention and a torch with FlexAttention")
         flex = can_flex and (self.pause_kernel == "flex"
                              or (self.pause_kernel == "auto" and input_ids.device.type == "cuda"))
+        gated = visibility == "gated"
         if not flex:
             additive = self.dtype if hf.is_eager(self.hf_model) else None
             mask = attention.dense_masks(steps, visibility, position_ids, self.config,
                                          additive_dtype=additive)
+            extra = {"pause_blocks": (steps.token, steps.step)} if gated else {}
             out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                               use_cache=False, **{self._cache_arg: None})
+                               use_cache=False, **{self._cache_arg: None}, **extra)
             return out.last_hidden_state
         order, mask = attention.flex_layout(steps, visibility, position_ids, self.config)
+        extra = {"pause_blocks": (reorder(steps.token, order), reorder(steps.step, order))} if gated else {}
         out = self.decoder(input_ids=reorder(input_ids, order), attention_mask=mask,
                            position_ids=reorder(position_ids, order), use_cache=False,
-                           **{self._cache_arg: None})
+                           **{self._cache_arg: None}, **extra)
         return reorder(out.last_hidden_state, inverse_order(order))
 
     def output_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,0 +1,197 @@
+"""Gated pauses (``pause_visibility: gated``): the bias rule, the model's attention against an
+eager-attention reference with a hand-built per-head mask (values and the gates' gradients),
+its two limits (an open gate is the shared layout, a shut one the private layout and so the
+base model), the block-sparse path, persistence and the errors where it does not apply."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from cyb import visibility as vis
+from cyb.layout import expand, expand_variable
+from cyb.model import PauseModel, gates
+
+from test_model import hf_model, padding_mask, real_ids
+
+M = 3
+
+
+def _set_gates(pm, values):
+    """Every layer's gate to ``values`` (one per head, or one number)."""
+    for p in gates.gate_parameters(pm):
+        with torch.no_grad():
+            p.copy_(torch.as_tensor(values, dtype=p.dtype).expand_as(p))
+
+
+def _layout(pm, kind):
+    ids = real_ids(2, 6, 90)
+    mask = padding_mask("right", 2, 6)
+    if kind == "variable":
+        counts = torch.randint(0, M, ids.shape, generator=torch.Generator().manual_seed(3))
+        return expand_variable(ids, counts, pm.vocab, attention_mask=mask)
+    return expand(ids, pm.vocab, attention_mask=mask)
+
+
+def test_foreign_pauses_are_earlier_tokens_pauses():
+    steps = vis.recipe1_steps(torch.ones(1, 3, dtype=torch.long), M)
+    foreign = vis.foreign_pauses(steps.token, steps.step)[0]
+    tok, stp = steps.token[0].tolist(), steps.step[0].tolist()
+    for q in range(9):
+        for k in range(9):
+            assert foreign[q, k] == (tok[k] < tok[q] and stp[k] > 0)
+    assert torch.equal(vis.visible(steps, "gated"), vis.visible(steps, "shared"))
+
+
+@pytest.mark.parametrize("kind", ["recipe1", "variable"])
+def test_gated_attention_matches_an_eager_reference(kind):
+    """float64: hidden states and the gates' gradients equal an eager-attention copy of the
+    model run with the additive mask ``[B, heads, T, T]`` built by hand (every layer the same
+    per-head gate, so the reference gate gets the sum of the layers' gradients), to the float32
+    of the eager softmax."""
+    torch.manual_seed(0)
+    pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated").double()
+    heads = pm.config.num_attention_heads
+    values = torch.linspace(-3.0, 1.0, heads, dtype=torch.float64)
+    _set_gates(pm, values)
+    lay = _layout(pm, kind)
+    valid = lay.attention_mask.bool()
+    hidden, _ = pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask, steps=lay.steps)
+    hidden[valid].square().sum().backward()
+    got_grad = sum(p.grad for p in gates.gate_parameters(pm))
+
+    ref = copy.deepcopy(pm.hf_model)
+    ref.set_attn_implementation("eager")
+    gate = values.clone().requires_grad_(True)
+    allowed = vis.visible(lay.steps, "shared").unsqueeze(1)
+    foreign = vis.foreign_pauses(lay.steps.token, lay.steps.step).unsqueeze(1)
+    zero = torch.zeros((), dtype=torch.float64)
+    mask = torch.where(allowed, zero, float("-inf")) + torch.where(foreign, gate.view(1, -1, 1, 1), zero)
+    out = ref.model(input_ids=lay.input_ids, position_ids=lay.position_ids, attention_mask=mask).last_hidden_state
+    out[valid].square().sum().backward()
+    torch.testing.assert_close(hidden.detach()[valid], out.detach()[valid], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_grad, gate.grad, atol=1e-5, rtol=1e-5)
+    assert gate.grad.abs().min() > 0
+
+
+def test_open_gates_are_shared_and_shut_gates_private():
+    pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated")
+    lay = _layout(pm, "recipe1")
+    valid = lay.attention_mask.bool()
+    with torch.no_grad():
+        for value, visibility in ((0.0, "shared"), (float("-inf"), "private")):
+            _set_gates(pm, value)
+            got, _ = pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask, steps=lay.steps)
+            want = pm.decoder(input_ids=lay.input_ids, position_ids=lay.position_ids,
+                              attention_mask=vis.visible(lay.steps, visibility).unsqueeze(1)).last_hidden_state
+            torch.testing.assert_close(got[valid], want[valid], atol=2e-5, rtol=1e-4)
+
+
+def test_starting_gates_keep_the_base_model_close():
+    """At the starting bias (-8) the real tokens' step-1 logits stay within 1% of the base
+    model's, whatever the pause rows hold; a shut gate gives them exactly."""
+    torch.manual_seed(0)
+    base = hf_model("llama", "sdpa")
+    ids = real_ids(2, 9, 90)
+    with torch.no_grad():
+        want = base(input_ids=ids, position_ids=torch.arange(9).expand(2, 9)).logits
+    pm = PauseModel.from_hf(base, num_steps=4, pause_visibility="gated")
+    with torch.no_grad():
+        emb = pm.hf_model.get_input_embeddings().weight
+        emb[want.shape[-1]:] = torch.randn_like(emb[want.shape[-1]:]) * 5
+        start = pm(ids, return_logits=True).logits[:, :, 0, :want.shape[-1]]
+        _set_gates(pm, float("-inf"))
+        shut = pm(ids, return_logits=True).logits[:, :, 0, :want.shape[-1]]
+    assert ((start - want).norm() / want.norm()).item() < 1e-2
+    torch.testing.assert_close(shut, want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["recipe1", "variable"])
+def test_gated_flex_path_matches_dense(kind):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    torch.manual_seed(0)
+    pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated")
+    _set_gates(pm, torch.linspace(-3.0, 1.0, pm.config.num_attention_heads))
+    lay = _layout(pm, kind)
+    valid = lay.attention_mask.bool()
+    out = {}
+    with torch.no_grad():
+        for kernel in ("dense", "flex"):
+            pm.pause_kernel = kernel
+            out[kernel] = pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask,
+                                           steps=lay.steps)[0][valid]
+    torch.testing.assert_close(out["flex"], out["dense"], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gated_flex_matches_dense_on_cuda():
+    """The compiled FlexAttention kernel with the gate as a learned score bias: values and the
+    gates' gradients as the dense path's on CUDA."""
+    import transformers
+
+    from test_model import tiny_config
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    cfg = tiny_config("llama")
+    cfg.hidden_size, cfg.head_dim = 64, 16
+    base = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    pm = PauseModel.from_hf(base, num_steps=M, pause_visibility="gated").cuda()
+    _set_gates(pm, torch.linspace(-3.0, 1.0, pm.config.num_attention_heads))
+    lay = _layout(pm, "recipe1")
+    lay.input_ids, lay.position_ids, lay.attention_mask = (x.cuda() for x in (lay.input_ids, lay.position_ids,
+                                                                              lay.attention_mask))
+    valid = lay.attention_mask.bool()
+    out, grads = {}, {}
+    for kernel in ("dense", "flex"):
+        pm.pause_kernel = kernel
+        pm.zero_grad()
+        hidden, _ = pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask, steps=lay.steps)
+        hidden[valid].square().sum().backward()
+        out[kernel] = hidden.detach()[valid]
+        grads[kernel] = torch.stack([p.grad for p in gates.gate_parameters(pm)])
+    torch.testing.assert_close(out["flex"], out["dense"], atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(grads["flex"], grads["dense"], atol=1e-4, rtol=1e-3)
+
+
+def test_gates_save_and_load(tmp_path):
+    pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated")
+    _set_gates(pm, torch.linspace(-2.5, 0.5, pm.config.num_attention_heads))
+    pm.save_pretrained(tmp_path / "m")
+    loaded = PauseModel.from_pretrained(tmp_path / "m")
+    assert loaded.pause_visibility == "gated"
+    assert torch.equal(gates.gate_values(loaded.hf_model), gates.gate_values(pm.hf_model))
+
+
+def test_gated_models_refuse_what_they_cannot_do():
+    from cyb.config import ConfigError, RunConfig
+    from cyb.generation import generate
+
+    pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated")
+    with pytest.raises(ValueError, match="gated"):
+        generate(pm, [[5, 6, 7]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="sdpa"):
+        PauseModel.from_hf(hf_model("llama", "eager"), num_steps=M, pause_visibility="gated")
+    with pytest.raises(ConfigError, match="lora"):
+        RunConfig.from_dict({"model": {"name_or_path": "x"}, "method": {"pause_visibility": "gated"},
+                             "data": {"task": "addition"}, "lora": {"rank": 4}}).validate()
+
+
+def test_a_run_starts_its_gates_where_configured(tmp_path):
+    """``method.pause_gate_init`` sets fresh gates; a model saved gated keeps its trained ones."""
+    from cyb.build import build_model
+    from cyb.train import Trainer
+    from test_train import tiny_cfg
+
+    cfg = tiny_cfg(tmp_path / "run", method={"pause_visibility": "gated", "pause_gate_init": -3.0})
+    trainer = Trainer(cfg)
+    assert torch.all(gates.gate_values(trainer.model.hf_model) == -3.0)
+    saved = tmp_path / "saved"
+    _set_gates(trainer.model, 1.5)
+    trainer.model.save_pretrained(saved)
+    again = tiny_cfg(tmp_path / "run2", method={"pause_visibility": "gated"}, model={"name_or_path": str(saved)})
+    model = build_model(again, trainer.tokenizer)
+    assert model.gates_loaded and torch.all(gates.gate_values(model.hf_model) == 1.5)
