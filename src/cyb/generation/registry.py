@@ -150,6 +150,10 @@ def resolve_decoder(model, choice: str) -> str:
     CUDA; ``graph`` and ``static`` need a full-attention model).
     """
     _check_name(choice)
+    if model.pause_visibility == "gated":
+        raise ValueError("no decoder runs a model with gated pauses yet (their cache would need the "
+                         "gates on cached pauses): evaluate it with cyb eval, or fine-tune it with "
+                         "method.pause_visibility shared or private to generate")
     if choice == AUTO:
         return next(name for name in AUTO_ORDER if _problem(REGISTRY[name], model) is None)
     problem = _problem(REGISTRY[choice], model)

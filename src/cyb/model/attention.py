@@ -103,13 +103,16 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
         gqa = False
-    compiled = query.device.type == "cuda" and not torch.compiler.is_compiling()
+    if torch.compiler.is_compiling():  # a compiled model fuses the plain kernel (no cached wrapper)
+        from torch.nn.attention.flex_attention import flex_attention as kernel
+    else:
+        kernel = _flex_kernel(query.device.type == "cuda")
     # (the layers hand over [B, heads, T, dim] views of [B, T, heads, dim]; the kernel reads
     # contiguous heads much faster, and 64 x 64 tiles beat its defaults on the private mask)
     score_mod = None if blocks is None else _gate_score_mod(module, *blocks)
-    out = _flex_kernel(compiled)(query.contiguous(), key.contiguous(), value.contiguous(),
-                                 score_mod=score_mod, block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
-                                 kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
+    out = kernel(query.contiguous(), key.contiguous(), value.contiguous(),
+                 score_mod=score_mod, block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
+                 kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -95,8 +95,8 @@ class PauseModel(torch.nn.Module):
                                  f"function), got {hf.attention_of(hf_model)!r}")
             gates.add_gates(hf_model)
         self.hf_model = hf_model
-        #: how masks other than shared pauses run: "auto" (block-sparse FlexAttention on CUDA,
-        #: dense elsewhere), "dense" or "flex" (:mod:`cyb.model.attention`)
+        #: how masks other than shared pauses run: "auto" (block-sparse FlexAttention on CUDA for
+        #: private pauses, dense elsewhere), "dense" or "flex" (:mod:`cyb.model.attention`)
         self.pause_kernel = "auto"
         self._settings = settings
         self._vocab = settings.vocab()
@@ -517,9 +517,9 @@ class PauseModel(torch.nn.Module):
 
     def _pause_masked(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                       steps: BlockSteps) -> torch.Tensor:
-        """Hidden states under private pauses: block-sparse FlexAttention over
-        the real-first order on CUDA, a dense 4-D mask in the layout's order elsewhere (and for
-        eager attention)."""
+        """Hidden states under private or gated pauses: block-sparse FlexAttention over the
+        real-first order on CUDA (private), a dense 4-D mask in the layout's order elsewhere (and
+        for eager attention and gated pauses)."""
         visibility = self.pause_visibility
         steps = steps.to(input_ids.device)
         if self.pause_kernel not in ("auto", "dense", "flex"):
@@ -527,8 +527,11 @@ class PauseModel(torch.nn.Module):
         can_flex = hf.attention_of(self.hf_model) == hf.PAUSE_ATTENTION
         if self.pause_kernel == "flex" and not can_flex:
             raise ValueError("pause_kernel='flex' needs sdpa attention and a torch with FlexAttention")
+        # (gated layouts run dense unless asked: FlexAttention with the gate as a learned score
+        # bias trained 3-20x slower than private pauses on an H200, docs/method.md)
         flex = can_flex and (self.pause_kernel == "flex"
-                             or (self.pause_kernel == "auto" and input_ids.device.type == "cuda"))
+                             or (self.pause_kernel == "auto" and input_ids.device.type == "cuda"
+                                 and visibility != "gated"))
         gated = visibility == "gated"
         if not flex:
             additive = self.dtype if hf.is_eager(self.hf_model) else None
