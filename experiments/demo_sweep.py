@@ -106,6 +106,9 @@ GRIDS: dict[str, dict[str, dict]] = {
                         "methods": ["baseline", "tbys", "cyb", "cyb_decoupled"]},
         "add3-private": {"pause_visibility": "private", "methods": ["tbys", "cyb", "cyb_decoupled"]},
         "add3-gated": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"]},
+        # the gates open at the start (bias 0: the shared layout), free to close
+        "add3-gated-open": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"],
+                            "method_options": {m: {"pause_gate_init": 0.0} for m in ("tbys", "cyb", "cyb_decoupled")}},
     },
 }
 #: The demo's defaults when the cpu and demo14 grids ran (the default demo has changed since):
@@ -181,7 +184,7 @@ def run_job(job: dict) -> dict:
     for weights in [*out.glob("runs/*/final"), *out.glob("runs/*/ckpt-*")]:
         shutil.rmtree(weights, ignore_errors=True)
     keep = ("exact_match", "token_accuracy", "ppl", "mean_steps", "greedy_steps", "train_seconds",
-            "per_position_steps", "per_position_accuracy", "decoding")
+            "per_position_steps", "per_position_accuracy", "decoding", "pause_gates")
     return {"name": job["name"], "seed": job["seed"], "device": job["device"],
             "settings": job["settings"], "seconds": time.perf_counter() - start,
             "methods": {m: {k: r[k] for k in keep if k in r} for m, r in metrics["methods"].items()}}

@@ -198,7 +198,7 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
 SUITE_TABLES = {
     "smollm2": (["Baseline", "Baseline 4xseq", "CYB 1 pause, private", "CYB 2 pauses, private",
                  "CYB 3 pauses, private", "CYB 1 pause, shared", "CYB 2 pauses, shared", "CYB 3 pauses, shared",
-                 "CYB-decoupled 3 pauses, private", "CYB-ponder tau=-0.05, private", "TBYS 3 pauses, private",
+                 "CYB 3 pauses, gated", "CYB-decoupled 3 pauses, private", "CYB-ponder tau=-0.05, private", "TBYS 3 pauses, private",
                  "TBYS 3 pauses, shared", "Baseline, LoRA", "CYB 3 pauses, private, LoRA"],
                 ("Baseline", "CYB 3 pauses, shared", "Baseline, LoRA"), 2),
     "smollm2-epoch": (["Baseline", "CYB 3 pauses, private"], ("Baseline",), 2),
@@ -224,8 +224,9 @@ def write_suite(folder: Path, rows: list[dict]) -> None:
     print(f"wrote {folder / 'tables.md'} and its table in {DOC}")
 
 
-ARITHMETIC_ORDER = ["Baseline", "TBYS 3 pauses, private", "TBYS 3 pauses, shared", "CYB 3 pauses, private",
-                    "CYB 3 pauses, shared", "CYB-decoupled 3 pauses, private"]
+ARITHMETIC_ORDER = ["Baseline", "TBYS 3 pauses, private", "TBYS 3 pauses, shared", "TBYS 3 pauses, gated",
+                    "CYB 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, gated",
+                    "CYB-decoupled 3 pauses, private"]
 
 
 def arithmetic_table(rows: list[dict]) -> str:

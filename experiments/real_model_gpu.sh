@@ -4,16 +4,15 @@
 #
 #   bash experiments/real_model_gpu.sh [SECONDS]      # default 540
 #
-# * smollm2 at 500 steps: the rows not yet run for every seed: CYB 1 and 2 pauses shared, the
-#   baseline with 4x the context (compute-matched), CYB-ponder tau=-0.05 private, and the
-#   missing seeds of the LoRA CYB, CYB-decoupled and shared TBYS rows;
-# * smollm2-arith: 5-digit addition, seed 2 of every row, seed 1 of shared CYB and
-#   CYB-decoupled, and seed 0 of shared CYB again (its scoring was cut before).
-# (The script as of commit 00bc2df ran the one-epoch suite and the first rows of these two.)
+# * smollm2 at 500 steps: CYB 3 gated (method.pause_visibility), then the seeds still missing
+#   of CYB 1 and 2 pauses shared, the 4x-context baseline and CYB-ponder private;
+# * smollm2-arith: seed 2 of the private rows, then TBYS 3 and CYB 3 gated (seed 0).
+# (The script as of commit 00bc2df ran the one-epoch suite and the first rows of these two; as
+# of e071510 the rows added then.)
 #
-# Each GPU runs one job of each suite at a time. SECONDS counts from the script's start (the
-# staging included): leave a minute under a call's time limit for the last packing, or the
-# call ends with the jobs still running. Runs are checkpointed: running the script again on the
+# Each GPU runs two jobs of smollm2 and one of smollm2-arith at a time, the rows in the order
+# listed. SECONDS counts from the script's start (the staging included): leave a minute under
+# a call's time limit for the last packing, or the call ends with the jobs still running. Runs are checkpointed: running the script again on the
 # same machine resumes them (finished runs are skipped). Results (no weights) are packed into
 # $OUT/<suite>.tar.gz after every run.
 set -u
@@ -26,12 +25,12 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/devic
 suite() {  # NAME SUITE [run_suite.py options]
   local name=$1
   shift
-  python3 experiments/run_suite.py "$@" --seeds 0,1,2 --out "outputs/$name" --gpus 0,1,2,3 --per-gpu 1 \
+  python3 experiments/run_suite.py "$@" --seeds 0,1,2 --out "outputs/$name" --gpus 0,1,2,3 \
     --deadline "$deadline" --pack "$out/$name.tar.gz" > "$out/$name.log" 2>&1
 }
-suite smollm2 smollm2 --scale smollm2 --only sm-cyb-p1-s sm-cyb-p2-s sm-baseline_nx sm-cyb_ponder \
-  sm-lora-cyb-p3-private-s1 sm-lora-cyb-p3-private-s2 sm-cyb_decoupled-p3-private-s2 sm-tbys-p3-s1 &
-suite smollm2-arith smollm2-arith --scale smollm2-arith --only ar-baseline-p3-s2 ar-tbys-p3-private-s2 \
-  ar-tbys-p3-s2 ar-cyb-p3-private-s2 ar-cyb-p3-s ar-cyb_decoupled-p3-private-s1 ar-cyb_decoupled-p3-private-s2 &
+suite smollm2 smollm2 --scale smollm2 --per-gpu 2 --only sm-cyb-p3-gated sm-cyb-p1-s2 sm-cyb-p2-s1 sm-cyb-p2-s2 \
+  sm-baseline_nx-p3-s1 sm-baseline_nx-p3-s2 sm-cyb_ponder-p3-private-s1 sm-cyb_ponder-p3-private-s2 &
+suite smollm2-arith smollm2-arith --scale smollm2-arith --per-gpu 1 --only ar-cyb-p3-private-s2 ar-tbys-p3-private-s2 \
+  ar-cyb_decoupled-p3-private-s2 ar-tbys-p3-gated-s0 ar-cyb-p3-gated-s0 &
 wait
 tail -n 3 "$out"/smollm2*.log

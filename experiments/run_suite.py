@@ -34,11 +34,11 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
   More rows: TBYS 3 shared, CYB 1 and 2 pauses private and shared, LoRA (rank 16, lr 1e-3) for
   the baseline and private CYB 3, the baseline with 4x the context (``baseline_nx``,
-  compute-matched) and CYB-ponder tau=-0.05 private (docs/recipes.md). ``--scale smollm2-epoch`` runs them for about one epoch (1,620
+  compute-matched), CYB-ponder tau=-0.05 private (docs/recipes.md) and CYB 3 gated. ``--scale smollm2-epoch`` runs them for about one epoch (1,620
   steps, checkpointed every 405 so that a cut run resumes).
 * ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
-  written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared and private
-  and CYB-decoupled private, scored by exact match three ways (``experiments/task_decoding.py``).
+  written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared, private
+  and gated and CYB-decoupled private, scored by exact match three ways (``experiments/task_decoding.py``).
 * ``stability``: the ``pretrain`` suite's baseline and CYB 3 over five seeds (``--seeds
   0,1,2,3,4``), beside CYB with private pauses, with 400 warmup steps instead of 100, with peak
   lr 5e-4, and the baseline with 400 warmup steps: what narrows CYB's spread between seeds.
@@ -67,7 +67,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -201,9 +201,10 @@ def smollm2_model() -> str:
     return os.environ.get("CYB_SMOLLM2", "smollm2-135m")
 
 
-def private_suffix(m: dict) -> str:
-    """``-private`` in the run names of methods with private pauses."""
-    return "-private" if m.get("pause_visibility") == "private" else ""
+def visibility_suffix(m: dict) -> str:
+    """``-private`` or ``-gated`` in the run names of methods whose pauses are not shared."""
+    visibility = m.get("pause_visibility", "shared")
+    return "" if visibility == "shared" else f"-{visibility}"
 
 
 def smollm2_config(s: dict, run: Path, seed: int, m: dict, data: dict, *, lr: float, save_every: int,
@@ -234,10 +235,11 @@ def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
             ("CYB 2 pauses, shared", method("cyb", 2), None, 0.75),
             ("Baseline 4xseq", method("baseline_nx", seq_multiplier=4), None, 1.0),
             ("CYB-ponder tau=-0.05, private", method("cyb_ponder", ponder_cost=-0.05, pause_visibility="private"),
-             None, 1.0)]
+             None, 1.0),
+            ("CYB 3 pauses, gated", method("cyb", pause_visibility="gated"), None, 1.0)]
     jobs = []
     for rank, (label, m, adapters, cost) in enumerate(rows):
-        name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{private_suffix(m)}-s{seed}"
+        name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{visibility_suffix(m)}-s{seed}"
         data = {"source": files["train"], "valid_source": files["valid_in"], "block_len": s["block_len"],
                 "shuffle": "corpus"}
         cfg = smollm2_config(s, out / name, seed, m, data, lr=1e-3 if adapters else s["lr"],
@@ -260,10 +262,12 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
             ("TBYS 3 pauses, shared", method("tbys")),
             ("CYB 3 pauses, private", method("cyb", pause_visibility="private")),
             ("CYB 3 pauses, shared", method("cyb")),
-            ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private"))]
+            ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private")),
+            ("TBYS 3 pauses, gated", method("tbys", pause_visibility="gated")),
+            ("CYB 3 pauses, gated", method("cyb", pause_visibility="gated"))]
     jobs = []
     for label, m in rows:
-        name = f"ar-{m['name']}-p{m['num_steps'] - 1}{private_suffix(m)}-s{seed}"
+        name = f"ar-{m['name']}-p{m['num_steps'] - 1}{visibility_suffix(m)}-s{seed}"
         data = {"task": s["task"], "task_kwargs": {"digits": s["digits"]},
                 "num_train_examples": s["train_examples"], "num_valid_examples": s["valid_examples"]}
         cfg = smollm2_config(s, out / name, seed, m, data, lr=s["lr"], save_every=0, log_every=50)
@@ -348,7 +352,7 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
         suffix = "".join(f"-{k}{'_'.join(map(str, v)) if isinstance(v, list) else v}"
                          for k, v in m.items() if k not in ("name", "num_steps", "seq_multiplier",
                                                             "pause_visibility"))
-        suffix += private_suffix(m)
+        suffix += visibility_suffix(m)
         name = f"ft-{short}-p{m['num_steps'] - 1}{suffix}-s{seed}"
         jobs.append(Job(name, suite, label, seed,
                         config(s, files, out, name, seed, m, source="ft", steps=s["ft_steps"], base=base_dir),
@@ -488,10 +492,13 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
 
 
 def select(jobs: list[Job], parts: list[str]) -> list[Job]:
-    """The jobs whose names contain one of ``parts``, and the bases they fine-tune."""
-    keep = {j.name for j in jobs if any(part in j.name for part in parts)}
-    keep |= {j.needs for j in jobs if j.name in keep and j.needs}
-    return [j for j in jobs if j.name in keep]
+    """The jobs whose names contain one of ``parts``, and the bases they fine-tune; the jobs of
+    an earlier part start before those of a later one."""
+    first = {j.name: min(i for i, part in enumerate(parts) if part in j.name)
+             for j in jobs if any(part in j.name for part in parts)}
+    keep = set(first) | {j.needs for j in jobs if j.name in first and j.needs}
+    return [replace(j, priority=j.priority + 1000 * (len(parts) - first[j.name]))
+            if j.name in first else j for j in jobs if j.name in keep]
 
 
 def main() -> int:
