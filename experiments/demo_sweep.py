@@ -109,6 +109,13 @@ GRIDS: dict[str, dict[str, dict]] = {
         # the gates open at the start (bias 0: the shared layout), free to close
         "add3-gated-open": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"],
                             "method_options": {m: {"pause_gate_init": 0.0} for m in ("tbys", "cyb", "cyb_decoupled")}},
+        # the gates opened on a schedule, from -8 to 0 over the first 10% or 50% of training
+        "add3-gated-anneal300": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"],
+                                 "method_options": {m: {"pause_gate_anneal_steps": 300}
+                                                    for m in ("tbys", "cyb", "cyb_decoupled")}},
+        "add3-gated-anneal1500": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"],
+                                  "method_options": {m: {"pause_gate_anneal_steps": 1500}
+                                                     for m in ("tbys", "cyb", "cyb_decoupled")}},
     },
 }
 #: The demo's defaults when the cpu and demo14 grids ran (the default demo has changed since):

@@ -195,3 +195,18 @@ def test_a_run_starts_its_gates_where_configured(tmp_path):
     again = tiny_cfg(tmp_path / "run2", method={"pause_visibility": "gated"}, model={"name_or_path": str(saved)})
     model = build_model(again, trainer.tokenizer)
     assert model.gates_loaded and torch.all(gates.gate_values(model.hf_model) == 1.5)
+
+
+def test_annealed_gates_open_on_their_schedule(tmp_path):
+    """``method.pause_gate_anneal_steps``: the gates are not trained, their bias rises linearly
+    from the start to 0 (the shared layout) and stays there."""
+    from cyb.train import Trainer
+    from test_train import tiny_cfg
+
+    assert gates.annealed_bias(-8.0, 4, 1) == -6.0 and gates.annealed_bias(-8.0, 4, 9) == 0.0
+    cfg = tiny_cfg(tmp_path / "run", method={"pause_visibility": "gated", "pause_gate_anneal_steps": 8})
+    trainer = Trainer(cfg)
+    assert not any(p.requires_grad for p in gates.gate_parameters(trainer.model))
+    for want in (-7.0, -6.0):
+        trainer.train_step()
+        assert torch.all(gates.gate_values(trainer.model.hf_model) == want)

@@ -190,8 +190,12 @@ def build_model(cfg: RunConfig, tokenizer):
     if is_lora(model):
         raise ValueError(f"model.name_or_path ({cfg.model.name_or_path}) is a LoRA folder: merge it into a "
                          "plain model first (cyb merge FOLDER OUT) and fine-tune that")
-    if model.pause_visibility == "gated" and not model.gates_loaded:
-        gates.fill_gates(model.hf_model, cfg.method.pause_gate_init)
+    if model.pause_visibility == "gated":
+        if not model.gates_loaded:
+            gates.fill_gates(model.hf_model, cfg.method.pause_gate_init)
+        if cfg.method.pause_gate_anneal_steps:  # opened on a schedule (the trainer), not learned
+            for p in gates.gate_parameters(model):
+                p.requires_grad_(False)
     if cfg.lora.rank > 0:
         apply_lora(model, cfg.lora)
     return model

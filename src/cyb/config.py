@@ -19,7 +19,7 @@ import yaml
 from . import config_parsing, extras, families, methods, paths
 from .config_parsing import ConfigError, apply_overrides
 from .vectors import step_vector_problem
-from .visibility import VISIBILITIES
+from .visibility import GATE_INIT, VISIBILITIES
 
 METHODS = methods.NAMES
 
@@ -80,13 +80,17 @@ class MethodConfig:
     fine-tuning a pretrained model), or gated (everything, the logits of other tokens' pauses
     biased by a learned gate per layer and head that starts almost closed; no KV-cache
     decoding). docs/method.md compares them."""
-    pause_gate_init: float = -8.0
+    pause_gate_init: float = GATE_INIT
     """pause_visibility gated: the gates' starting bias on the attention logits of other tokens'
     pauses (-8: almost closed, the base model nearly intact; 0: the shared layout). A model
     that was saved gated keeps its trained gates."""
     pause_gate_lr: float = 0.02
     """pause_visibility gated: learning rate of the gates (AdamW, no weight decay, the run's
     schedule); a gate's bias moves by up to about this much per step."""
+    pause_gate_anneal_steps: int = 0
+    """pause_visibility gated: if > 0, the gates are not learned but opened on a schedule, their
+    bias rising linearly from pause_gate_init to 0 (the shared layout) over this many optimiser
+    steps."""
     omega: list[float] | None = None
     """World stop distribution over steps 1..M (ratios); None = one-hot on M."""
     gamma: list[float] | None = None
@@ -415,6 +419,8 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
     _need(math.isfinite(me.pause_gate_lr) and me.pause_gate_lr >= 0, "method.pause_gate_lr",
           f"must be finite and >= 0, got {me.pause_gate_lr}")
     _need(math.isfinite(me.pause_gate_init), "method.pause_gate_init", f"must be finite, got {me.pause_gate_init}")
+    _need(me.pause_gate_anneal_steps >= 0, "method.pause_gate_anneal_steps",
+          f"must be >= 0, got {me.pause_gate_anneal_steps}")
     for name in ("omega", "rho", "gamma"):
         vec = getattr(me, name)
         if vec is not None:

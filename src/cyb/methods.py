@@ -177,7 +177,7 @@ class MethodSpec:
 
 
 _DISCOUNT = ("gamma", "gamma0", "gamma0_anneal_steps")
-_VISIBILITY = ("pause_visibility", "pause_gate_init", "pause_gate_lr")
+_VISIBILITY = ("pause_visibility", "pause_gate_init", "pause_gate_lr", "pause_gate_anneal_steps")
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("baseline", "Baseline", "none", False, _last_step_ce, _last_step_ce,
                colour="tab:gray", help="no pauses"),

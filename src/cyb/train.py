@@ -345,6 +345,10 @@ class Trainer:
             self._iter = iter(self.train_data)
         batches = [next(self._iter) for _ in range(self.accum)]
         self.objective.set_step(self.step + 1)
+        me = self.cfg.method
+        if me.pause_visibility == "gated" and me.pause_gate_anneal_steps:
+            gates.fill_gates(self.model.hf_model, gates.annealed_bias(me.pause_gate_init, me.pause_gate_anneal_steps,
+                                                                       self.step + 1))
         sums = self.accumulate(batches)
         return sums, self.optimizer_step()
 
@@ -471,6 +475,8 @@ class Trainer:
             rows = " and the pause/dk rows" if trainable_token_ids(self.model.settings) else ""
             sizes = (f"{params / 1e6:.2f}M parameters, {trainable:,} trainable ({100 * trainable / params:.2g}%: "
                      f"LoRA rank {lo.rank} on {', '.join(lo.target_modules)}{rows})")
+        elif trainable < params:
+            sizes = f"{params / 1e6:.2f}M parameters, all trainable but {params - trainable:,} (gates on a schedule)"
         else:
             sizes = f"{params / 1e6:.2f}M parameters, all trainable"
         progress.write(

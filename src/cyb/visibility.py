@@ -33,6 +33,8 @@ import torch
 
 VISIBILITIES = ("shared", "private", "gated")
 DEFAULT_VISIBILITY = "shared"
+#: the gated layout's starting bias on other tokens' pauses: they get exp(-8) = 0.03% of their weight
+GATE_INIT = -8.0
 
 
 def check_visibility(value) -> str:
@@ -179,5 +181,5 @@ def reorder(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, idx)
 
 
-__all__ = ["BlockSteps", "DEFAULT_VISIBILITY", "VISIBILITIES", "check_visibility", "foreign_pauses", "inserted_steps",
+__all__ = ["BlockSteps", "DEFAULT_VISIBILITY", "GATE_INIT", "VISIBILITIES", "check_visibility", "foreign_pauses", "inserted_steps",
            "inverse_order", "real_first_order", "recipe1_steps", "reorder", "variable_steps", "visible"]

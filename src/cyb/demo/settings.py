@@ -17,7 +17,8 @@ DEFAULT_METHODS = (*DEMO_METHODS, "cyb_decoupled")
 #: Method fields a demo may set per method (``DemoSettings.method_options``); the rest of a run's
 #: method section follows from the demo settings.
 METHOD_OPTIONS = ("omega", "gamma", "gamma0", "gamma0_anneal_steps", "psi_dk", "recipe", "aux_weight", "ponder_cost",
-                  "rho", "alpha", "pause_visibility", "pause_gate_init", "pause_gate_lr")
+                  "rho", "alpha", "pause_visibility", "pause_gate_init", "pause_gate_lr",
+                  "pause_gate_anneal_steps")
 
 
 def demo_method(name: str) -> bool:

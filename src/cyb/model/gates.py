@@ -21,12 +21,9 @@ from pathlib import Path
 
 import torch
 
+from ..visibility import GATE_INIT
 from . import hf
 
-#: the gates' starting bias: a foreign pause key gets exp(-8) = 0.03% of its weight
-GATE_INIT = -8.0
-#: the gates' learning rate (AdamW, no weight decay): a bias moves by up to about this per step
-GATE_LR = 0.02
 #: the attribute of each attention module that holds its gate
 GATE_NAME = "pause_gate"
 
@@ -60,6 +57,12 @@ def fill_gates(hf_model, value: float) -> None:
     with torch.no_grad():
         for attn in attention_modules(hf_model):
             gate_of(attn).fill_(float(value))
+
+
+def annealed_bias(init: float, steps: int, step: int) -> float:
+    """The bias of gates opened on a schedule, at optimiser step ``step`` (counted from 1):
+    ``init`` rising linearly to 0 over ``steps`` steps, then 0."""
+    return float(init) * max(0.0, 1.0 - step / steps)
 
 
 def gate_of(module) -> torch.Tensor | None:
@@ -141,5 +144,5 @@ def gated_attention_bias(module, mask: torch.Tensor, foreign: torch.Tensor) -> t
     return base + torch.where(foreign, gate.view(1, -1, 1, 1), zero)
 
 
-__all__ = ["GATE_INIT", "GATE_LR", "GATE_NAME", "add_gates", "attention_modules", "fill_gates", "gate_of", "gate_parameters", "gate_summary",
+__all__ = ["GATE_INIT", "GATE_NAME", "add_gates", "annealed_bias", "attention_modules", "fill_gates", "gate_of", "gate_parameters", "gate_summary",
            "gate_values", "gated_attention_bias", "load_gates", "quiet_load"]
