@@ -137,3 +137,17 @@ def test_fsdp_sharded_checkpoints_match_and_resume_in_one_process(runs):
     resumed = _resume_copy(sharded, root / "sharded-then-one", 3)
     _run(cfg, resumed, 1, "train.checkpoint_format=sharded")
     _assert_same_losses(resumed, one)
+
+
+def test_gated_pauses_train_alike_under_fsdp(runs):
+    """The gates (parameters of the attention modules, in a group of their own) shard with their
+    layer: FSDP2 on two processes gives one process's losses and gates."""
+    if not _fsdp_available():
+        pytest.skip("this torch has no FSDP2 (fully_shard)")
+    cfg, root, _ = runs
+    one, fsdp = root / "gated-one", root / "gated-fsdp"
+    _run(cfg, one, 1, "method.pause_visibility=gated")
+    _run(cfg, fsdp, 2, "method.pause_visibility=gated", "train.distributed=fsdp")
+    _assert_same_losses(fsdp, one)
+    gates = [[r["pause_gate_mean"] for r in read_metrics(out, "train")] for out in (one, fsdp)]
+    assert gates[0] == pytest.approx(gates[1], abs=1e-5) and gates[0][-1] != gates[0][0]
