@@ -91,6 +91,17 @@ def test_monotonic_in_micro_batch_and_sequence():
     assert est(cfg_of(method={"name": "baseline", "num_steps": 1})).positions == 2048
 
 
+def test_gated_pauses_add_one_mask_per_layer():
+    """A gated layout keeps a [B, heads, T, T] additive mask (and the bool of other tokens'
+    pauses) per layer for backward, and backward makes the mask's gradient."""
+    shared, gated = est(cfg_of(block_len=512)), est(cfg_of(block_len=512, method={"pause_visibility": "gated"}))
+    shape = memory.run_shape(cfg_of(block_len=512), 256000 - 4)
+    mask = memory.gated_mask_bytes(1, shape.heads, 2048, 2)
+    assert mask == 2048 * 2048 * (8 * 2 + 1)  # Gemma 2B: 8 heads, bf16
+    assert gated.activations - shared.activations == shape.layers * mask
+    assert gated.peak > shared.peak and any("gated pauses" in n for n in gated.notes)
+
+
 def test_gradient_checkpointing_reduces_activations():
     off, on = est(cfg_of()), est(cfg_of(model={**GEMMA_2B, "gradient_checkpointing": True}))
     assert on.activations < off.activations / 4

@@ -307,6 +307,13 @@ def _readout_bytes(shape: ModelShape, n: int, *, fused: bool, triton: bool, head
     return total + chunks * min(rows, n) * v * per_logit
 
 
+def gated_mask_bytes(rows: int, heads: int, positions: int, compute_bytes: int) -> int:
+    """Bytes one layer of a gated pause model keeps for backward beyond a shared one: the
+    additive mask ``[rows, heads, T, T]`` in the compute dtype and the bool ``[rows, 1, T, T]``
+    of other tokens' pauses."""
+    return rows * positions * positions * (heads * compute_bytes + 1)
+
+
 def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = "cuda",
              trainable: int | None = None, params: int | None = None,
              triton: bool | None = None) -> MemoryEstimate:
@@ -384,10 +391,18 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         activations += repeated * tokens * a * 2 * (shape.q_dim - shape.kv_dim)
         notes.append(f"{shape.sliding_layers} sliding-window layers (window {shape.sliding_window} < "
                      f"{n_pos} positions): a {n_pos} x {n_pos} mask per row")
+    gated_mask = 0
+    if cfg.method.uses_pauses and cfg.method.pause_visibility == "gated":
+        # every layer builds its [B, heads, T, T] additive mask (the gates in it) and keeps it,
+        # with the bool mask of other tokens' pauses, for backward; backward makes its gradient
+        gated_mask = gated_mask_bytes(micro, shape.heads, n_pos, a)
+        activations += (1 if m.gradient_checkpointing else shape.layers) * gated_mask
+        notes.append(f"gated pauses: a [{micro}, {shape.heads}, {n_pos}, {n_pos}] additive mask per layer "
+                     f"({gated_mask / GIB:.2f} GiB each)")
     # outside the blocks: the final norm, the rotary tables (residual dtype) and the token ids
     final_norm = 8 if shape.family.float32_norms else 4 + p
     activations += tokens * (final_norm * shape.hidden + 2 * shape.head_dim * p + 12)
-    workspace = tokens * (2 * shape.intermediate * a + 2 * shape.q_dim * a + 2 * shape.hidden * 4)
+    workspace = tokens * (2 * shape.intermediate * a + 2 * shape.q_dim * a + 2 * shape.hidden * 4) + gated_mask
 
     if triton is None:
         from .kernels import triton_available
@@ -478,5 +493,5 @@ def check_fits(est: MemoryEstimate, capacity: int, cfg) -> None:
 
 
 __all__ = ["GIB", "MemoryEstimate", "MemoryPlanError", "ModelShape",
-           "activation_bytes_per_token", "check_fits", "device_capacity", "estimate",
+           "activation_bytes_per_token", "check_fits", "device_capacity", "estimate", "gated_mask_bytes",
            "lora_trainable", "positions_per_row", "run_shape", "suggestions"]
