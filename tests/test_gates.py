@@ -166,13 +166,43 @@ def test_gates_save_and_load(tmp_path):
     assert torch.equal(gates.gate_values(loaded.hf_model), gates.gate_values(pm.hf_model))
 
 
+def test_gated_models_generate_in_fixed_mode():
+    """Fixed-mode generation recomputes the row each token: with open gates (0) it makes the
+    shared model's decisions (its cached decoder's), with shut ones (minus infinity) the private
+    model's (its real-token cache); greedy and sampled, prompts of several lengths."""
+    import dataclasses
+
+    import generation_helpers as gh
+    from cyb.generation import generate
+
+    shared = gh.build("llama", "cyb")
+    prompts = [gh.encode(p) for p in gh.PROMPTS]
+
+    def as_(visibility):
+        settings = dataclasses.replace(shared.settings, pause_visibility=visibility)
+        return PauseModel(copy.deepcopy(shared.hf_model), settings, shared.tokenizer).eval()
+
+    gated, private = as_("gated"), as_("private")
+    for value, reference in ((0.0, shared), (float("-inf"), private)):
+        _set_gates(gated, value)
+        for kw in ({}, {"sample": True, "seed": 3}):
+            want = generate(reference, prompts, mode="fixed", max_new_tokens=5, **kw)
+            got = generate(gated, prompts, mode="fixed", max_new_tokens=5, **kw)
+            if reference is shared:
+                gh.same_results(got, want)
+            else:  # (the private decoder counts the positions of a real-token cache)
+                assert [(g.token_ids, g.steps, g.text) for g in got] == [(w.token_ids, w.steps, w.text) for w in want]
+
+
 def test_gated_models_refuse_what_they_cannot_do():
     from cyb.config import ConfigError, RunConfig
     from cyb.generation import generate
 
     pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated")
+    with pytest.raises(ValueError, match="fixed mode only"):
+        generate(pm, [[5, 6, 7]], mode="adaptive", max_new_tokens=2)
     with pytest.raises(ValueError, match="gated"):
-        generate(pm, [[5, 6, 7]], max_new_tokens=2)
+        generate(pm, [[5, 6, 7]], max_new_tokens=2, decoder="static")
     with pytest.raises(ValueError, match="sdpa"):
         PauseModel.from_hf(hf_model("llama", "eager"), num_steps=M, pause_visibility="gated")
     with pytest.raises(ConfigError, match="lora"):

@@ -115,12 +115,14 @@ def format_reading(metrics: dict) -> str:
             text += f"; E[S] {he[0]:.2f} on the hard answer positions, {he[1]:.2f} on the easy ones"
         else:
             text += f"; E[S] {v['mean_steps']:.2f}"
-        dec = v.get("decoding")
-        if dec:
-            f, a = dec["fixed"], dec["adaptive"]
+        dec = v.get("decoding") or {}
+        f, a = dec.get("fixed"), dec.get("adaptive")
+        if f and a:
             text += (f"; generating adaptively it answers {a['exact_match']:.1%} exactly at "
                      f"{a['positions_per_token']:.2f} positions per token, against {f['exact_match']:.1%} at "
                      f"{f['positions_per_token']:.2f} in fixed mode")
+        elif f:
+            text += f"; generating in fixed mode it answers {f['exact_match']:.1%} exactly"
         if {"baseline", "tbys"} <= set(r):
             text += "; it meets the demo's criterion" if meets_criterion(r, m) else "; it does not meet the demo's criterion"
         lines.append(text)
@@ -137,7 +139,10 @@ def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int 
         lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
                      f"positions per token, {d['seconds']:.1f} s")
     fixed, adaptive = decoding.get("fixed"), decoding.get("adaptive")
-    if visibility == "private":
+    if visibility == "gated":
+        lines.append("  (gated pauses generate in fixed mode only: each token recomputes the row, whose "
+                     "earlier pauses the gates weigh)")
+    elif visibility == "private":
         lines.append("  (private pauses: no token reads another token's pauses, so adaptive mode makes fixed "
                      "mode's decisions and runs a pause only where the model asks for one)")
     elif fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:

@@ -133,7 +133,8 @@ def score_model(model, dataset, *, batch_size: int = 256) -> dict:
 
 def decoding_cost(model, dataset, *, limit: int = 512, batch_size: int = 128) -> dict:
     """Free-running greedy answers to the first ``limit`` prompts of ``dataset``, in fixed and
-    in adaptive mode (:mod:`cyb.generation`).
+    in adaptive mode (:mod:`cyb.generation`; fixed mode only for gated pauses, which have no
+    adaptive decoder).
 
     Returns ``{mode: {"exact_match", "positions_per_token", "seconds"}}``, where positions per
     token counts the positions of the generated tokens that went through the network: ``M`` in
@@ -145,7 +146,7 @@ def decoding_cost(model, dataset, *, limit: int = 512, batch_size: int = 128) ->
     answers = dataset.answers[:limit]
     longest = max(len(a) for a in answers) + 1
     out = {}
-    for mode in ("fixed", "adaptive"):
+    for mode in ("fixed",) if getattr(model, "pause_visibility", "shared") == "gated" else ("fixed", "adaptive"):
         t0 = time.perf_counter()
         results = []
         for s in range(0, len(prompts), batch_size):
@@ -276,7 +277,7 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
         echo(present.score_line(method, score, train_s))
         if model.pause_visibility == "gated":
             results[method]["pause_gates"] = gates.gate_values(model.hf_model).tolist()
-        elif methods.spec(method).has_dk:  # (a gated model has no cached decoding)
+        if methods.spec(method).has_dk:
             results[method]["decoding"] = decoding_cost(model, test)
     metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),
                "num_test_examples": len(test), "methods": results,

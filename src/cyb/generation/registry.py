@@ -21,6 +21,10 @@ pauses only for the rows that ask for them), ``graph`` and ``static``
 :class:`~cyb.generation.static.StaticPrivateDecoder`; fixed and adaptive mode then make the
 same decisions.
 
+Models with gated pauses have no cache that holds their gates: ``eager`` builds
+:class:`~cyb.generation.decoders.RecomputeFixedDecoder`, which runs the whole row for every
+token, in fixed mode only; ``graph`` and ``static`` refuse them.
+
 Within a decoder the mode picks the class.  Fixed mode has one; adaptive mode feeds either whole
 blocks (the token and its ``M - 1`` pauses, the steps after the stop step masked out: one forward
 per real token, greedy only) or one position per step.  ``one_position`` forces that choice;
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..model import hf
-from .decoders import AdaptiveDecoder, BlockAdaptiveDecoder, FixedDecoder, StepReadout
+from .decoders import AdaptiveDecoder, BlockAdaptiveDecoder, FixedDecoder, RecomputeFixedDecoder, StepReadout
 from .private import private_decoder
 from .static import StaticAdaptiveDecoder, StaticBlockAdaptiveDecoder, StaticCacheOptions
 from .static import StaticFixedDecoder, StaticPrivateDecoder, unsupported_reason
@@ -73,6 +77,12 @@ def _eager(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position
            cache_options=None):
     if model.pause_visibility == "private":  # a cache of real tokens (cyb.generation.private)
         return private_decoder(model, ids, mask, readout, mode=mode, sparse=one_position)
+    if model.pause_visibility == "gated":  # no cache holds the gates' bias on earlier pauses
+        if mode != "fixed":
+            raise ValueError("a model with gated pauses generates in fixed mode only (each token "
+                             "recomputes the row; adaptive decoding would need a cache that applies "
+                             "the gates): use mode='fixed' (cyb generate --mode fixed)")
+        return RecomputeFixedDecoder(model, ids, mask, readout)
     if mode == "fixed":
         return FixedDecoder(model, ids, mask, readout)
     if one_position is None:
@@ -131,7 +141,8 @@ def _check_name(choice: str) -> None:
 def _problem(entry: Decoder, model) -> str | None:
     """Why ``entry`` cannot run ``model`` where it is (an error message), or None."""
     if entry.static_cache:
-        reason = unsupported_reason(model)
+        reason = ("the model's pauses are gated, which decode without a cache"
+                  if model.pause_visibility == "gated" else unsupported_reason(model))
         if reason is not None:
             return (f"decoder={entry.name!r} is not available: {reason}; use decoder='eager' "
                     "(or 'auto', which falls back to it)")
@@ -150,10 +161,6 @@ def resolve_decoder(model, choice: str) -> str:
     CUDA; ``graph`` and ``static`` need a full-attention model).
     """
     _check_name(choice)
-    if model.pause_visibility == "gated":
-        raise ValueError("no decoder runs a model with gated pauses yet (their cache would need the "
-                         "gates on cached pauses): evaluate it with cyb eval, or fine-tune it with "
-                         "method.pause_visibility shared or private to generate")
     if choice == AUTO:
         return next(name for name in AUTO_ORDER if _problem(REGISTRY[name], model) is None)
     problem = _problem(REGISTRY[choice], model)
