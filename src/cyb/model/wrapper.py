@@ -488,9 +488,9 @@ class PauseModel(torch.nn.Module):
         if check_positions:
             hf.check_positions(position_ids, self.config)
         if self.pause_visibility == "gated" and (past_key_values is not None or use_cache or four_d):
-            raise ValueError("a model with gated pauses runs whole laid-out rows (steps=...): it has no "
-                             "KV-cache decoding yet; train and evaluate it, or fine-tune with "
-                             "pause_visibility shared or private to generate")
+            raise ValueError("a model with gated pauses runs whole laid-out rows (steps=...), without a "
+                             "KV cache or a ready 4-D mask: generate with mode='fixed', which recomputes "
+                             "the row for every token")
         if self.pause_visibility != "shared" and past_key_values is None and not use_cache and not four_d:
             if steps is None:
                 raise ValueError(f"this model's pauses are {self.pause_visibility}: give the layout's "
