@@ -6,6 +6,7 @@ base model), the block-sparse path, persistence and the errors where it does not
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -166,10 +167,11 @@ def test_gates_save_and_load(tmp_path):
     assert torch.equal(gates.gate_values(loaded.hf_model), gates.gate_values(pm.hf_model))
 
 
-def test_gated_models_generate_in_fixed_mode():
-    """Fixed-mode generation recomputes the row each token: with open gates (0) it makes the
-    shared model's decisions (its cached decoder's), with shut ones (minus infinity) the private
-    model's (its real-token cache); greedy and sampled, prompts of several lengths."""
+def test_gated_models_generate():
+    """Generation recomputes the row every step: with open gates (0) it makes the shared
+    model's decisions (its cached decoders'), with shut ones (minus infinity) the private
+    model's (its real-token cache); fixed and adaptive mode, greedy and sampled, prompts of
+    several lengths, rows that end early."""
     import dataclasses
 
     import generation_helpers as gh
@@ -186,9 +188,12 @@ def test_gated_models_generate_in_fixed_mode():
     for value, reference in ((0.0, shared), (float("-inf"), private)):
         _set_gates(gated, value)
         # (sampled, and with an end token the random model emits early: rows leave the batch)
-        for kw in ({}, {"sample": True, "seed": 3}, {"eos_token_ids": [7]}):
-            want = generate(reference, prompts, mode="fixed", max_new_tokens=5, **kw)
-            got = generate(gated, prompts, mode="fixed", max_new_tokens=5, **kw)
+        for mode, kw in itertools.product(("fixed", "adaptive"), ({}, {"sample": True, "seed": 3},
+                                                                   {"eos_token_ids": [7]})):
+            if reference is private and mode == "adaptive" and kw.get("sample"):
+                continue  # (the private decoder draws its uniforms per block, as fixed mode does)
+            want = generate(reference, prompts, mode=mode, max_new_tokens=5, **kw)
+            got = generate(gated, prompts, mode=mode, max_new_tokens=5, **kw)
             if reference is shared:
                 gh.same_results(got, want)
             else:  # (the private decoder counts the positions of a real-token cache)
@@ -200,8 +205,6 @@ def test_gated_models_refuse_what_they_cannot_do():
     from cyb.generation import generate
 
     pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated")
-    with pytest.raises(ValueError, match="fixed mode only"):
-        generate(pm, [[5, 6, 7]], mode="adaptive", max_new_tokens=2)
     with pytest.raises(ValueError, match="gated"):
         generate(pm, [[5, 6, 7]], max_new_tokens=2, decoder="static")
     with pytest.raises(ValueError, match="sdpa"):

@@ -139,10 +139,7 @@ def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int 
         lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
                      f"positions per token, {d['seconds']:.1f} s")
     fixed, adaptive = decoding.get("fixed"), decoding.get("adaptive")
-    if visibility == "gated":
-        lines.append("  (gated pauses generate in fixed mode only: each token recomputes the row, whose "
-                     "earlier pauses the gates weigh)")
-    elif visibility == "private":
+    if visibility == "private":
         lines.append("  (private pauses: no token reads another token's pauses, so adaptive mode makes fixed "
                      "mode's decisions and runs a pause only where the model asks for one)")
     elif fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:

@@ -133,8 +133,7 @@ def score_model(model, dataset, *, batch_size: int = 256) -> dict:
 
 def decoding_cost(model, dataset, *, limit: int = 512, batch_size: int = 128) -> dict:
     """Free-running greedy answers to the first ``limit`` prompts of ``dataset``, in fixed and
-    in adaptive mode (:mod:`cyb.generation`; fixed mode only for gated pauses, which have no
-    adaptive decoder).
+    in adaptive mode (:mod:`cyb.generation`).
 
     Returns ``{mode: {"exact_match", "positions_per_token", "seconds"}}``, where positions per
     token counts the positions of the generated tokens that went through the network: ``M`` in
@@ -146,7 +145,7 @@ def decoding_cost(model, dataset, *, limit: int = 512, batch_size: int = 128) ->
     answers = dataset.answers[:limit]
     longest = max(len(a) for a in answers) + 1
     out = {}
-    for mode in ("fixed",) if getattr(model, "pause_visibility", "shared") == "gated" else ("fixed", "adaptive"):
+    for mode in ("fixed", "adaptive"):
         t0 = time.perf_counter()
         results = []
         for s in range(0, len(prompts), batch_size):

@@ -34,7 +34,7 @@ from ..layout import PauseVocab, expand
 from ..losses import expected_stop_step
 from ..model import hf
 from ..runtime import growing_attention
-from ..visibility import BlockSteps
+from ..visibility import inserted_steps
 
 
 @dataclass
@@ -321,39 +321,6 @@ class FixedDecoder(_Decoder):
         self.next_pos = self.next_pos.index_select(0, idx)
 
 
-class RecomputeFixedDecoder(FixedDecoder):
-    """Fixed mode without a KV cache: every step runs the whole row again, laid out in blocks of
-    ``M`` (the token and its pauses), and reads out the new block.  For layouts whose attention a
-    cache of keys and values does not capture (gated pauses: a later token's logits on every
-    earlier pause carry the gates).  The decisions of :class:`FixedDecoder` on the same model, at
-    a forward over the whole row per generated token."""
-
-    def __init__(self, model, ids, mask, readout) -> None:
-        super().__init__(model, ids, mask, readout)
-        self.row_ids: torch.Tensor | None = None  # [b, T] every position fed so far
-        self.row_pos: torch.Tensor | None = None
-
-    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor,
-                 *, check_positions: bool = False):
-        def grown(row, new):
-            return new if row is None else torch.cat([row, new], dim=1)
-
-        self.row_ids = grown(self.row_ids, input_ids)
-        self.row_pos = grown(self.row_pos, position_ids.expand_as(input_ids))
-        self.valid = grown(self.valid, new_valid.bool())
-        t = torch.arange(self.row_ids.shape[1], device=self.device).unsqueeze(0)
-        steps = BlockSteps(t // self.m, t % self.m, self.valid)
-        hidden, _ = self.model.hidden_states(self.row_ids, self.row_pos, self.valid.long(), steps=steps,
-                                             check_positions=check_positions)
-        return hidden[:, -input_ids.shape[1]:]
-
-    def keep(self, index: list[int]) -> None:
-        idx = torch.tensor(index, dtype=torch.long, device=self.device)
-        self.row_ids, self.row_pos, self.valid, self.rows = (
-            x.index_select(0, idx) for x in (self.row_ids, self.row_pos, self.valid, self.rows))
-        self._select(idx)
-
-
 class AdaptiveDecoder(_Decoder):
     """Recipe 2 at inference: one step per forward; a pause only after a dk decision."""
 
@@ -386,6 +353,45 @@ class AdaptiveDecoder(_Decoder):
         for name in ("feed", "pos", "step_idx", "d_acc"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
+
+
+class _Recompute:
+    """Decoding without a cache, for layouts whose attention a cache of keys and values does not
+    capture (gated pauses: a later token's logits on every earlier pause carry the gates).  Each
+    forward runs the whole row fed so far again, its blocks read from the ids (a pause belongs
+    to the real token before it: :func:`cyb.visibility.inserted_steps`), and returns the new
+    positions' hidden states.  Mixed into a cached decoder, it makes that decoder's decisions
+    at a forward over the whole row per step."""
+
+    row_ids: torch.Tensor | None = None  # [b, T] every position fed so far
+    row_pos: torch.Tensor | None = None
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor,
+                 *, check_positions: bool = False):
+        def grown(row, new):
+            return new if row is None else torch.cat([row, new], dim=1)
+
+        self.row_ids = grown(self.row_ids, input_ids)
+        self.row_pos = grown(self.row_pos, position_ids.expand_as(input_ids))
+        self.valid = grown(self.valid, new_valid.bool())
+        steps = inserted_steps(torch.isin(self.row_ids, self.pause_ids[1:]), self.valid)  # (slot 0: a placeholder)
+        hidden, _ = self.model.hidden_states(self.row_ids, self.row_pos, self.valid.long(), steps=steps,
+                                             check_positions=check_positions)
+        return hidden[:, -input_ids.shape[1]:]
+
+    def keep(self, index: list[int]) -> None:
+        idx = torch.tensor(index, dtype=torch.long, device=self.device)
+        self.row_ids, self.row_pos, self.valid, self.rows = (
+            x.index_select(0, idx) for x in (self.row_ids, self.row_pos, self.valid, self.rows))
+        self._select(idx)
+
+
+class RecomputeFixedDecoder(_Recompute, FixedDecoder):
+    """:class:`FixedDecoder` without a cache (:class:`_Recompute`)."""
+
+
+class RecomputeAdaptiveDecoder(_Recompute, AdaptiveDecoder):
+    """:class:`AdaptiveDecoder` (one position per step) without a cache (:class:`_Recompute`)."""
 
 class BlockAdaptiveDecoder(FixedDecoder):
     """Adaptive mode, greedy, one forward per real token: each step feeds a row's token with

@@ -22,8 +22,9 @@ pauses only for the rows that ask for them), ``graph`` and ``static``
 same decisions.
 
 Models with gated pauses have no cache that holds their gates: ``eager`` builds
-:class:`~cyb.generation.decoders.RecomputeFixedDecoder`, which runs the whole row for every
-token, in fixed mode only; ``graph`` and ``static`` refuse them.
+:class:`~cyb.generation.decoders.RecomputeFixedDecoder` or ``RecomputeAdaptiveDecoder`` (one
+position per step), which run the whole row again for every step; ``graph`` and ``static``
+refuse them.
 
 Within a decoder the mode picks the class.  Fixed mode has one; adaptive mode feeds either whole
 blocks (the token and its ``M - 1`` pauses, the steps after the stop step masked out: one forward
@@ -44,7 +45,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..model import hf
-from .decoders import AdaptiveDecoder, BlockAdaptiveDecoder, FixedDecoder, RecomputeFixedDecoder, StepReadout
+from .decoders import (AdaptiveDecoder, BlockAdaptiveDecoder, FixedDecoder, RecomputeAdaptiveDecoder,
+                       RecomputeFixedDecoder, StepReadout)
 from .private import private_decoder
 from .static import StaticAdaptiveDecoder, StaticBlockAdaptiveDecoder, StaticCacheOptions
 from .static import StaticFixedDecoder, StaticPrivateDecoder, unsupported_reason
@@ -78,11 +80,7 @@ def _eager(model, ids, mask, readout, *, mode, max_new_tokens=None, one_position
     if model.pause_visibility == "private":  # a cache of real tokens (cyb.generation.private)
         return private_decoder(model, ids, mask, readout, mode=mode, sparse=one_position)
     if model.pause_visibility == "gated":  # no cache holds the gates' bias on earlier pauses
-        if mode != "fixed":
-            raise ValueError("a model with gated pauses generates in fixed mode only (each token "
-                             "recomputes the row; adaptive decoding would need a cache that applies "
-                             "the gates): use mode='fixed' (cyb generate --mode fixed)")
-        return RecomputeFixedDecoder(model, ids, mask, readout)
+        return (RecomputeFixedDecoder if mode == "fixed" else RecomputeAdaptiveDecoder)(model, ids, mask, readout)
     if mode == "fixed":
         return FixedDecoder(model, ids, mask, readout)
     if one_position is None:

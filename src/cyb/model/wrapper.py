@@ -489,8 +489,8 @@ class PauseModel(torch.nn.Module):
             hf.check_positions(position_ids, self.config)
         if self.pause_visibility == "gated" and (past_key_values is not None or use_cache or four_d):
             raise ValueError("a model with gated pauses runs whole laid-out rows (steps=...), without a "
-                             "KV cache or a ready 4-D mask: generate with mode='fixed', which recomputes "
-                             "the row for every token")
+                             "KV cache or a ready 4-D mask (cyb.generation's eager decoder recomputes the "
+                             "row every step)")
         if self.pause_visibility != "shared" and past_key_values is None and not use_cache and not four_d:
             if steps is None:
                 raise ValueError(f"this model's pauses are {self.pause_visibility}: give the layout's "
