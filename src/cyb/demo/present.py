@@ -115,14 +115,12 @@ def format_reading(metrics: dict) -> str:
             text += f"; E[S] {he[0]:.2f} on the hard answer positions, {he[1]:.2f} on the easy ones"
         else:
             text += f"; E[S] {v['mean_steps']:.2f}"
-        dec = v.get("decoding") or {}
-        f, a = dec.get("fixed"), dec.get("adaptive")
-        if f and a:
+        dec = v.get("decoding")
+        if dec:
+            f, a = dec["fixed"], dec["adaptive"]
             text += (f"; generating adaptively it answers {a['exact_match']:.1%} exactly at "
                      f"{a['positions_per_token']:.2f} positions per token, against {f['exact_match']:.1%} at "
                      f"{f['positions_per_token']:.2f} in fixed mode")
-        elif f:
-            text += f"; generating in fixed mode it answers {f['exact_match']:.1%} exactly"
         if {"baseline", "tbys"} <= set(r):
             text += "; it meets the demo's criterion" if meets_criterion(r, m) else "; it does not meet the demo's criterion"
         lines.append(text)

@@ -354,7 +354,6 @@ class AdaptiveDecoder(_Decoder):
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
 
-
 class _Recompute:
     """Decoding without a cache, for layouts whose attention a cache of keys and values does not
     capture (gated pauses: a later token's logits on every earlier pause carry the gates).  Each
@@ -392,6 +391,7 @@ class RecomputeFixedDecoder(_Recompute, FixedDecoder):
 
 class RecomputeAdaptiveDecoder(_Recompute, AdaptiveDecoder):
     """:class:`AdaptiveDecoder` (one position per step) without a cache (:class:`_Recompute`)."""
+
 
 class BlockAdaptiveDecoder(FixedDecoder):
     """Adaptive mode, greedy, one forward per real token: each step feeds a row's token with

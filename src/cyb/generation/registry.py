@@ -139,8 +139,7 @@ def _check_name(choice: str) -> None:
 def _problem(entry: Decoder, model) -> str | None:
     """Why ``entry`` cannot run ``model`` where it is (an error message), or None."""
     if entry.static_cache:
-        reason = ("the model's pauses are gated, which decode without a cache"
-                  if model.pause_visibility == "gated" else unsupported_reason(model))
+        reason = unsupported_reason(model)
         if reason is not None:
             return (f"decoder={entry.name!r} is not available: {reason}; use decoder='eager' "
                     "(or 'auto', which falls back to it)")

@@ -142,6 +142,8 @@ class StaticKVCache:
 def unsupported_reason(model) -> str | None:
     """Why ``model`` (a :class:`cyb.PauseModel`) cannot decode on a :class:`StaticKVCache`,
     or None when it can."""
+    if model.pause_visibility == "gated":
+        return "the model's pauses are gated, which decode without a cache"
     if hf.has_sliding_window(model.config):
         return "the model has sliding-window layers (static decoding supports full attention only)"
     impl = hf.attention_of(model.hf_model)

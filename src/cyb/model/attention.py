@@ -119,9 +119,7 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
 def _gate_score_mod(module, token: torch.Tensor, step: torch.Tensor):
     """FlexAttention's ``score_mod`` of a gated layer: the gate added to the scores of keys that
     are pauses of earlier tokens (``token``, ``step``: ``[B', T]`` in the kernel's order)."""
-    gate = gates.gate_of(module)
-    if gate is None:
-        raise ValueError("a gated pause layout reached an attention module without a gate")
+    gate = gates.required_gate(module)
 
     def row(x, b):
         return x[b if x.shape[0] > 1 else 0]

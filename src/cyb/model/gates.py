@@ -70,6 +70,14 @@ def gate_of(module) -> torch.Tensor | None:
     return getattr(module, GATE_NAME, None)
 
 
+def required_gate(module) -> torch.Tensor:
+    """The gate bias ``[heads]`` of an attention module that a gated layout reached."""
+    gate = gate_of(module)
+    if gate is None:
+        raise ValueError("a gated pause layout reached an attention module without a gate")
+    return gate
+
+
 def gate_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Every gate parameter of ``model`` (any wrapper around a gated Hugging Face model)."""
     return [p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] == GATE_NAME]
@@ -136,13 +144,12 @@ def gated_attention_bias(module, mask: torch.Tensor, foreign: torch.Tensor) -> t
     """The additive mask ``[B, heads, T, K]`` of a gated layer: 0 where ``mask`` (bool ``[B, 1,
     T, K]``) allows, minus infinity where it does not, plus the module's gate on ``foreign``
     (bool ``[B, 1, T, K]``, :func:`cyb.visibility.foreign_pauses`).  Differentiable in the gate."""
-    gate = gate_of(module)
-    if gate is None:
-        raise ValueError("a gated pause layout reached an attention module without a gate")
+    gate = required_gate(module)
     zero = torch.zeros((), dtype=torch.float32, device=mask.device)
     base = torch.where(mask, zero, float("-inf"))
     return base + torch.where(foreign, gate.view(1, -1, 1, 1), zero)
 
 
-__all__ = ["GATE_INIT", "GATE_NAME", "add_gates", "annealed_bias", "attention_modules", "fill_gates", "gate_of", "gate_parameters", "gate_summary",
-           "gate_values", "gated_attention_bias", "load_gates", "quiet_load"]
+__all__ = ["GATE_INIT", "GATE_NAME", "add_gates", "annealed_bias", "attention_modules", "fill_gates", "gate_of",
+           "gate_parameters", "gate_summary", "gate_values", "gated_attention_bias", "load_gates", "quiet_load",
+           "required_gate"]
