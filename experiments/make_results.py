@@ -39,12 +39,13 @@ def load(folder: Path) -> list[dict]:
     return list(rows.values())
 
 
-def mean_sd(values: list[float], fmt: str = "{:.1f}") -> str:
+def mean_sd(values: list[float], fmt: str = "{:.1f}", unit: str = "") -> str:
+    """``mean ± sd`` over seeds in ``fmt``, ``unit`` after both; one value says so."""
     if not values:
         return ""
     if len(values) == 1:
-        return fmt.format(values[0]) + " (1 seed)"
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(statistics.stdev(values))}"
+        return fmt.format(values[0]) + unit + " (1 seed)"
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(statistics.stdev(values))}{unit}"
 
 
 def by_label(rows: list[dict]) -> dict[str, list[dict]]:
@@ -84,7 +85,7 @@ def paired(groups: dict[str, list[dict]], label: str, reference: str | None) -> 
         return "---"
     ref = {r["seed"]: r["final"]["ppl"] for r in groups[reference]}
     vals = [(ref[r["seed"]] - r["final"]["ppl"]) / ref[r["seed"]] * 100 for r in groups[label] if r["seed"] in ref]
-    return mean_sd(vals, "{:+.1f}") + "%" if vals else ""
+    return mean_sd(vals, "{:+.1f}", "%")
 
 
 def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"),
@@ -96,7 +97,7 @@ def table(rows: list[dict], references: tuple[str, ...] = (REFERENCE, "Baseline"
     distribution, epochs of training data, training perplexity of the last logged steps and
     the command (``-sN`` = seed N); perplexities with ``digits`` decimals."""
     groups = {**(extra or {}), **by_label(rows)}
-    labels = order or list(groups)
+    labels = (order or []) + [g for g in groups if g not in (order or [])]  # no row left out
     refs = [r for r in references if r in groups]
     head = ("| method | held-out ppl | per seed | " + " | ".join(f"vs {r}" for r in refs) +
             " | whole-file ppl | E[S] | E[S] spread | stop distribution | epochs | train ppl | command |")
@@ -198,7 +199,9 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
 SUITE_TABLES = {
     "smollm2": (["Baseline", "Baseline 4xseq", "CYB 1 pause, private", "CYB 2 pauses, private",
                  "CYB 3 pauses, private", "CYB 1 pause, shared", "CYB 2 pauses, shared", "CYB 3 pauses, shared",
-                 "CYB 3 pauses, gated", "CYB-decoupled 3 pauses, private", "CYB-ponder tau=-0.05, private", "TBYS 3 pauses, private",
+                 "CYB 3 pauses, gated", "CYB-decoupled 3 pauses, private", "CYB-ponder tau=-0.05, private",
+                 "CYB 3 pauses, private, dk prior 0.5", "CYB 3 pauses, private, dk prior 0.99",
+                 "CYB-ponder tau=-0.2, private", "CYB-ponder tau=-0.5, private", "TBYS 3 pauses, private",
                  "TBYS 3 pauses, shared", "Baseline, LoRA", "CYB 3 pauses, private, LoRA"],
                 ("Baseline", "CYB 3 pauses, shared", "Baseline, LoRA"), 2),
     "smollm2-epoch": (["Baseline", "CYB 3 pauses, private"], ("Baseline",), 2),
@@ -219,14 +222,41 @@ def write_suite(folder: Path, rows: list[dict]) -> None:
         order, references, digits = SUITE_TABLES[folder.name]
         text = table(rows, references=references, order=order, digits=digits)
     tables = {folder.name: text}
+    calibration = calibration_table(folder, rows, SUITE_TABLES.get(folder.name, ([],))[0])
+    if calibration:
+        tables[f"{folder.name}-calibration"] = calibration
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
     _fill(DOC, tables)
     print(f"wrote {folder / 'tables.md'} and its table in {DOC}")
 
 
+def calibration_table(folder: Path, rows: list[dict], order: list[str]) -> str:
+    """H2 per step for the runs of ``folder`` that were analysed (``eval/metrics.json`` of
+    ``cyb eval``): Spearman's rho of d_i with the next step's gain in log-probability of the
+    target, mean ± sd over the seeds analysed, and E[S], rows in ``order`` first; empty when no
+    run was."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        metrics = folder / r["name"] / "eval" / "metrics.json"
+        if "final" in r and metrics.is_file():
+            groups.setdefault(r["label"], []).append(json.loads(metrics.read_text()))
+    if not groups:
+        return ""
+    steps = max(len(m["calibration"]) for runs in groups.values() for m in runs)
+    lines = ["| method | seeds | " + " | ".join(f"rho(d_{i}, gain {i}->{i + 1})" for i in range(1, steps + 1))
+             + " | E[S] |", "|---|---:|" + "---:|" * (steps + 1)]
+    for label in sorted(groups, key=lambda g: order.index(g) if g in order else len(order)):
+        runs = groups[label]
+        rho = [mean_sd([m["calibration"][i]["spearman"] for m in runs if len(m["calibration"]) > i], "{:.2f}")
+               for i in range(steps)]
+        es = mean_sd([m["latency"]["mean_steps"] for m in runs], "{:.2f}")
+        lines.append(f"| {label} | {len(runs)} | " + " | ".join(rho) + f" | {es} |")
+    return "\n".join(lines)
+
+
 ARITHMETIC_ORDER = ["Baseline", "TBYS 3 pauses, private", "TBYS 3 pauses, shared", "TBYS 3 pauses, gated",
                     "CYB 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, gated",
-                    "CYB-decoupled 3 pauses, private"]
+                    "CYB-decoupled 3 pauses, private", "CYB-decoupled 3 pauses, gated"]
 
 
 def arithmetic_table(rows: list[dict]) -> str:
@@ -240,8 +270,8 @@ def arithmetic_table(rows: list[dict]) -> str:
     lines = ["| method | exact match | per seed | vs Baseline (points) | fixed generation | adaptive generation "
              "| positions per token | E[S] by answer position | answer ppl | epochs | command |",
              "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---|"]
-    pct = lambda values: mean_sd([100 * v for v in values], "{:.1f}") + "%" if values else ""  # noqa: E731
-    for label in ARITHMETIC_ORDER:
+    pct = lambda values: mean_sd([100 * v for v in values], "{:.1f}", "%")  # noqa: E731
+    for label in ARITHMETIC_ORDER + [g for g in groups if g not in ARITHMETIC_ORDER]:
         runs = groups.get(label)
         if not runs:
             continue

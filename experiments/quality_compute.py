@@ -1,6 +1,6 @@
 """Held-out perplexity against network forwards per real token for the fine-tuning rows
 (results/experiments/text and the recipes of results/experiments/recipes that move CYB along
-the compute axis, three seeds; results/experiments/smollm2, 500 steps, two or three
+the compute axis, three seeds; results/experiments/smollm2, 500 steps, three
 seeds, full fine-tuning; results/experiments/smollm2-epoch, one epoch, three seeds)::
 
     python experiments/quality_compute.py [OUT.png]      # default results/experiments/quality_compute.png
@@ -87,7 +87,7 @@ CURVE_RECIPES = ("CYB-ponder tau=-0.05", "CYB-ponder tau=-0.02", "CYB-anytime w=
 def main(out: str = str(RESULTS / "quality_compute.png")) -> Path:
     recipes = [p for p in points(RESULTS / "recipes", "recipes") if p["label"] in CURVE_RECIPES]
     panels = {"fine-tuning a model pretrained here (techdocs, 3 seeds)": points(RESULTS / "text", "finetune") + recipes,
-              "fine-tuning SmolLM2-135M, 500 steps (2-3 seeds)": points(RESULTS / "smollm2", "smollm2"),
+              "fine-tuning SmolLM2-135M, 500 steps (3 seeds)": points(RESULTS / "smollm2", "smollm2"),
               "fine-tuning SmolLM2-135M, one epoch (3 seeds)": points(RESULTS / "smollm2-epoch", "smollm2")}
     return quality_compute(out, panels)
 

@@ -4,11 +4,13 @@
 #
 #   bash experiments/real_model_gpu.sh [SECONDS]      # default 540
 #
-# * smollm2 at 500 steps: CYB 3 gated (method.pause_visibility), then the seeds still missing
-#   of CYB 1 and 2 pauses shared, the 4x-context baseline and CYB-ponder private;
-# * smollm2-arith: seed 2 of the private rows, then TBYS 3 and CYB 3 gated (seed 0).
+# * smollm2 at 500 steps: seed 0 of private TBYS, CYB 3 gated (method.pause_visibility, the dense
+#   mask), the quality-compute sweep (private CYB with dk priors 0.5 and 0.99, CYB-ponder
+#   tau=-0.2 and -0.5), then their seeds 1 and 2;
+# * smollm2-arith: the gated rows (CYB-decoupled, CYB, TBYS), seed 2 of the shared rows, then
+#   seeds 1 and 2 of the gated rows (those of TBYS last: not run yet).
 # (The script as of commit 00bc2df ran the one-epoch suite and the first rows of these two; as
-# of e071510 the rows added then.)
+# of e071510 and 7d8499a the rows added then.)
 #
 # Each GPU runs two jobs of smollm2 and one of smollm2-arith at a time, the rows in the order
 # listed. SECONDS counts from the script's start (the staging included): leave a minute under
@@ -28,9 +30,16 @@ suite() {  # NAME SUITE [run_suite.py options]
   python3 experiments/run_suite.py "$@" --seeds 0,1,2 --out "outputs/$name" --gpus 0,1,2,3 \
     --deadline "$deadline" --pack "$out/$name.tar.gz" > "$out/$name.log" 2>&1
 }
-suite smollm2 smollm2 --scale smollm2 --per-gpu 2 --only sm-cyb-p3-gated sm-cyb-p1-s2 sm-cyb-p2-s1 sm-cyb-p2-s2 \
-  sm-baseline_nx-p3-s1 sm-baseline_nx-p3-s2 sm-cyb_ponder-p3-private-s1 sm-cyb_ponder-p3-private-s2 &
-suite smollm2-arith smollm2-arith --scale smollm2-arith --per-gpu 1 --only ar-cyb-p3-private-s2 ar-tbys-p3-private-s2 \
-  ar-cyb_decoupled-p3-private-s2 ar-tbys-p3-gated-s0 ar-cyb-p3-gated-s0 &
+sm=(sm-tbys-p3-private-s0 sm-cyb-p3-gated-s0 sm-cyb_ponder-p3-tau-0.2-private-s0 sm-cyb_ponder-p3-tau-0.5-private-s0
+    sm-cyb-p3-dk0.99-private-s0 sm-cyb-p3-dk0.5-private-s0 sm-cyb-p3-gated-s1 sm-cyb-p3-gated-s2)
+for seed in 1 2; do
+  sm+=(sm-cyb_ponder-p3-tau-0.2-private-s$seed sm-cyb_ponder-p3-tau-0.5-private-s$seed
+       sm-cyb-p3-dk0.99-private-s$seed sm-cyb-p3-dk0.5-private-s$seed)
+done
+ar=(ar-cyb_decoupled-p3-gated-s0 ar-cyb-p3-gated-s0 ar-tbys-p3-gated-s0 ar-cyb-p3-s2 ar-tbys-p3-s2
+    ar-cyb_decoupled-p3-gated-s1 ar-cyb_decoupled-p3-gated-s2 ar-cyb-p3-gated-s1 ar-cyb-p3-gated-s2
+    ar-tbys-p3-gated-s1 ar-tbys-p3-gated-s2)
+suite smollm2 smollm2 --scale smollm2 --per-gpu 2 --only "${sm[@]}" &
+suite smollm2-arith smollm2-arith --scale smollm2-arith --per-gpu 1 --only "${ar[@]}" &
 wait
 tail -n 3 "$out"/smollm2*.log

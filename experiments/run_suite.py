@@ -34,11 +34,13 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
   More rows: TBYS 3 shared, CYB 1 and 2 pauses private and shared, LoRA (rank 16, lr 1e-3) for
   the baseline and private CYB 3, the baseline with 4x the context (``baseline_nx``,
-  compute-matched), CYB-ponder tau=-0.05 private (docs/recipes.md) and CYB 3 gated. ``--scale smollm2-epoch`` runs them for about one epoch (1,620
-  steps, checkpointed every 405 so that a cut run resumes).
+  compute-matched), CYB-ponder tau=-0.05 private (docs/recipes.md), CYB 3 gated, and the
+  quality-compute sweep: private CYB with the dk prior at 0.5 and 0.99, CYB-ponder at tau=-0.2
+  and -0.5 (analysed by ``cyb eval`` in every seed). ``--scale smollm2-epoch`` runs them for
+  about one epoch (1,620 steps, checkpointed every 405 so that a cut run resumes).
 * ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
   written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared, private
-  and gated and CYB-decoupled private, scored by exact match three ways (``experiments/task_decoding.py``).
+  and gated and CYB-decoupled private and gated, scored by exact match three ways (``experiments/task_decoding.py``).
 * ``stability``: the ``pretrain`` suite's baseline and CYB 3 over five seeds (``--seeds
   0,1,2,3,4``), beside CYB with private pauses, with 400 warmup steps instead of 100, with peak
   lr 5e-4, and the baseline with 400 warmup steps: what narrows CYB's spread between seeds.
@@ -207,6 +209,15 @@ def visibility_suffix(m: dict) -> str:
     return "" if visibility == "shared" else f"-{visibility}"
 
 
+def sweep_suffix(m: dict) -> str:
+    """``-dk0.5`` (a dk prior other than the default) or ``-tau-0.2`` (a ponder cost other than
+    the recipe's -0.05) in the run names of the quality-compute sweep."""
+    suffix = f"-dk{m['psi_dk']:g}" if "psi_dk" in m else ""
+    if m["name"] == "cyb_ponder" and m.get("ponder_cost", -0.05) != -0.05:
+        suffix += f"-tau{m['ponder_cost']:g}"
+    return suffix
+
+
 def smollm2_config(s: dict, run: Path, seed: int, m: dict, data: dict, *, lr: float, save_every: int,
                    log_every: int) -> dict:
     """The config of one SmolLM2-135M fine-tuning run of scale ``s`` into the folder ``run``."""
@@ -236,10 +247,20 @@ def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
             ("Baseline 4xseq", method("baseline_nx", seq_multiplier=4), None, 1.0),
             ("CYB-ponder tau=-0.05, private", method("cyb_ponder", ponder_cost=-0.05, pause_visibility="private"),
              None, 1.0),
-            ("CYB 3 pauses, gated", method("cyb", pause_visibility="gated"), None, 1.0)]
+            ("CYB 3 pauses, gated", method("cyb", pause_visibility="gated"), None, 1.0),
+            # the quality-compute sweep: private CYB pausing more or less than the paper's prior
+            ("CYB 3 pauses, private, dk prior 0.5", method("cyb", psi_dk=0.5, pause_visibility="private"),
+             None, 1.0),
+            ("CYB 3 pauses, private, dk prior 0.99", method("cyb", psi_dk=0.99, pause_visibility="private"),
+             None, 1.0),
+            ("CYB-ponder tau=-0.2, private", method("cyb_ponder", ponder_cost=-0.2, pause_visibility="private"),
+             None, 1.0),
+            ("CYB-ponder tau=-0.5, private", method("cyb_ponder", ponder_cost=-0.5, pause_visibility="private"),
+             None, 1.0)]
     jobs = []
     for rank, (label, m, adapters, cost) in enumerate(rows):
-        name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{visibility_suffix(m)}-s{seed}"
+        name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{sweep_suffix(m)}" \
+               f"{visibility_suffix(m)}-s{seed}"
         data = {"source": files["train"], "valid_source": files["valid_in"], "block_len": s["block_len"],
                 "shuffle": "corpus"}
         cfg = smollm2_config(s, out / name, seed, m, data, lr=1e-3 if adapters else s["lr"],
@@ -248,8 +269,10 @@ def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
             cfg["lora"] = adapters
         # seed 0 of every row first, then the baseline and private CYB of the other seeds
         priority = 100 - rank if seed == 0 else (50 - rank if rank < 2 else 10 - rank)
-        jobs.append(Job(name, "smollm2", label, seed, cfg, cost=cost, priority=priority,
-                        analyse=seed == 0 and m["name"] == "cyb" and not adapters and m["num_steps"] == 4))
+        # pause statistics and H2's calibration: seed 0 of CYB 3, every seed of the sweep
+        analyse = not adapters and m["num_steps"] == 4 and (
+            (seed == 0 and m["name"] == "cyb") or bool(sweep_suffix(m)))
+        jobs.append(Job(name, "smollm2", label, seed, cfg, cost=cost, priority=priority, analyse=analyse))
     return jobs
 
 
@@ -264,7 +287,8 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
             ("CYB 3 pauses, shared", method("cyb")),
             ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private")),
             ("TBYS 3 pauses, gated", method("tbys", pause_visibility="gated")),
-            ("CYB 3 pauses, gated", method("cyb", pause_visibility="gated"))]
+            ("CYB 3 pauses, gated", method("cyb", pause_visibility="gated")),
+            ("CYB-decoupled 3 pauses, gated", method("cyb_decoupled", pause_visibility="gated"))]
     jobs = []
     for label, m in rows:
         name = f"ar-{m['name']}-p{m['num_steps'] - 1}{visibility_suffix(m)}-s{seed}"

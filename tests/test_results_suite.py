@@ -114,7 +114,14 @@ def test_the_real_model_suites_name_their_rows_apart(tmp_path):
     files = {k: k for k in ("train", "valid", "base", "ft", "tokenizer", "valid_in")}
     sm = run_suite.suite_jobs("smollm2", 0, dict(run_suite.SCALES["smollm2"]), files, tmp_path)
     names = {j.name for j in sm}
-    assert len(names) == len(sm) == 15
+    assert len(names) == len(sm) == 19
+    sweep = {j.name: j for j in sm if "-dk" in j.name or "-tau" in j.name}
+    assert sorted(sweep) == ["sm-cyb-p3-dk0.5-private-s0", "sm-cyb-p3-dk0.99-private-s0",
+                             "sm-cyb_ponder-p3-tau-0.2-private-s0", "sm-cyb_ponder-p3-tau-0.5-private-s0"]
+    assert sweep["sm-cyb-p3-dk0.99-private-s0"].cfg["method"]["psi_dk"] == 0.99
+    assert sweep["sm-cyb_ponder-p3-tau-0.5-private-s0"].cfg["method"]["ponder_cost"] == -0.5
+    assert all(j.analyse for j in sweep.values())  # H2 in every seed of the sweep
+    assert {j.name for j in run_suite.select(sm, ["sm-cyb_ponder-p3-private"])} == {"sm-cyb_ponder-p3-private-s0"}
     assert {j.name for j in run_suite.select(sm, ["sm-cyb-p3-private"])} == {"sm-cyb-p3-private-s0"}
     assert {j.name for j in run_suite.select(sm, ["sm-tbys-p3-s"])} == {"sm-tbys-p3-s0"}
     assert {j.name for j in run_suite.select(sm, ["sm-cyb-p1-s", "sm-cyb-p2-s"])} == {"sm-cyb-p1-s0", "sm-cyb-p2-s0"}
@@ -123,7 +130,7 @@ def test_the_real_model_suites_name_their_rows_apart(tmp_path):
     epoch = run_suite.suite_jobs("smollm2", 1, dict(run_suite.SCALES["smollm2-epoch"]), files, tmp_path)
     assert {j.cfg["train"]["steps"] for j in epoch} == {1620} and all(j.cfg["train"]["save_every"] for j in epoch)
     ar = run_suite.suite_jobs("smollm2-arith", 2, dict(run_suite.SCALES["smollm2-arith"]), files, tmp_path)
-    assert all(j.task and j.cfg["data"]["task"] == "addition" for j in ar) and len(ar) == 8
+    assert all(j.task and j.cfg["data"]["task"] == "addition" for j in ar) and len(ar) == 9
     st = run_suite.suite_jobs("stability", 3, dict(run_suite.SCALES["gpu"]), files, tmp_path)
     plain = next(j for j in st if j.name == "st-cyb-s3")
     warm = next(j for j in st if j.name == "st-cyb-warmup400-s3")
@@ -149,6 +156,36 @@ def test_the_arithmetic_table_reads_the_committed_runs(results):
     assert list(rows)[0] == "Baseline" and "CYB 3 pauses, private" in rows
     assert "| 90.9 ± 0.8% | 91.6%, 90.0%, 91.2% | --- |" in rows["Baseline"]
     assert "--scale smollm2-arith" in rows["CYB 3 pauses, private"]
+
+
+def test_a_row_outside_the_order_still_gets_its_line_and_one_seed_says_so(results):
+    rows = [{"name": f"{label}-s0", "suite": "smollm2", "label": label, "seed": 0, "command": "x",
+             "final": {"ppl": ppl, "epoch": 0.3}} for label, ppl in (("Baseline", 10.0), ("New row", 9.0))]
+    text = results.table(rows, references=("Baseline",), order=["Baseline"])
+    line = next(x for x in text.splitlines() if x.startswith("| New row"))
+    assert "+10.0% (1 seed)" in line  # the unit before the note, not after it
+
+
+def test_the_calibration_table_reads_each_analysed_run(results, tmp_path):
+    def analysed(name, rhos, mean_steps):
+        (tmp_path / name / "eval").mkdir(parents=True)
+        metrics = {"calibration": [{"step": i + 1, "spearman": r} for i, r in enumerate(rhos)],
+                   "latency": {"mean_steps": mean_steps}}
+        (tmp_path / name / "eval" / "metrics.json").write_text(json.dumps(metrics))
+
+    analysed("a-s0", [0.6, 0.1], 1.1)
+    analysed("a-s1", [0.8, 0.3], 1.3)
+    rows = [{"name": f"a-s{k}", "label": "CYB", "seed": k, "final": {"ppl": 1.0}} for k in (0, 1, 2)]
+    rows.append({"name": "b-s0", "label": "Baseline", "seed": 0, "final": {"ppl": 1.0}})  # not analysed
+    text = results.calibration_table(tmp_path, rows, ["CYB"])
+    assert text.splitlines()[2] == "| CYB | 2 | 0.70 ± 0.14 | 0.20 ± 0.14 | 1.20 ± 0.14 |"
+    assert "Baseline" not in text and results.calibration_table(tmp_path, rows[3:], []) == ""
+
+
+def test_the_committed_calibration_table_has_every_analysed_row(results):
+    folder = results.HERE.parent / "results" / "experiments" / "smollm2"
+    text = results.calibration_table(folder, results.load(folder), results.SUITE_TABLES["smollm2"][0])
+    assert "| CYB 3 pauses, private, dk prior 0.99 | 3 | 0.67 ± 0.00 |" in text
 
 
 def test_early_pausing_orders_the_cyb_seeds_by_final_perplexity():
