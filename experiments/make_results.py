@@ -203,7 +203,7 @@ SUITE_TABLES = {
                  "CYB 3 pauses, private, dk prior 0.5", "CYB 3 pauses, private, dk prior 0.99",
                  "CYB-ponder tau=-0.2, private", "CYB-ponder tau=-0.5, private", "TBYS 3 pauses, private",
                  "TBYS 3 pauses, shared", "Baseline, LoRA", "CYB 3 pauses, private, LoRA"],
-                ("Baseline", "CYB 3 pauses, shared", "Baseline, LoRA"), 2),
+                ("Baseline", "TBYS 3 pauses, shared", "CYB 3 pauses, shared", "Baseline, LoRA"), 2),
     "smollm2-epoch": (["Baseline", "CYB 3 pauses, private"], ("Baseline",), 2),
     "visibility": (["Pretrained base, not fine-tuned", "Baseline", "TBYS 3 pauses, shared",
                     "TBYS 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, private"],
@@ -211,6 +211,68 @@ SUITE_TABLES = {
     "stability": (["Baseline", "Baseline, warmup 400", "CYB 3 pauses", "CYB 3 pauses, private",
                    "CYB 3 pauses, warmup 400", "CYB 3 pauses, lr 5e-4"], ("Baseline", "Baseline, warmup 400"), 1),
 }
+
+
+#: the rows drawn in a real-model suite's ``curves.png`` (the others crowd it)
+CURVE_ROWS = {
+    "smollm2": ["Baseline", "Baseline 4xseq", "CYB 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, gated",
+                "CYB 3 pauses, private, dk prior 0.99", "CYB-ponder tau=-0.2, private", "TBYS 3 pauses, shared"],
+    "smollm2-epoch": ["Baseline", "CYB 3 pauses, private"],
+}
+
+
+def real_tokens_curves(folder: Path, rows: list[dict], labels: list[str], path: Path) -> None:
+    """Two panels for the rows ``labels`` of ``folder``, mean over seeds: held-out perplexity at
+    every evaluation against the real tokens read (tokens per step from each run's
+    ``config.yaml``: batch x block_len x seq_multiplier), and the training perplexity's gain over
+    the baseline's at the same step, in percent (a running mean of 5 logs; rows that read as many
+    tokens per step as the baseline)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import yaml
+
+    groups = by_label(rows)
+    curves = {}  # label -> (tokens per step, {split: {step: [ppl per seed]}})
+    for label in (x for x in labels if x in groups):
+        per_step, splits = 0, {"valid": {}, "train": {}}
+        for r in groups[label]:
+            run = folder / r["name"]
+            cfg = yaml.safe_load((run / "config.yaml").read_text())
+            per_step = cfg["train"]["batch_size"] * cfg["data"]["block_len"] * (cfg["method"].get("seq_multiplier") or 1)
+            for line in (run / "metrics.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("split") in splits and "ppl" in rec:
+                    splits[rec["split"]].setdefault(rec["step"], []).append(rec["ppl"])
+        curves[label] = (per_step, {k: {step: statistics.mean(v) for step, v in sorted(d.items())}
+                                    for k, d in splits.items()})
+    fig, (held, gain) = plt.subplots(1, 2, figsize=(12, 4.5))
+    base_step, base = curves.get("Baseline", (0, {"train": {}}))
+    gains = [0.0]
+    for i, (label, (per_step, splits)) in enumerate(curves.items()):
+        pts = [(step * per_step / 1e6, ppl) for step, ppl in splits["valid"].items()]
+        held.plot(*zip(*pts), marker="o", ms=4, lw=1.2, color=f"C{i}", label=label)
+        if label != "Baseline" and per_step == base_step:
+            steps = [st for st in splits["train"] if st in base["train"] and st > 0]
+            rel = [100 * (base["train"][st] - splits["train"][st]) / base["train"][st] for st in steps]
+            smooth = [statistics.mean(rel[max(0, k - 4):k + 1]) for k in range(len(rel))]
+            gain.plot([st * per_step / 1e6 for st in steps], smooth, lw=1.2, color=f"C{i}", label=label)
+            gains += smooth
+    floor = min(min(s["valid"].values()) for _, s in curves.values())
+    held.set_ylim(floor * 0.97, floor * 1.3)  # step 0 of shared pauses and TBYS is far above (2,062; 14,451)
+    held.set_ylabel("held-out perplexity (in-distribution)")
+    gain.axhline(0, color="black", lw=0.8)
+    gain.set_ylim(max(min(gains), -15) - 0.5, max(gains) + 0.5)  # a curve below -15% runs off the bottom
+    gain.set_ylabel("training perplexity: gain over the baseline (%)")
+    for ax in (held, gain):
+        ax.set_xlabel("real tokens read (millions)")
+        ax.grid(alpha=0.3)
+    held.legend(fontsize=8)
+    fig.suptitle(f"results/experiments/{folder.name}: mean over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def write_suite(folder: Path, rows: list[dict]) -> None:
@@ -223,6 +285,8 @@ def write_suite(folder: Path, rows: list[dict]) -> None:
         text = table(rows, references=references, order=order, digits=digits)
     tables = {folder.name: text}
     calibration = calibration_table(folder, rows, SUITE_TABLES.get(folder.name, ([],))[0])
+    if folder.name in CURVE_ROWS:
+        real_tokens_curves(folder, rows, CURVE_ROWS[folder.name], folder / "curves.png")
     if calibration:
         tables[f"{folder.name}-calibration"] = calibration
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))

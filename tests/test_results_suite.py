@@ -188,6 +188,13 @@ def test_the_committed_calibration_table_has_every_analysed_row(results):
     assert "| CYB 3 pauses, private, dk prior 0.99 | 3 | 0.67 ± 0.00 |" in text
 
 
+def test_the_real_model_curves_draw_from_the_committed_runs(results, tmp_path):
+    folder = results.HERE.parent / "results" / "experiments" / "smollm2-epoch"
+    results.real_tokens_curves(folder, results.load(folder), results.CURVE_ROWS["smollm2-epoch"],
+                               tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
 def test_early_pausing_orders_the_cyb_seeds_by_final_perplexity():
     from experiments import early_pausing
 
