@@ -116,6 +116,9 @@ GRIDS: dict[str, dict[str, dict]] = {
         "add3-gated-anneal1500": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"],
                                   "method_options": {m: {"pause_gate_anneal_steps": 1500}
                                                      for m in ("tbys", "cyb", "cyb_decoupled")}},
+        # the gates held at their start (-8, not learned): is it the learning or the faint channel?
+        "add3-gated-frozen": {"pause_visibility": "gated", "methods": ["tbys", "cyb", "cyb_decoupled"],
+                              "method_options": {m: {"pause_gate_lr": 0.0} for m in ("tbys", "cyb", "cyb_decoupled")}},
     },
 }
 #: The demo's defaults when the cpu and demo14 grids ran (the default demo has changed since):
@@ -191,7 +194,7 @@ def run_job(job: dict) -> dict:
     for weights in [*out.glob("runs/*/final"), *out.glob("runs/*/ckpt-*")]:
         shutil.rmtree(weights, ignore_errors=True)
     keep = ("exact_match", "token_accuracy", "ppl", "mean_steps", "greedy_steps", "train_seconds",
-            "per_position_steps", "per_position_accuracy", "decoding", "pause_gates")
+            "per_position_steps", "per_position_accuracy", "decoding", "pause_gates", "foreign_attention")
     return {"name": job["name"], "seed": job["seed"], "device": job["device"],
             "settings": job["settings"], "seconds": time.perf_counter() - start,
             "methods": {m: {k: r[k] for k in keep if k in r} for m, r in metrics["methods"].items()}}

@@ -139,6 +139,21 @@ def test_eval_of_a_text_run_matches_its_final_evaluation(tmp_path, method, kw):
     assert metrics["target"]["epochs"] == pytest.approx(state["epochs"])
 
 
+def test_eval_of_a_gated_run_reports_what_its_gates_let_through(tmp_path):
+    """A gated run's evaluation gives each layer's gates and the share of attention on other
+    tokens' pauses (a few tenths of a percent at the starting -8 after 6 steps), and says so."""
+    from cyb.eval.evaluate import format_summary
+
+    run = _text_run(tmp_path, "cyb", pause_visibility="gated")
+    final = json.loads((run / "final_metrics.json").read_text())
+    metrics = evaluate(run, batch_size=3, progress=False, write=False)
+    assert metrics["perplexity"]["ppl"] == pytest.approx(final["ppl"], rel=1e-5)  # the recorder changes nothing
+    gated = metrics["gated"]
+    assert len(gated["gate_bias"]) == len(gated["foreign_attention"]) == 1
+    assert all(-9 < b < -7 for b in gated["gate_bias"][0]) and 0 < gated["foreign_attention"][0] < 0.05
+    assert "attention on other tokens' pauses, per layer:" in format_summary(metrics)
+
+
 def test_eval_reference_and_relative_improvement(runs, tmp_path):
     tbys = evaluate(runs["tbys"], out_dir=tmp_path / "tbys", max_tokens=30, progress=False)
     by_dir = evaluate(runs["cyb"], reference=runs["tbys"], max_tokens=30, progress=False, write=False)

@@ -90,6 +90,37 @@ def test_open_gates_are_shared_and_shut_gates_private():
             torch.testing.assert_close(got[valid], want[valid], atol=2e-5, rtol=1e-4)
 
 
+def test_foreign_attention_is_the_share_an_eager_copy_puts_on_earlier_pauses():
+    """float64: the recorded share per layer equals the attention weights of an eager copy run
+    with the hand-built gated mask, summed over other tokens' pauses and averaged over the
+    queries that have one in view (and the heads); a shut gate records 0, and nothing is recorded
+    outside the block."""
+    torch.manual_seed(0)
+    pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated").double()
+    heads = pm.config.num_attention_heads
+    values = torch.linspace(-3.0, 1.0, heads, dtype=torch.float64)
+    _set_gates(pm, values)
+    lay = _layout(pm, "recipe1")
+    with torch.no_grad(), gates.foreign_attention(pm.hf_model) as through:
+        pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask, steps=lay.steps)
+    ref = copy.deepcopy(pm.hf_model)
+    ref.set_attn_implementation("eager")
+    allowed = vis.visible(lay.steps, "shared").unsqueeze(1)
+    foreign = vis.foreign_pauses(lay.steps.token, lay.steps.step).unsqueeze(1)
+    zero = torch.zeros((), dtype=torch.float64)
+    mask = torch.where(allowed, zero, float("-inf")) + torch.where(foreign, values.view(1, -1, 1, 1), zero)
+    with torch.no_grad():
+        attn = ref.model(input_ids=lay.input_ids, position_ids=lay.position_ids, attention_mask=mask,
+                         output_attentions=True).attentions
+    seen = foreign.any(-1).expand(len(lay.input_ids), heads, -1)
+    want = [float((a * foreign).sum(-1)[seen].mean()) for a in attn]
+    assert through.per_layer() == pytest.approx(want, abs=1e-6) and min(want) > 0.01  # float32 scores
+    _set_gates(pm, float("-inf"))
+    with torch.no_grad(), gates.foreign_attention(pm.hf_model) as shut:
+        pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask, steps=lay.steps)
+    assert shut.per_layer() == [0.0] * len(want) and gates._RECORDER is None
+
+
 def test_starting_gates_keep_the_base_model_close():
     """At the starting bias (-8) the real tokens' step-1 logits stay within 1% of the base
     model's, whatever the pause rows hold; a shut gate gives them exactly."""

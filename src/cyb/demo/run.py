@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -266,7 +267,9 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
             model = model.to("cuda")
         if test is None:
             _, test = synthetic_sets(cfg)
-        score = score_model(model, test)
+        gated = model.pause_visibility == "gated"
+        with gates.foreign_attention(model.hf_model) if gated else contextlib.nullcontext() as through:
+            score = score_model(model, test)
         details[method] = {k: score.pop(k) for k in ("expected_steps", "predictions")}
         results[method] = {**score, "train_seconds": train_s,
                            "num_parameters": model.num_parameters(),
@@ -274,8 +277,9 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
                            "pause_visibility": model.pause_visibility,
                            "run_dir": configs[method]["train"]["out_dir"]}
         echo(present.score_line(method, score, train_s))
-        if model.pause_visibility == "gated":
+        if gated:
             results[method]["pause_gates"] = gates.gate_values(model.hf_model).tolist()
+            results[method]["foreign_attention"] = through.per_layer()
         if methods.spec(method).has_dk:
             results[method]["decoding"] = decoding_cost(model, test)
     metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),

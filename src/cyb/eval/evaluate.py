@@ -7,7 +7,9 @@ folder, runs it over held-out data batch by batch (:mod:`cyb.eval.collect`) and 
   ``omega``/``gamma``, per-step readouts) and the relative improvement over a reference
   (appendix F);
 * for models with ``<don't know>``: latency (Fig. 6), calibration (appendix E), pause
-  statistics per token string (Table 2) and shaded text (Fig. 1b).
+  statistics per token string (Table 2) and shaded text (Fig. 1b);
+* for gated pauses: the gates' biases and how much attention they let through to other
+  tokens' pauses, per layer (:class:`cyb.model.gates.ForeignAttention`).
 
 Results go to ``metrics.json`` in the output folder (default ``RUN/eval``), with PNG figures,
 ``shaded.html``, ``pause_stats.md`` and ``summary.txt``.
@@ -15,6 +17,7 @@ Results go to ``metrics.json`` in the output folder (default ``RUN/eval``), with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from ..analysis.latency import expected_pauses
 from ..analysis.records import TokenRecords
 from ..config import MethodConfig, RunConfig
 from ..files import write_json_atomic, write_text_atomic
+from ..model import gates
 from ..model.settings import SETTINGS_FILE, TRAINING_STATE_FILE
 from .collect import collect_records
 from .data import EvalData, resolve_data
@@ -320,6 +324,11 @@ def format_summary(metrics: dict) -> str:
         rho = c["spearman"]
         lines.append(f"calibration step {c['step']}: Spearman(d_{c['step']}, t_{c['step'] + 1} - t_{c['step']}) = "
                      + ("n/a" if rho is None or rho != rho else f"{rho:.3f}") + f" ({_p_text(c['p_value'])}, n = {c['n']})")
+    if metrics.get("gated"):
+        bias = [b for layer in metrics["gated"]["gate_bias"] for b in layer]
+        share = metrics["gated"]["foreign_attention"]
+        lines.append(f"gated pauses: gate bias mean {sum(bias) / len(bias):.2f}, max {max(bias):.2f}; attention on "
+                     f"other tokens' pauses, per layer: " + ", ".join(f"{100 * x:.2f}%" for x in share))
     ps = metrics.get("pause_stats")
     if ps and ps["tokens"]:
         top = ", ".join(repr(s["token"]) for s in ps["highest_median"][:5])
@@ -403,9 +412,11 @@ def evaluate(
     method = method_of(target, model)
     has_dk = model.settings.use_dk
     seed = target.config.train.seed if target.config is not None else 0
-    records = collect_records(model, method, spec.batches(model.tokenizer, batch_size), max_tokens=max_tokens,
-                              precision=precision, impl=impl, progress=progress, num_passages=num_passages,
-                              passage_tokens=passage_tokens, seed=seed, desc=f"eval {method.name}")
+    gated = model.pause_visibility == "gated"
+    with gates.foreign_attention(model.hf_model) if gated else contextlib.nullcontext() as through:
+        records = collect_records(model, method, spec.batches(model.tokenizer, batch_size), max_tokens=max_tokens,
+                                  precision=precision, impl=impl, progress=progress, num_passages=num_passages,
+                                  passage_tokens=passage_tokens, seed=seed, desc=f"eval {method.name}")
     tokenizer = model.tokenizer
     vocab = real_vocab(model)
     metrics = {
@@ -420,6 +431,9 @@ def evaluate(
     }
     metrics.update(analyse(records, method, has_dk=has_dk, tokenizer=tokenizer, min_count=min_count,
                            top_k=top_k, attribution=attribution))
+    if gated:
+        metrics["gated"] = {"gate_bias": gates.gate_values(model.hf_model).tolist(),
+                            "foreign_attention": through.per_layer()}
     if spec.kind == "synthetic":  # exact match of the greedy answers
         from .task_scores import score_task
 

@@ -90,6 +90,7 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
         if blocks is not None:
             foreign = vis.foreign_pauses(*blocks).unsqueeze(1)
             attention_mask = gates.gated_attention_bias(module, attention_mask, foreign).to(query.dtype)
+            gates.record_foreign_attention(module, query, key, attention_mask, foreign, scaling)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     if dropout and module.training:

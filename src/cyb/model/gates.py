@@ -150,6 +150,63 @@ def gated_attention_bias(module, mask: torch.Tensor, foreign: torch.Tensor) -> t
     return base + torch.where(foreign, gate.view(1, -1, 1, 1), zero)
 
 
-__all__ = ["GATE_INIT", "GATE_NAME", "add_gates", "annealed_bias", "attention_modules", "fill_gates", "gate_of",
+class ForeignAttention:
+    """What the gates let through, recorded while a gated model runs (:func:`foreign_attention`):
+    per layer, the mean share of a query's attention that lands on other (earlier) tokens'
+    pauses, over every query that has such a pause in view, and over the heads.  Large logits
+    on those keys can outweigh a closed-looking gate, so this, not the bias, says how shared a
+    gated model's pauses are in effect (0: private).  Padded positions count as queries too
+    (they see earlier pauses like any other); a batch without padding is measured exactly."""
+
+    def __init__(self, modules: list[torch.nn.Module]):
+        self._layer = {id(m): i for i, m in enumerate(modules)}
+        self._mass = [0.0] * len(modules)
+        self._queries = [0] * len(modules)
+
+    @torch.no_grad()
+    def add(self, module, query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor,
+            foreign: torch.Tensor, scaling: float | None) -> None:
+        """One layer's call: ``query`` ``[B, heads, T, dim]``, ``key`` ``[B, kv_heads, K, dim]``,
+        ``bias`` the additive mask ``[B, heads, T, K]``, ``foreign`` bool ``[B, 1, T, K]``."""
+        layer = self._layer.get(id(module))
+        if layer is None:
+            return
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        scores = (query.float() @ key.float().transpose(-1, -2)) * scale + bias.float()
+        probs = torch.nan_to_num(scores.softmax(-1))  # a row with nothing in view gives 0
+        mass = (probs * foreign).sum(-1)  # [B, heads, T]
+        seen = foreign.any(-1).expand_as(mass)  # queries with another token's pause in view
+        self._mass[layer] += float(mass[seen].sum())
+        self._queries[layer] += int(seen.sum())
+
+    def per_layer(self) -> list[float]:
+        """The mean share per layer, in [0, 1] (0 for a layer that saw no such query)."""
+        return [m / q if q else 0.0 for m, q in zip(self._mass, self._queries)]
+
+
+_RECORDER: ForeignAttention | None = None
+
+
+@contextmanager
+def foreign_attention(hf_model):
+    """Record, while the block runs, how much attention the gated layers of ``hf_model`` put on
+    other tokens' pauses (yields a :class:`ForeignAttention`; the dense gated path records)."""
+    global _RECORDER
+    recorder = ForeignAttention(attention_modules(hf_model))
+    _RECORDER = recorder
+    try:
+        yield recorder
+    finally:
+        _RECORDER = None
+
+
+def record_foreign_attention(module, query, key, bias, foreign, scaling) -> None:
+    """Hand one gated layer's call to the recorder of :func:`foreign_attention`, if any."""
+    if _RECORDER is not None:
+        _RECORDER.add(module, query, key, bias, foreign, scaling)
+
+
+__all__ = ["GATE_INIT", "ForeignAttention", "foreign_attention", "record_foreign_attention", "GATE_NAME", "add_gates", "annealed_bias", "attention_modules", "fill_gates", "gate_of",
            "gate_parameters", "gate_summary", "gate_values", "gated_attention_bias", "load_gates", "quiet_load",
            "required_gate"]

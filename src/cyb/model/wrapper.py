@@ -348,7 +348,7 @@ class PauseModel(torch.nn.Module):
 
     @property
     def pause_visibility(self) -> str:
-        """``"shared"`` or ``"private"`` (:mod:`cyb.visibility`)."""
+        """``"shared"``, ``"private"`` or ``"gated"`` (:mod:`cyb.visibility`)."""
         return self._settings.pause_visibility
 
     @property
