@@ -209,9 +209,10 @@ def _worker(device: str, jobs, results) -> None:
         results.put(run_job({**job, "device": device}))
 
 
-def make_jobs(grid: str, seeds: list[int], out: Path, rows: list[str] | None) -> list[dict]:
-    """One job per row, seed and method, seed by seed and longest first within a seed; each with
-    its ``estimate`` in single-core seconds."""
+def make_jobs(grid: str, seeds: list[int], out: Path, rows: list[str] | None,
+              only_methods: list[str] | None = None) -> list[dict]:
+    """One job per row, seed and method (of ``only_methods`` when given), seed by seed and
+    longest first within a seed; each with its ``estimate`` in single-core seconds."""
     chosen = {k: v for k, v in GRIDS[grid].items() if rows is None or k in rows}
     unknown = sorted(set(rows or ()) - set(chosen))
     if unknown:
@@ -222,6 +223,8 @@ def make_jobs(grid: str, seeds: list[int], out: Path, rows: list[str] | None) ->
         for name, row in chosen.items():
             settings = {**GRID_DEFAULTS[grid], **row}
             for method in settings.get("methods") or _demo_defaults()["methods"]:
+                if only_methods and method not in only_methods:
+                    continue
                 options = (settings.get("method_options") or {}).get(method)
                 one = {**settings, "methods": [method],
                        "method_options": {method: options} if options else {}}
@@ -233,11 +236,11 @@ def make_jobs(grid: str, seeds: list[int], out: Path, rows: list[str] | None) ->
 
 
 def sweep(grid: str, seeds: list[int], out: Path, cpu_workers: int, gpu_workers: int,
-          budget: float, grace: float, rows: list[str] | None) -> None:
+          budget: float, grace: float, rows: list[str] | None, only_methods: list[str] | None = None) -> None:
     """Run the jobs on the workers, appending each finished job's line to ``out/results.jsonl``.
     No job starts after ``budget`` seconds; jobs still running ``grace`` seconds later are
     stopped (and lost)."""
-    jobs = make_jobs(grid, seeds, out, rows)
+    jobs = make_jobs(grid, seeds, out, rows, only_methods)
     deadline = time.time() + budget
     ctx = mp.get_context("spawn")
     queue, results = ctx.Queue(), ctx.Queue()
@@ -368,6 +371,7 @@ def main() -> int:
     p.add_argument("grid", nargs="?", choices=sorted(GRIDS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--rows", default=None, help="comma-separated grid rows (default: all)")
+    p.add_argument("--methods", default=None, help="comma-separated methods of those rows (default: each row's)")
     p.add_argument("--out", type=Path, default=Path("outputs/demo-sweep"))
     p.add_argument("--cpu-workers", type=int, default=0)
     p.add_argument("--gpu-workers", type=int, default=0)
@@ -384,9 +388,10 @@ def main() -> int:
         print(summary_table(args.summary))
         return 0
     rows = args.rows.split(",") if args.rows else None
+    only_methods = args.methods.split(",") if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.grid is not None and args.dry_run:
-        jobs = make_jobs(args.grid, seeds, args.out, rows)
+        jobs = make_jobs(args.grid, seeds, args.out, rows, only_methods)
         for job in jobs:
             print(f"{job['name']} s{job['seed']} {job['settings']['methods'][0]}: ~{job['estimate']:.0f} s")
         total = sum(j["estimate"] for j in jobs)
@@ -396,7 +401,8 @@ def main() -> int:
         return 0
     if args.grid is None or args.cpu_workers + args.gpu_workers < 1:
         p.error("give a grid and at least one worker (--cpu-workers / --gpu-workers)")
-    sweep(args.grid, seeds, args.out, args.cpu_workers, args.gpu_workers, args.budget, args.grace, rows)
+    sweep(args.grid, seeds, args.out, args.cpu_workers, args.gpu_workers, args.budget, args.grace, rows,
+          only_methods)
     table = summary_table([args.out / "results.jsonl"])
     (args.out / "summary.md").write_text(table + "\n")
     print(table)

@@ -49,6 +49,12 @@ def test_jobs_are_one_method_each_seed_by_seed_longest_first(sweep, tmp_path):
     assert ponder["settings"]["method_options"]["cyb_ponder"]["ponder_cost"] < 0
 
 
+def test_jobs_can_be_limited_to_some_methods(sweep, tmp_path):
+    jobs = sweep.make_jobs("visibility", [0, 1], tmp_path, ["add3-gated-frozen"], ["cyb_decoupled"])
+    assert [(j["seed"], j["settings"]["methods"]) for j in jobs] == [(0, ["cyb_decoupled"]), (1, ["cyb_decoupled"])]
+    assert jobs[0]["settings"]["method_options"] == {"cyb_decoupled": {"pause_gate_lr": 0.0}}
+
+
 def test_job_past_its_deadline_is_skipped(sweep, tmp_path):
     line = sweep.run_job({"name": "x", "seed": 0, "deadline": 0.0, "out": str(tmp_path), "settings": {}})
     assert line == {"name": "x", "seed": 0, "skipped": "budget"}
