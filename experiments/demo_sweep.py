@@ -282,8 +282,9 @@ def _one_line(line: dict) -> str:
 
 def merged_runs(paths: list[Path]) -> dict[str, dict[int, dict]]:
     """``{row: {seed: {"methods": {method: result}, "seconds": total}}}`` from results files
-    (the one-method lines of a row and seed merged; a later line for a method wins)."""
+    (the one-method lines of a row and seed merged; a later line for a method wins, its time too)."""
     by_row: dict[str, dict[int, dict]] = {}
+    seconds: dict[tuple, float] = {}
     for path in paths:
         for text in path.read_text().splitlines():
             line = json.loads(text)
@@ -291,7 +292,10 @@ def merged_runs(paths: list[Path]) -> dict[str, dict[int, dict]]:
                 continue
             run = by_row.setdefault(line["name"], {}).setdefault(line["seed"], {"methods": {}, "seconds": 0.0})
             run["methods"].update(line["methods"])
-            run["seconds"] += line["seconds"]
+            for method in line["methods"]:
+                seconds[line["name"], line["seed"], method] = line["seconds"] / len(line["methods"])
+    for (name, seed, _), s in seconds.items():
+        by_row[name][seed]["seconds"] += s
     return by_row
 
 
