@@ -305,3 +305,12 @@ def test_the_demo_resumes_when_interrupted_runs_again_and_starts_afresh(quick_de
     assert main([*args, "--seed", "1", "--fresh"]) == 0
     printed = capsys.readouterr().out
     assert f"removed {out / 'runs' / 'baseline'} (--fresh)" in printed and "trained already" not in printed
+
+
+def test_a_gated_demo_records_its_gates_and_what_passes_them(tmp_path):
+    out = tmp_path / "gated"
+    rc = main(["demo", "--quick", "--visibility", "gated", "--methods", "cyb", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    cyb = json.loads((out / "metrics.json").read_text())["methods"]["cyb"]
+    layers = len(cyb["pause_gates"])
+    assert len(cyb["foreign_attention"]) == layers and all(0 <= x < 1 for x in cyb["foreign_attention"])

@@ -119,6 +119,9 @@ def test_foreign_attention_is_the_share_an_eager_copy_puts_on_earlier_pauses():
     with torch.no_grad(), gates.foreign_attention(pm.hf_model) as shut:
         pm.hidden_states(lay.input_ids, lay.position_ids, lay.attention_mask, steps=lay.steps)
     assert shut.per_layer() == [0.0] * len(want) and gates._RECORDER is None
+    shared = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M)
+    with gates.foreign_attention(shared.hf_model) as nothing:
+        assert nothing is None and gates._RECORDER is None  # no gates, nothing to record
 
 
 def test_starting_gates_keep_the_base_model_close():

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from pathlib import Path
@@ -267,8 +266,7 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
             model = model.to("cuda")
         if test is None:
             _, test = synthetic_sets(cfg)
-        gated = model.pause_visibility == "gated"
-        with gates.foreign_attention(model.hf_model) if gated else contextlib.nullcontext() as through:
+        with gates.foreign_attention(model.hf_model) as through:
             score = score_model(model, test)
         details[method] = {k: score.pop(k) for k in ("expected_steps", "predictions")}
         results[method] = {**score, "train_seconds": train_s,
@@ -277,7 +275,7 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
                            "pause_visibility": model.pause_visibility,
                            "run_dir": configs[method]["train"]["out_dir"]}
         echo(present.score_line(method, score, train_s))
-        if gated:
+        if through is not None:
             results[method]["pause_gates"] = gates.gate_values(model.hf_model).tolist()
             results[method]["foreign_attention"] = through.per_layer()
         if methods.spec(method).has_dk:

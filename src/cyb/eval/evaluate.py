@@ -17,7 +17,6 @@ Results go to ``metrics.json`` in the output folder (default ``RUN/eval``), with
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -412,8 +411,7 @@ def evaluate(
     method = method_of(target, model)
     has_dk = model.settings.use_dk
     seed = target.config.train.seed if target.config is not None else 0
-    gated = model.pause_visibility == "gated"
-    with gates.foreign_attention(model.hf_model) if gated else contextlib.nullcontext() as through:
+    with gates.foreign_attention(model.hf_model) as through:
         records = collect_records(model, method, spec.batches(model.tokenizer, batch_size), max_tokens=max_tokens,
                                   precision=precision, impl=impl, progress=progress, num_passages=num_passages,
                                   passage_tokens=passage_tokens, seed=seed, desc=f"eval {method.name}")
@@ -431,7 +429,7 @@ def evaluate(
     }
     metrics.update(analyse(records, method, has_dk=has_dk, tokenizer=tokenizer, min_count=min_count,
                            top_k=top_k, attribution=attribution))
-    if gated:
+    if through is not None:
         metrics["gated"] = {"gate_bias": gates.gate_values(model.hf_model).tolist(),
                             "foreign_attention": through.per_layer()}
     if spec.kind == "synthetic":  # exact match of the greedy answers

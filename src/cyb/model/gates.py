@@ -191,8 +191,12 @@ _RECORDER: ForeignAttention | None = None
 @contextmanager
 def foreign_attention(hf_model):
     """Record, while the block runs, how much attention the gated layers of ``hf_model`` put on
-    other tokens' pauses (yields a :class:`ForeignAttention`; the dense gated path records)."""
+    other tokens' pauses: yields a :class:`ForeignAttention` (the dense gated path records), or
+    None for a model without gates."""
     global _RECORDER
+    if not gate_parameters(hf_model):
+        yield None
+        return
     recorder = ForeignAttention(attention_modules(hf_model))
     _RECORDER = recorder
     try:
