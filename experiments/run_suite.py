@@ -36,7 +36,8 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   the baseline and private CYB 3, the baseline with 4x the context (``baseline_nx``,
   compute-matched), CYB-ponder tau=-0.05 private (docs/recipes.md), CYB 3 gated, and the
   quality-compute sweep: private CYB with the dk prior at 0.5 and 0.99, CYB-ponder at tau=-0.2
-  and -0.5 (analysed by ``cyb eval`` in every seed). ``--scale smollm2-epoch`` runs them for
+  and -0.5. ``cyb eval`` analyses seed 0 of every full fine-tuning row with dk and every seed of
+  the sweep (H2 per step, pause statistics). ``--scale smollm2-epoch`` runs them for
   about one epoch (1,620 steps, checkpointed every 405 so that a cut run resumes).
 * ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
   written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared, private
@@ -269,9 +270,8 @@ def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
             cfg["lora"] = adapters
         # seed 0 of every row first, then the baseline and private CYB of the other seeds
         priority = 100 - rank if seed == 0 else (50 - rank if rank < 2 else 10 - rank)
-        # pause statistics and H2's calibration: seed 0 of CYB 3, every seed of the sweep
-        analyse = not adapters and m["num_steps"] == 4 and (
-            (seed == 0 and m["name"] == "cyb") or bool(sweep_suffix(m)))
+        # pause statistics and H2's calibration: seed 0 of every row with dk, every seed of the sweep
+        analyse = methods.spec(m["name"]).has_dk and not adapters and (seed == 0 or bool(sweep_suffix(m)))
         jobs.append(Job(name, "smollm2", label, seed, cfg, cost=cost, priority=priority, analyse=analyse))
     return jobs
 
