@@ -257,6 +257,14 @@ class TrainConfig:
     """auto (DDP when started by torchrun), ddp, fsdp or none."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package: the tensorboard extra)."""
+    wandb: bool = False
+    """Also log to Weights & Biases: every metric, the configuration and the final model card
+    (needs the wandb package: the wandb extra). WANDB_MODE=offline keeps the run in
+    out_dir/wandb (wandb sync uploads it later)."""
+    wandb_project: str = "cyb"
+    """train.wandb: the W&B project (WANDB_ENTITY picks the team)."""
+    wandb_name: str | None = None
+    """train.wandb: the W&B run's name; None = the name of train.out_dir."""
     progress: bool = True
     """Show progress: a bar on a terminal, else one line per log step; false hides both (the
     run's header, held-out results and notes are still printed)."""
@@ -536,6 +544,10 @@ def _validate_train(t: TrainConfig) -> None:
     if t.tensorboard:
         _need(extras.available("tensorboard"), "train.tensorboard",
               f"true needs the tensorboard package, which is not installed: {extras.install_hint('tensorboard')}")
+    if t.wandb:
+        _need(extras.available("wandb"), "train.wandb",
+              f"true needs the wandb package, which is not installed: {extras.install_hint('wandb')}")
+        _need(bool(t.wandb_project.strip()), "train.wandb_project", "must name a project")
 
 
 # ---------------------------------------------------------------------- sections and their docs

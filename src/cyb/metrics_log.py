@@ -1,4 +1,4 @@
-"""Metrics to JSON lines (optionally TensorBoard) and progress display."""
+"""Metrics to JSON lines (optionally TensorBoard and Weights & Biases) and progress display."""
 
 from __future__ import annotations
 
@@ -33,12 +33,15 @@ class MetricsLogger:
     """Appends ``{"split": ..., "time": ..., **metrics}`` lines to ``run_dir/metrics.jsonl``.
 
     Each line is written with one ``write`` call and flushed, so a killed process leaves at
-    most one partial last line, which :meth:`truncate_after` removes on resume.
+    most one partial last line, which :meth:`truncate_after` removes on resume.  Every row also
+    goes to TensorBoard (``tensorboard``) and to a :class:`cyb.wandb_log.WandbRun` (``wandb``),
+    which :meth:`close` finishes.
     """
 
-    def __init__(self, run_dir: str | Path, *, enabled: bool = True, tensorboard: bool = False):
+    def __init__(self, run_dir: str | Path, *, enabled: bool = True, tensorboard: bool = False, wandb=None):
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.wandb = wandb if enabled else None
         self._tb = None
         if enabled and tensorboard:
             from .extras import require
@@ -60,6 +63,8 @@ class MetricsLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
                     self._tb.add_scalar(f"{split}/{k}", v, step)
+        if self.wandb is not None:
+            self.wandb.log(split, metrics)
 
     def truncate_after(self, step: int) -> None:
         """Drop rows logged after ``step`` and any partial line (a resumed run writes them
@@ -76,6 +81,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
 
 def read_metrics(run_dir: str | Path, split: str | None = None) -> list[dict]:

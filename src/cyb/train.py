@@ -3,7 +3,8 @@
 ``train(cfg)`` builds the tokenizer, model and data from a :class:`~cyb.config.RunConfig`, then
 runs AdamW with a linear-warmup cosine schedule, gradient accumulation normalised by the real
 target tokens of the whole optimiser step, gradient clipping, periodic held-out evaluation,
-atomic checkpoints with exact resume (at any world size), progress display and JSONL metrics.
+atomic checkpoints with exact resume (at any world size), progress display and JSONL metrics
+(and TensorBoard, Weights & Biases).
 Under ``torchrun`` the same code runs DDP or FSDP2.
 
 :class:`Trainer` exposes the pieces (``accumulate``, ``optimizer_step``, ``evaluate``,
@@ -503,7 +504,8 @@ class Trainer:
     def run(self) -> dict:
         """Train to ``train.steps``; returns the final held-out metrics."""
         t, info = self.cfg.train, self.info
-        logger = MetricsLogger(self.run_dir, enabled=info.is_main, tensorboard=t.tensorboard)
+        logger = MetricsLogger(self.run_dir, enabled=info.is_main, tensorboard=t.tensorboard,
+                               wandb=self._wandb_run() if info.is_main else None)
         logger.truncate_after(self.step)
         if info.is_main:
             run_info = {"config": self.cfg.to_dict(), "version": __version__, "git_commit": git_commit(),
@@ -547,9 +549,11 @@ class Trainer:
                 if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
                     self.save()
                 window_start += time.perf_counter() - paused
-            self.save_final()
+            final = self.save_final()
             if info.is_main:
                 (self.run_dir / "final_metrics.json").write_text(json.dumps(self.last_valid, indent=2))
+                if logger.wandb is not None:
+                    logger.wandb.finish_run(final, self.last_valid)
         except KeyboardInterrupt:
             raise TrainingInterrupted(self._interrupted() if info.is_main else "") from None
         finally:
@@ -557,6 +561,15 @@ class Trainer:
             logger.close()
             self.release()
         return self.last_valid
+
+    def _wandb_run(self):
+        """The W&B run of ``train.wandb`` (:class:`cyb.wandb_log.WandbRun`), or None."""
+        t = self.cfg.train
+        if not t.wandb:
+            return None
+        from .wandb_log import WandbRun
+
+        return WandbRun(self.run_dir, self.cfg.to_dict(), project=t.wandb_project, name=t.wandb_name)
 
     def _interrupted(self) -> str:
         """What an interruption (Ctrl-C) at the current step loses, and how to go on."""
