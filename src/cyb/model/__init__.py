@@ -6,6 +6,8 @@
 * :mod:`cyb.model.hf`: what is specific to ``transformers`` (attention masks and kernels, cache
   argument names, the decoder, logit softcapping).
 * :mod:`cyb.model.wrapper`: ``PauseModel`` and ``PauseForward``.
+* :mod:`cyb.model.pretrained`: what ``PauseModel.from_pretrained`` does with a name or path (saved
+  pause models, LoRA folders, plain models that get their pause ids).
 * :mod:`cyb.model.lora`: LoRA through peft (adapters and trainable pause/dk rows, the adapter
   folder, merging).
 """

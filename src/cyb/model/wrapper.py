@@ -11,17 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 
-from ..checkpoint import DamagedFileError, _short
 from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
 from ..readout import readout
 from ..visibility import BlockSteps, inverse_order, reorder
 from . import attention, gates, hf
-from .loading import (MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice,
-                      save_tokenizer)
-from .lora import check_lora_folder, is_lora, load_adapter_model, lora_folder, save_adapter
-from .settings import DEFAULT, SETTINGS_FILE, PauseSettings, resolve_arguments, settings_to_load
+from .loading import save_tokenizer
+from .lora import is_lora, save_adapter
+from .settings import DEFAULT, PauseSettings, resolve_arguments
 from .tokens import apply_plan, check_tokenizer, reserve_tokens
 
 
@@ -210,55 +207,13 @@ class PauseModel(torch.nn.Module):
             **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``revision``,
                 ``local_files_only``, ...).
         """
-        from transformers import AutoModelForCausalLM
+        from .pretrained import load_pretrained
 
-        from .sources import resolve_model_source
-
-        hf.check_attention(attn_implementation)
-        name_or_path = resolve_model_source(name_or_path)  # a .gguf file or a short name: its folder
-        adapter = lora_folder(name_or_path, hf_kwargs)
-        if adapter is None:
-            check_model_folder(name_or_path, hf_kwargs)  # a damaged file: one error naming it
-        else:
-            check_lora_folder(adapter)
-        settings_file = find_settings_file(name_or_path, hf_kwargs)
-        saved = PauseSettings.load(settings_file) if settings_file is not None else None
-        if adapter is not None and saved is None:
-            raise ValueError(f"{adapter} is a LoRA folder without {SETTINGS_FILE}: it is not a saved pause model")
-        saved = settings_to_load(saved, settings_file, reconfigure=reconfigure, pause_visibility=pause_visibility,
-                                 num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
-                                 position_scheme=position_scheme, method=method)
-        if saved is None and num_steps is None:
-            raise ValueError(
-                f"num_steps (M) is required: {name_or_path!s} has no cyb_pause.json (it is not a "
-                "saved pause model)"
-            )
-        if tokenizer is None:
-            tokenizer = load_tokenizer(name_or_path, hf_kwargs)
-        if adapter is not None:
-            if saved is None:  # other pause settings were asked for (reconfigure)
-                raise ValueError(f"{adapter} holds LoRA adapters: merge them first (cyb merge) to fine-tune "
-                                 "it with other pause settings")
-            hf_model = load_adapter_model(adapter, saved, torch_dtype=torch_dtype,
-                                          attn_implementation=attn_implementation, **hf_kwargs)
-            return cls(hf_model, saved, tokenizer).eval()
-        try:
-            with gates.quiet_load(saved is not None and saved.pause_visibility == "gated"):
-                hf_model = AutoModelForCausalLM.from_pretrained(
-                    str(name_or_path), attn_implementation=attn_implementation,
-                    **hf.dtype_kwargs(torch_dtype), **hf_kwargs,
-                )
-        except SafetensorError as e:  # a hub download cut short, or a file changed while loading
-            raise DamagedFileError(name_or_path, _short(e), model_advice(Path(str(name_or_path))),
-                                   f"the weights of {name_or_path} are damaged ({_short(e)}): {MODEL_ADVICE}") from e
-        if saved is not None:
-            model = cls(hf_model, saved, tokenizer)
-            if saved.pause_visibility == "gated":
-                model.gates_loaded = gates.load_gates(hf_model, name_or_path) > 0
-            return model.eval()
-        return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
-                           position_scheme=position_scheme, method=method,
-                           pause_visibility=pause_visibility, reuse_unused=reuse_unused).eval()
+        return load_pretrained(cls, name_or_path, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
+                               position_scheme=position_scheme, method=method,
+                               pause_visibility=pause_visibility, tokenizer=tokenizer, torch_dtype=torch_dtype,
+                               attn_implementation=attn_implementation, reuse_unused=reuse_unused,
+                               reconfigure=reconfigure, **hf_kwargs)
 
     @classmethod
     def from_config(
