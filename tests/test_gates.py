@@ -202,10 +202,11 @@ def test_gates_save_and_load(tmp_path):
 
 
 def test_gated_models_generate():
-    """Generation recomputes the row every step: with open gates (0) it makes the shared
-    model's decisions (its cached decoders'), with shut ones (minus infinity) the private
-    model's (its real-token cache); fixed and adaptive mode, greedy and sampled, prompts of
-    several lengths, rows that end early."""
+    """Gated models decode with a cache (the engine tags every column that holds a pause and
+    adds the gates to other tokens' pauses) and without one (the eager decoder recomputes the
+    row every step): with open gates (0) both make the shared model's decisions, with shut ones
+    (minus infinity) the private model's; fixed and adaptive mode, greedy and sampled, prompts
+    of several lengths, rows that end early."""
     import dataclasses
 
     import generation_helpers as gh
@@ -224,23 +225,19 @@ def test_gated_models_generate():
         # (sampled, and with an end token the random model emits early: rows leave the batch)
         for mode, kw in itertools.product(("fixed", "adaptive"), ({}, {"sample": True, "seed": 3},
                                                                    {"eos_token_ids": [7]})):
-            if reference is private and mode == "adaptive" and kw.get("sample"):
-                continue  # (the private decoder draws its uniforms per block, as fixed mode does)
             want = generate(reference, prompts, mode=mode, max_new_tokens=5, **kw)
-            got = generate(gated, prompts, mode=mode, max_new_tokens=5, **kw)
-            if reference is shared:
-                gh.same_results(got, want)
-            else:  # (the private decoder counts the positions of a real-token cache)
-                assert [(g.token_ids, g.steps, g.text) for g in got] == [(w.token_ids, w.steps, w.text) for w in want]
+            for decoder in ("static", "eager"):
+                got = generate(gated, prompts, mode=mode, max_new_tokens=5, decoder=decoder, **kw)
+                if reference is shared:
+                    gh.same_results(got, want)
+                else:  # (the private model's cache holds real tokens only: other positions)
+                    assert [(g.token_ids, g.steps, g.text) for g in got] == \
+                        [(w.token_ids, w.steps, w.text) for w in want]
 
 
 def test_gated_models_refuse_what_they_cannot_do():
     from cyb.config import ConfigError, RunConfig
-    from cyb.generation import generate
 
-    pm = PauseModel.from_hf(hf_model("llama", "sdpa"), num_steps=M, pause_visibility="gated")
-    with pytest.raises(ValueError, match="gated"):
-        generate(pm, [[5, 6, 7]], max_new_tokens=2, decoder="static")
     with pytest.raises(ValueError, match="sdpa"):
         PauseModel.from_hf(hf_model("llama", "eager"), num_steps=M, pause_visibility="gated")
     with pytest.raises(ConfigError, match="lora"):

@@ -217,7 +217,14 @@ def test_sampling_is_reproducible_and_temperature_zero_is_greedy():
         assert [r.token_ids for r in a] == [r.token_ids for r in b]
         assert [r.steps for r in a] == [r.steps for r in b]
         c = generate(pm, PROMPTS, mode=mode, generator=torch.Generator().manual_seed(3), **opts)
-        assert [r.token_ids for r in a] == [r.token_ids for r in c]
+        d = generate(pm, PROMPTS, mode=mode, generator=torch.Generator().manual_seed(3), **opts)
+        assert [r.token_ids for r in c] == [r.token_ids for r in d]  # streams drawn from the generator
+        # prompt i of a seeded call draws from the stream of (seed, i), whatever its neighbours,
+        # the batch or the decoder
+        for others in ([PROMPTS[0]], [PROMPTS[0], "zzz", "q"]):
+            for decoder, batch in (("static", 1), ("static", 8), ("eager", 8)):
+                got = generate(pm, others, mode=mode, seed=3, decoder=decoder, max_batch=batch, **opts)[0]
+                assert (got.token_ids, got.steps) == (a[0].token_ids, a[0].steps)
         greedy = generate(pm, PROMPTS, mode=mode, max_new_tokens=10, eos_token_ids=())
         cold = generate(pm, PROMPTS, mode=mode, sample=True, temperature=0.0, seed=1,
                         max_new_tokens=10, eos_token_ids=())
@@ -275,21 +282,29 @@ def test_adaptive_feeds_fewer_positions_when_dk_is_rare():
         assert a.positions < f.positions
 
 
-def test_one_forward_per_token_in_fixed_mode(monkeypatch):
+@pytest.mark.parametrize("decoder", ["static", "eager"])
+def test_one_forward_per_token_in_fixed_mode(decoder):
+    """Fixed mode: the prompt in one forward, then one forward of ``M`` positions per token;
+    adaptive mode: one position per forward after the prompt.  The engine (``static``) writes
+    the prompt but its last token, whose block is its first decoding step."""
     pm = model("llama")
     calls = []
-    inner = pm.hidden_states
-
-    def counting(input_ids, *args, **kw):
-        calls.append(tuple(input_ids.shape))
-        return inner(input_ids, *args, **kw)
-
-    monkeypatch.setattr(pm, "hidden_states", counting)
-    [res] = generate(pm, "12+34=", mode="fixed", max_new_tokens=6, eos_token_ids=())
-    assert calls == [(1, 7 * 3)] + [(1, 3)] * 5  # <bos> and prompt, then one block of M per token
-    calls.clear()
-    [res] = generate(pm, "12+34=", mode="adaptive", max_new_tokens=6, eos_token_ids=())
-    assert calls == [(1, 6 * 3 + 1)] + [(1, 1)] * (sum(res.steps) - 1)
+    hook = pm.decoder.register_forward_pre_hook(
+        lambda mod, args, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        [res] = generate(pm, "12+34=", mode="fixed", max_new_tokens=6, eos_token_ids=(), decoder=decoder)
+        if decoder == "eager":  # <bos> and prompt, then one block of M per token
+            assert calls == [(1, 7 * 3)] + [(1, 3)] * 5
+        else:
+            assert calls == [(1, 6 * 3)] + [(1, 3)] * 6
+        calls.clear()
+        [res] = generate(pm, "12+34=", mode="adaptive", max_new_tokens=6, eos_token_ids=(), decoder=decoder)
+        if decoder == "eager":
+            assert calls == [(1, 6 * 3 + 1)] + [(1, 1)] * (sum(res.steps) - 1)
+        else:
+            assert calls == [(1, 6 * 3)] + [(1, 1)] * sum(res.steps)
+    finally:
+        hook.remove()
 
 
 # --------------------------------------------------------------------------------------- errors

@@ -1,8 +1,8 @@
 """cyb.generation.decoders: the eager decode loops.
 
 Their steps run under the attention kernels for growing caches; the block-adaptive decoder
-(greedy adaptive decoding on CUDA) gives the one-position decoder's results; and no decode step,
-eager or static, reads a device value back to the host.
+(adaptive decoding on CUDA) gives the one-position decoder's results; and no decode step reads
+a device value back to the host (the engine's steps: tests/test_engine.py).
 """
 
 from __future__ import annotations
@@ -58,37 +58,29 @@ def test_eager_block_adaptive_decoder_equals_one_position_decoder(kind, scheme, 
 
 
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
-@pytest.mark.parametrize("decoder", ["eager", "static"])
-def test_decode_steps_read_nothing_back_to_the_host(mode, decoder):
-    """A decode step leaves the device alone: no ``.item()``-like read (on CUDA each would wait
-    for the queued work); the one read per step is the caller's (the decisions)."""
+def test_decode_steps_read_nothing_back_to_the_host(mode):
+    """An eager decode step leaves the device alone: no ``.item()``-like read (on CUDA each would
+    wait for the queued work); the one read per step is the caller's (the decisions)."""
+    from cyb.decision import row_keys
     from cyb.generation.decoders import AdaptiveDecoder, FixedDecoder, StepReadout
-    from cyb.generation.registry import make_decoder
     from cyb.layout import left_pad
 
     pm = model("llama")
     ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
     readout = StepReadout(pm.vocab, pm.dk_bias, sample=True, temperature=0.9, top_p=0.9,
-                          generator=torch.Generator().manual_seed(0))
+                          keys=torch.tensor(row_keys(len(PROMPTS), seed=0)))
     with torch.inference_mode():
-        if decoder == "eager":
-            dec = (FixedDecoder if mode == "fixed" else AdaptiveDecoder)(pm, ids, mask, readout)
-        else:
-            dec = make_decoder("static", pm, ids, mask, readout, mode=mode, max_new_tokens=8)
+        dec = (FixedDecoder if mode == "fixed" else AdaptiveDecoder)(pm, ids, mask, readout)
     assert _host_reads(dec) == {}
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
-def test_block_adaptive_steps_read_nothing_back_to_the_host(static):
+def test_block_adaptive_steps_read_nothing_back_to_the_host():
     from cyb.generation.decoders import BlockAdaptiveDecoder, StepReadout
-    from cyb.generation.static import StaticBlockAdaptiveDecoder
     from cyb.layout import left_pad
 
     pm = build("llama", "cyb", scheme="advance")
     ids, mask = left_pad([encode(p) for p in PROMPTS], "cpu")
-    readout = StepReadout(pm.vocab, pm.dk_bias)
-    dec = (StaticBlockAdaptiveDecoder(pm, ids, mask, readout, max_new_tokens=8) if static
-           else BlockAdaptiveDecoder(pm, ids, mask, readout))
+    dec = BlockAdaptiveDecoder(pm, ids, mask, StepReadout(pm.vocab, pm.dk_bias))
     assert _host_reads(dec) == {}
 
 

@@ -1,5 +1,5 @@
 """Decoding with private pauses: a cache of real tokens only, equal to recomputing without a
-cache; adaptive mode making fixed mode's decisions; eager, sparse and static decoders alike."""
+cache; adaptive mode making fixed mode's decisions; eager, sparse decoders and the engine alike."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch
 import transformers
 
 from cyb.data.synthetic import CharTokenizer
+from cyb.decision import row_keys
 from cyb.generation import generate
 from cyb.generation.decoders import StepReadout
 from cyb.generation.private import PrivateBlockDecoder, PrivateSparseDecoder
-from cyb.generation.static import StaticPrivateDecoder
 from cyb.layout import left_pad
 from cyb.model import PauseModel
 
@@ -93,7 +93,7 @@ def test_adaptive_mode_makes_fixed_modes_decisions(decoder, sample):
 
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
 @pytest.mark.parametrize("sample", [False, True])
-def test_static_and_sparse_decoders_equal_the_block_decoder(mode, sample):
+def test_engine_and_sparse_decoder_equal_the_block_decoder(mode, sample):
     pm = build()
     kw = dict(max_new_tokens=7, eos_token_ids=(), mode=mode, sample=sample, seed=5)
     eager = generate(pm, PROMPTS, decoder="eager", **kw)
@@ -103,8 +103,8 @@ def test_static_and_sparse_decoders_equal_the_block_decoder(mode, sample):
     ids, mask = left_pad([encode(p) for p in PROMPTS])
     runs = []
     for cls in (PrivateBlockDecoder, PrivateSparseDecoder):
-        g = torch.Generator().manual_seed(11)
-        readout = StepReadout(pm.vocab, pm.dk_bias, sample=sample, generator=g)
+        keys = torch.tensor(row_keys(len(PROMPTS), seed=11))
+        readout = StepReadout(pm.vocab, pm.dk_bias, sample=sample, keys=keys)
         dec = cls(pm, ids, mask, readout, mode="adaptive")
         outs = [dec.start()] + [dec.step() for _ in range(6)]
         runs.append([(o.token.tolist(), o.steps.tolist()) for o in outs])
@@ -129,12 +129,6 @@ def test_cache_holds_real_tokens_only():
         for _ in range(5):
             dec.step()
         assert dec.cache.get_seq_length() == ids.shape[1] + 5
-    static = StaticPrivateDecoder(pm, ids, mask, readout, max_new_tokens=8)
-    static.start()
-    for _ in range(5):
-        static.step()
-    assert static.cache.length == ids.shape[1] + 5
-    assert static.capacity == 128  # prompt + new tokens + one block, rounded up
 
 
 def test_sparse_decoder_runs_pauses_only_where_asked():

@@ -124,6 +124,71 @@ def draw_uniforms(lead: tuple, num_steps: int, generator: torch.Generator | None
     return torch.rand((*lead, num_steps + 1), generator=generator, device="cpu")
 
 
+# ----------------------------------------------------------------------------- per-row streams
+#
+# Decoders that batch prompts draw each row's randomness from that row's own stream: the
+# uniforms of a decision are a hash of (the row's key, the index of the token being decided,
+# the lane), computed with integer tensor operations on whatever device the row lives on.  A
+# row's samples then depend on its key and nothing else: not on the batch, its neighbours, the
+# slot it runs in, when it joined, or the decoder (and, being a pure function, the computation
+# can be captured in a CUDA graph).  Lanes of one token: ``0 .. M-1`` the dk draws of steps
+# ``1 .. M``, ``M`` the token draw (the layout :func:`sample_decision` consumes).
+
+_MASK32 = 0xFFFFFFFF
+#: keys are drawn below this bound (non-negative int64)
+KEY_LIMIT = 1 << 62
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for int64 ``x`` in ``[0, 2**32)`` without int64 overflow (the
+    product is formed from 16-bit halves)."""
+    lo = (x & 0xFFFF) * c
+    hi = ((x >> 16) * c) & 0xFFFF
+    return (lo + (hi << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash with full avalanche (lowbias32) on int64 tensors in ``[0, 2**32)``."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def stream_uniforms(key: torch.Tensor, counter: torch.Tensor, lanes: int) -> torch.Tensor:
+    """``[..., lanes]`` float32 uniforms in ``[0, 1)`` of the streams ``key`` (int64 in ``[0,
+    2**62)``) at ``counter`` (int64 >= 0, the index of the token being decided), for lanes ``0 ..
+    lanes-1``; ``key`` and ``counter`` broadcast.  Exact integer arithmetic: the same values
+    on every device, 24 random bits each."""
+    key, counter = torch.broadcast_tensors(key.long(), counter.long())
+    lane = torch.arange(lanes, dtype=torch.long, device=key.device)
+    k0 = (key & _MASK32).unsqueeze(-1)
+    k1 = ((key >> 32) & _MASK32).unsqueeze(-1)
+    c = (counter & _MASK32).unsqueeze(-1)
+    h = _mix32((lane + 0x9E3779B9) & _MASK32)
+    h = _mix32(h ^ c)
+    h = _mix32(h ^ k1)
+    h = _mix32(h ^ k0)
+    return (h >> 8).float() * (1.0 / (1 << 24))
+
+
+def row_keys(count: int, *, seed: int | None = None, generator: torch.Generator | None = None) -> list[int]:
+    """Keys of ``count`` row streams: from ``seed`` (row ``i`` of a call with seed ``s`` always
+    gets the same key, whatever else is in the call), else drawn from ``generator``, else
+    fresh random ones."""
+    if seed is not None:
+        base = torch.tensor([seed & _MASK32, (seed >> 32) & _MASK32], dtype=torch.long)
+        rows = torch.arange(count, dtype=torch.long)
+        hi = _mix32(_mix32(rows ^ base[1]) ^ 0x5BD1E995)
+        lo = _mix32(_mix32(hi ^ rows) ^ base[0])
+        return [int(v) for v in ((hi & 0x3FFFFFFF) << 32) | lo]
+    if generator is None:
+        generator = torch.Generator()
+        generator.seed()
+    return [int(v) for v in torch.randint(0, KEY_LIMIT, (count,), generator=generator, dtype=torch.long)]
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``[...]`` long: the first index whose cumulative probability exceeds ``u`` times the
     total, for ``probs [..., V]`` and ``u [...]`` in ``[0, 1)``; never an index of probability 0."""

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from ..generation.registry import MODES
-from ..generation.static import CAPACITY_MULTIPLE, StaticCacheOptions
+from .static_batches import CAPACITY_MULTIPLE, StaticCacheOptions
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, adaptive_fixture, build_hf_model
 from .models import random_ids, real_ids_limit, spread_weights, wrap
 from ..runtime import resolve_device

@@ -1,4 +1,14 @@
-"""Decoding on a preallocated KV cache, with the decode step captured as a CUDA graph on CUDA.
+"""The previous release's static-batch decoders, kept as the baseline of ``cyb bench decode``.
+
+Before the engine (:mod:`cyb.engine`), generation ran a fixed batch of left-padded prompts on a
+preallocated cache with each step a CUDA graph: every row fed its whole block (the token and its
+``M - 1`` pauses) at every step, finished rows stayed in the batch until the longest ended, and a
+new prompt waited for the whole batch.  The benchmark times these decoders beside the engine on
+the same model and prompts; nothing else uses them.  Greedy only.
+
+What follows is their description as it was.
+
+Decoding on a preallocated KV cache, with the decode step captured as a CUDA graph on CUDA.
 
 :class:`StaticFixedDecoder` and :class:`StaticAdaptiveDecoder` make the same decisions as the
 eager :class:`~cyb.generation.decoders.FixedDecoder` and
@@ -59,8 +69,8 @@ from dataclasses import dataclass
 import torch
 
 from ..model import hf
-from .decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4d, cut_block, fresh_d
-from .decoders import prompt_layout
+from ..generation.decoders import StepOutput, StepReadout, adaptive_update, attention_mask_4d, cut_block
+from ..generation.decoders import fresh_d, prompt_layout
 
 #: attention covers the written slots rounded up to this times a power of two (one graph each)
 ATTENTION_BUCKET = 256
@@ -257,13 +267,9 @@ class _StaticDecoder:
         return out.last_hidden_state
 
     def _draw(self) -> None:
-        """Copy this decision's uniforms into the fixed buffer (sampling only)."""
-        u = self.readout.draw(self.num_rows, self.width)
-        if u is None:
-            return
-        if self.uniforms is None:
-            self.uniforms = torch.empty(u.shape, dtype=u.dtype, device=self.device)
-        self.uniforms.copy_(u)
+        """Sampling is not kept in the baseline (greedy decisions draw nothing)."""
+        if self.readout.random:
+            raise ValueError("the static-batch baseline decoders are greedy only")
 
     def _clamp(self, pos: torch.Tensor) -> torch.Tensor:
         """Positions of finished rows may run past the model's limit: clamp them (in place)."""
@@ -360,7 +366,7 @@ class StaticFixedDecoder(_StaticDecoder):
         super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
                          cache_options=cache_options)
         self.positions_per_step = self.m
-        self.width = self.readout.block_width
+        self.width = self.m + 1
         self.pos_increment = self.m if self.advance else 1
         self.step_ids = self.step_pos = None
 
@@ -412,7 +418,7 @@ class StaticAdaptiveDecoder(_StaticDecoder):
                  cache_options=None) -> None:
         super().__init__(model, ids, mask, readout, max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
                          cache_options=cache_options)
-        self.width = self.readout.step_width
+        self.width = 3
         self.feed = self.pos = self.step_idx = self.d_acc = None
 
     def _prompt_steps(self) -> int:
@@ -539,7 +545,7 @@ class StaticPrivateDecoder(StaticFixedDecoder):
         return cut_block(out, self.step_in_block)[1] if self.mode == "adaptive" else out
 
     def start(self) -> StepOutput:
-        from .private import private_prompt
+        from ..generation.private import private_prompt
 
         input_ids, pos, valid, next_pos = private_prompt(self.ids, self.mask, self.vocab)
         t, p = input_ids.shape[1], self.ids.shape[1]

@@ -28,13 +28,16 @@ the model saw in Recipe 1 training; the first decision, on the last prompt token
 adaptive).  Models without dk (TBYS) read out at step ``M`` and so always take ``M`` steps;
 baselines (``M = 1``) take one.
 
-Prompts of different lengths are left-padded and run as one batch; finished rows leave the
-batch (eager decoder) or stay in it, ignored (static decoders).  **Decoders** (``decoder=``):
-on CUDA the default runs a preallocated KV cache with each decode step replayed as a CUDA graph
-(:mod:`cyb.generation.static`); on a CPU, or for models with sliding-window layers, a growing
-``DynamicCache`` (:mod:`cyb.generation.decoders`); both make the same decisions, greedy or
-sampled.  Pause ids are never produced as tokens.  Decoding uses the model as it is: call
-``model.eval()`` first (dropout).  See :mod:`cyb.generation` for the parts.
+**Decoders** (``decoder=``): by default the engine (:mod:`cyb.engine`) runs the prompts: up to
+``max_batch`` rows decode at once, each advancing on its own (one position per step in adaptive
+mode, so a token without pauses costs one position), a finished row's slot goes to the next
+prompt at once, and on CUDA every decoding step is a CUDA graph.  Models with sliding-window
+layers run a left-padded batch on a growing ``DynamicCache`` (:mod:`cyb.generation.decoders`).
+Every decoder makes the same decisions, greedy or sampled: prompt ``i`` of a call draws its
+random numbers from its own stream (from ``seed`` and ``i``), so its text does not depend on
+the other prompts, the batch or the decoder.  Pause ids are never produced as tokens.  Decoding
+uses the model as it is: call ``model.eval()`` first (dropout).  See :mod:`cyb.generation` for
+the parts.
 """
 
 from __future__ import annotations
@@ -47,12 +50,13 @@ from typing import Callable, Iterator, Literal
 
 import torch
 
+from ..decision import row_keys
+from ..engine import Engine, EngineOptions, Request
 from ..layout import left_pad
 from ..model import hf as _hf
 from .decoders import StepOutput, StepReadout
-from .registry import DECODERS, DEFAULT, MODES, make_decoder, resolve_decoder
+from .registry import DECODERS, DEFAULT, MODES, REGISTRY, make_decoder, resolve_decoder
 from .text import TextStream, decode_fn, encode_prompt, split_prompts
-
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class GenerationConfig:
         temperature: >= 0; divides the token logits when sampling (not ``d``); 0 is greedy.
         top_k: keep the ``k`` most likely tokens when sampling (None or 0: all).
         top_p: nucleus sampling, in (0, 1] (None or 1: off).
-        seed: seeds the CPU ``torch.Generator`` of the sampler (None: a fresh random seed).
+        seed: the sampler's seed: prompt ``i`` draws from the stream of ``(seed, i)``
+            (:func:`cyb.decision.row_keys`; None: fresh random streams).
         stop: stop strings; generation of a row ends when its text contains one, and its
             text is cut before it (the ids keep the token that completed it).
         eos_token_ids: ids that end a row (kept as its last token).  None: the tokenizer's and
@@ -77,7 +82,9 @@ class GenerationConfig:
             cache with the decode step captured as a CUDA graph (CUDA only; full-attention
             models); ``"static"`` the same decoder without the graph (any device); ``"eager"``
             a growing ``DynamicCache`` (every model and device); ``"auto"`` (default) ``graph``
-            on CUDA where the model supports it, else ``eager``.
+            on CUDA, ``static`` elsewhere, ``eager`` where the engine cannot run the model.
+        max_batch: prompts that decode at once at most (the engine's slots; more wait for a
+            free slot).
     """
 
     mode: Literal["fixed", "adaptive"] = "fixed"
@@ -90,15 +97,17 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     eos_token_ids: tuple[int, ...] | None = None
     decoder: str = DEFAULT
+    max_batch: int = 256
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {self.decoder!r}")
-        n = self.max_new_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {n!r}")
+        for name in ("max_new_tokens", "max_batch"):
+            n = getattr(self, name)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
@@ -229,7 +238,8 @@ class GenerationStream:
 
 
 def stream(model, prompts, config: GenerationConfig | None = None, *,
-           generator: torch.Generator | None = None, **overrides) -> GenerationStream:
+           generator: torch.Generator | None = None, engine_options: EngineOptions | None = None,
+           **overrides) -> GenerationStream:
     """Generate for ``prompts``, yielding a :class:`TokenEvent` per new token as it is decided.
 
     Args:
@@ -237,27 +247,38 @@ def stream(model, prompts, config: GenerationConfig | None = None, *,
         prompts: a prompt or a list of prompts; a prompt is text (needs the model's tokenizer)
             or token ids (a list of ints or a 1-D tensor).  A 2-D tensor is a batch of prompts.
         config: a :class:`GenerationConfig`; ``overrides`` (its field names) replace fields.
-        generator: a CPU ``torch.Generator`` for sampling (default: one seeded by
-            ``config.seed``).
+        generator: a CPU ``torch.Generator`` from which the prompts' random streams are drawn
+            when sampling (default: from ``config.seed``).
+        engine_options: how the engine runs (:class:`cyb.engine.EngineOptions`: cache memory,
+            positions per step, prefill chunks...); ``max_batch`` sets its ``max_slots``.
 
     Returns:
         a :class:`GenerationStream`.  Prompts and options are checked at once; the model runs
-        as the stream is iterated.
+        as the stream is iterated.  Events come in the order tokens are decided (prompts finish
+        in any order); :attr:`GenerationStream.results` are in the order of ``prompts``.
     """
     cfg = _config(config, overrides)
-    rows, encoded, readout = _prepare(model, split_prompts(prompts), cfg, generator)
+    rows, encoded, keys = _prepare(model, split_prompts(prompts), cfg, generator)
     kind = resolve_decoder(model, cfg.decoder)
-    return GenerationStream(_generate(model, rows, encoded, readout, cfg, kind))
+    if REGISTRY[kind].engine:
+        options = dataclasses.replace(engine_options or EngineOptions(), max_slots=cfg.max_batch,
+                                      cuda_graph=REGISTRY[kind].needs_cuda)
+        return GenerationStream(_run_engine(model, rows, encoded, keys, cfg, options))
+    readout = StepReadout(model.vocab, model.dk_bias, sample=cfg.sample, temperature=cfg.temperature,
+                          top_k=cfg.top_k or None, top_p=cfg.top_p,
+                          keys=None if keys is None else torch.tensor(keys, dtype=torch.long))
+    return GenerationStream(_run_decoder(model, rows, encoded, readout, cfg))
 
 
 def generate(model, prompts, config: GenerationConfig | None = None, *,
              on_token: Callable[[TokenEvent], None] | None = None,
-             generator: torch.Generator | None = None, **overrides) -> list[GenerationResult]:
+             generator: torch.Generator | None = None, engine_options: EngineOptions | None = None,
+             **overrides) -> list[GenerationResult]:
     """Generate for ``prompts`` (see :func:`stream`) and return one result per prompt, in order.
 
     ``on_token`` is called with each :class:`TokenEvent` as soon as its token is decided.
     """
-    s = stream(model, prompts, config, generator=generator, **overrides)
+    s = stream(model, prompts, config, generator=generator, engine_options=engine_options, **overrides)
     for event in s:
         if on_token is not None:
             on_token(event)
@@ -350,7 +371,8 @@ class _Row:
 
 
 def _prepare(model, prompts: list, cfg: GenerationConfig, generator: torch.Generator | None):
-    """Validate and encode everything before any forward: ``(rows, encoded ids, readout)``."""
+    """Validate and encode everything before any forward: ``(rows, encoded ids, stream keys or
+    None when no decision is random)``."""
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt")
     tok = model.tokenizer
@@ -366,17 +388,13 @@ def _prepare(model, prompts: list, cfg: GenerationConfig, generator: torch.Gener
             raise ValueError(f"prompt {i}: {e}") from None
     _check_positions(model, encoded, cfg)
     if generator is not None and generator.device.type != "cpu":
-        raise ValueError(f"generator must be a CPU torch.Generator (the sampler draws on the CPU), "
-                         f"got one on {generator.device}")
+        raise ValueError(f"generator must be a CPU torch.Generator, got one on {generator.device}")
     if model.hf_model.training:
         warnings.warn("generating with a model in training mode (dropout on); call model.eval()",
                       stacklevel=4)
-    if cfg.sample and generator is None:
-        generator = torch.Generator()
-        if cfg.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(cfg.seed)
+    keys = None
+    if cfg.sample and cfg.temperature > 0:
+        keys = row_keys(len(prompts), seed=None if generator is not None else cfg.seed, generator=generator)
     eos = frozenset(default_eos_ids(model) if cfg.eos_token_ids is None else cfg.eos_token_ids)
     rows = [
         _Row(i, GenerationResult(prompt=p, prompt_ids=ids, mode=cfg.mode, num_steps=vocab.num_steps,
@@ -385,20 +403,42 @@ def _prepare(model, prompts: list, cfg: GenerationConfig, generator: torch.Gener
              TextStream(decode, cfg.stop) if decode is not None else None, eos, cfg.max_new_tokens)
         for i, (p, ids) in enumerate(zip(prompts, encoded))
     ]
-    readout = StepReadout(vocab, model.dk_bias, sample=cfg.sample, temperature=cfg.temperature,
-                          top_k=cfg.top_k or None, top_p=cfg.top_p, generator=generator)
-    return rows, encoded, readout
+    return rows, encoded, keys
 
 
-def _generate(model, rows: list[_Row], encoded: list[list[int]], readout: StepReadout,
-              cfg: GenerationConfig, kind: str) -> Iterator[TokenEvent]:
-    """The decode loop: one forward (or graph replay) and one host read per step; events are
-    yielded outside ``torch.inference_mode`` so that the caller's code between tokens runs
-    normally.  ``kind``: a name of :data:`cyb.generation.registry.REGISTRY`."""
+def _run_engine(model, rows: list[_Row], encoded: list[list[int]], keys: list[int] | None,
+                cfg: GenerationConfig, options: EngineOptions) -> Iterator[TokenEvent]:
+    """Every prompt as a request of one :class:`cyb.engine.Engine`; a row whose text hits a stop
+    string ends its request.  Events are yielded outside ``torch.inference_mode`` (the engine
+    enters it per step), so that the caller's code between tokens runs normally."""
+    requests = [Request(tuple(ids), cfg.max_new_tokens, mode=cfg.mode, sample=cfg.sample,
+                        temperature=cfg.temperature, top_k=cfg.top_k or 0, top_p=cfg.top_p or 1.0,
+                        key=keys[i] if keys is not None else 0, eos=row.eos)
+               for i, (ids, row) in enumerate(zip(encoded, rows))]
+    with torch.inference_mode():
+        engine = Engine.sized_for(model, requests, options=options)
+    index = {engine.submit(r): row for r, row in zip(requests, rows)}
+    for rid, row in index.items():
+        row.result.positions = engine.positions(rid)
+    while engine.busy:
+        for e in engine.step():
+            row = index[e.request]
+            event = row.add(e.token, e.steps, list(e.d), e.expected_steps)
+            row.result.positions = e.positions
+            if row.finished and e.finished is None:
+                engine.abort(e.request, "stop")
+            yield event
+    return [row.result for row in rows]
+
+
+def _run_decoder(model, rows: list[_Row], encoded: list[list[int]], readout: StepReadout,
+                 cfg: GenerationConfig) -> Iterator[TokenEvent]:
+    """The eager decode loop over a left-padded batch: one forward and one host read per step;
+    events are yielded outside ``torch.inference_mode`` so that the caller's code between
+    tokens runs normally."""
     with torch.inference_mode():
         ids, mask = left_pad(encoded, model.device)
-        decoder = make_decoder(kind, model, ids, mask, readout, mode=cfg.mode,
-                               max_new_tokens=cfg.max_new_tokens)
+        decoder = make_decoder(model, ids, mask, readout, mode=cfg.mode)
         out = decoder.start()
         for row, n in zip(rows, decoder.prompt_positions.tolist()):
             row.result.positions = n

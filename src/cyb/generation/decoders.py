@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decision import draw_uniforms, greedy_decision, sample_decision
+from ..decision import greedy_decision, sample_decision, stream_uniforms
 from ..layout import PauseVocab, expand
 from ..losses import expected_stop_step
 from ..model import hf
@@ -66,22 +66,25 @@ class StepReadout:
         sample: sample (dk with probability ``d_i``, token from the tempered, filtered
             distribution) instead of the greedy sequential decision.
         temperature, top_k, top_p: sampling parameters (:func:`cyb.decision.sample_decision`).
-        generator: a CPU ``torch.Generator`` for reproducible sampling.
+        keys: ``[B]`` long, each prompt's random stream (:func:`cyb.decision.stream_uniforms`;
+            needed when sampling).
 
-    When sampling, every decision consumes uniforms (:meth:`draw`); decoders draw them for the
-    whole original batch at every decision and pass each row its own, so that the eager and
-    the static decoders (whose batches shrink or not) decide alike.
+    When sampling, the uniforms of a decision come from the row's own stream at the index of
+    the token being decided (:meth:`uniforms`), so that every decoder, whatever its batch,
+    decides alike.
     """
 
     def __init__(self, vocab: PauseVocab, dk_bias: float, *, sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 keys: torch.Tensor | None = None) -> None:
         self.num_steps = vocab.num_steps
         self.dk_id = vocab.dk_id
         self.dk_bias = float(dk_bias)
         self.sample = sample
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.generator = generator
+        if self.random and keys is None:
+            raise ValueError("sampling needs the rows' stream keys (keys=...)")
+        self.keys = keys
         banned = sorted(set(vocab.pause_ids))
         self._banned = torch.tensor(banned, dtype=torch.long) if banned else None
         self._dk = torch.tensor([vocab.dk_id if vocab.dk_id is not None else 0], dtype=torch.long)
@@ -91,20 +94,24 @@ class StepReadout:
         """Whether decisions consume uniforms (sampling at a temperature above 0)."""
         return self.sample and self.temperature > 0
 
-    def draw(self, rows: int, width: int) -> torch.Tensor | None:
-        """``[rows, width]`` CPU uniforms for one decision of every row (None when greedy);
-        ``width`` is :attr:`block_width` or :attr:`step_width`."""
+    def uniforms(self, rows: torch.Tensor, counter) -> torch.Tensor | None:
+        """``[b, M + 1]`` uniforms of the decision of rows ``rows`` (original prompt indices) on
+        the token of index ``counter`` (an int or ``[b]``); None when greedy."""
         if not self.random:
             return None
-        return draw_uniforms((rows,), width - 1, self.generator)
+        if self.keys.device != rows.device:
+            self.keys = self.keys.to(rows.device)
+        counter = torch.as_tensor(counter, dtype=torch.long, device=rows.device)
+        return stream_uniforms(self.keys.index_select(0, rows), counter, self.num_steps + 1)
 
-    @property
-    def block_width(self) -> int:
-        """Uniforms per row of :meth:`block`: ``M`` dk draws and one token draw."""
-        return self.num_steps + 1
-
-    #: uniforms per row of :meth:`step` (read out as a block of two steps)
-    step_width = 3
+    def step_uniforms(self, rows: torch.Tensor, counter, step: torch.Tensor) -> torch.Tensor | None:
+        """``[b, 3]`` uniforms of one step (:meth:`step`): the dk draw of step ``step`` and the
+        token draw of the row's block, as the block readout would use them."""
+        u = self.uniforms(rows, counter)
+        if u is None:
+            return None
+        dk = u.gather(1, (step - 1).clamp(max=self.num_steps - 1).unsqueeze(1))
+        return torch.cat([dk, torch.zeros_like(dk), u[:, -1:]], dim=1)
 
     def _on(self, device) -> None:
         """Move the index tensors to the logits' device once (not a copy per step)."""
@@ -125,7 +132,7 @@ class StepReadout:
         if self.sample:
             return sample_decision(z, dk_id=self.dk_id, dk_bias=self.dk_bias,
                                    temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                   generator=self.generator, num_valid_steps=num_valid_steps,
+                                   num_valid_steps=num_valid_steps,
                                    uniforms=uniforms)
         return greedy_decision(z, dk_id=self.dk_id, dk_bias=self.dk_bias,
                                num_valid_steps=num_valid_steps)
@@ -142,7 +149,7 @@ class StepReadout:
 
     def block(self, logits: torch.Tensor, uniforms: torch.Tensor | None = None) -> StepOutput:
         """Sequential readout of blocks: ``logits [b, M, V]`` -> a token per row;
-        ``uniforms [b, M + 1]`` when sampling (None: drawn from the generator)."""
+        ``uniforms [b, M + 1]`` when sampling (:meth:`uniforms`)."""
         z = self._logits(logits)
         token, steps = self._decide(z, uniforms=uniforms)
         log_d, log_not_d = self._log_d(z)
@@ -156,7 +163,7 @@ class StepReadout:
              uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decision at one step: ``logits [b, V]``, ``last [b]`` (answer forced) ->
         ``(token [b], answered [b] bool, d [b])``; where not answered the model said dk.
-        ``uniforms [b, 3]`` when sampling (None: drawn from the generator).
+        ``uniforms [b, 3]`` when sampling (:meth:`step_uniforms`).
 
         The step is read out as a block of two steps with the same logits where the second is
         valid only if this step is not the last: :mod:`cyb.decision` then answers at step 1
@@ -245,6 +252,7 @@ class _Decoder:
         self.prompt_positions: torch.Tensor | None = None  # [B] valid steps of each prompt
         self.num_rows = ids.shape[0]
         self.rows = torch.arange(self.num_rows, device=ids.device)  # original row of each row
+        self.decided = 0  # tokens each row has decided (decoders that decide one per step)
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, new_valid: torch.Tensor,
                  *, check_positions: bool = False):
@@ -262,10 +270,10 @@ class _Decoder:
                 check_positions=check_positions)
         return hidden
 
-    def _uniforms(self, width: int) -> torch.Tensor | None:
-        """This decision's uniforms for the rows still in the batch (None when greedy)."""
-        u = self.readout.draw(self.num_rows, width)
-        return None if u is None else u.to(self.device).index_select(0, self.rows)
+    def _uniforms(self) -> torch.Tensor | None:
+        """The uniforms of this decision of the rows still in the batch, all deciding their
+        token of index :attr:`decided` (None when greedy)."""
+        return self.readout.uniforms(self.rows, self.decided)
 
     def keep(self, index: list[int]) -> None:
         """Keep only the rows ``index`` (positions in the current batch), cache included."""
@@ -304,7 +312,8 @@ class FixedDecoder(_Decoder):
         return self._decide(hidden[:, -self.m:])
 
     def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
-        out = self.readout.block(self.model.logits(block_hidden), self._uniforms(self.readout.block_width))
+        out = self.readout.block(self.model.logits(block_hidden), self._uniforms())
+        self.decided += 1
         self.token = out.token
         return out
 
@@ -328,7 +337,7 @@ class AdaptiveDecoder(_Decoder):
 
     def __init__(self, model, ids, mask, readout) -> None:
         super().__init__(model, ids, mask, readout)
-        self.feed = self.pos = self.step_idx = self.d_acc = None
+        self.feed = self.pos = self.step_idx = self.d_acc = self.counter = None
 
     def start(self) -> StepOutput:
         b = self.ids.shape[0]
@@ -337,11 +346,14 @@ class AdaptiveDecoder(_Decoder):
         self.prompt_positions = valid.sum(-1)
         self.step_idx = torch.ones(b, dtype=torch.long, device=self.device)
         self.d_acc = fresh_d(b, self.m, self.device)
+        self.counter = torch.zeros(b, dtype=torch.long, device=self.device)
         return self._decide(hidden[:, -1])
 
     def _decide(self, hidden: torch.Tensor) -> StepOutput:
+        uniforms = self.readout.step_uniforms(self.rows, self.counter, self.step_idx)
         out, self.feed, self.pos, self.step_idx, self.d_acc = adaptive_update(
-            self, self.model.logits(hidden), self._uniforms(self.readout.step_width))
+            self, self.model.logits(hidden), uniforms)
+        self.counter = self.counter + out.answered.long()
         return out
 
     def step(self) -> StepOutput:
@@ -350,7 +362,7 @@ class AdaptiveDecoder(_Decoder):
         return self._decide(hidden[:, -1])
 
     def _select(self, idx: torch.Tensor) -> None:
-        for name in ("feed", "pos", "step_idx", "d_acc"):
+        for name in ("feed", "pos", "step_idx", "d_acc", "counter"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
 
 
@@ -394,26 +406,26 @@ class RecomputeAdaptiveDecoder(_Recompute, AdaptiveDecoder):
 
 
 class BlockAdaptiveDecoder(FixedDecoder):
-    """Adaptive mode, greedy, one forward per real token: each step feeds a row's token with
-    its ``M - 1`` pauses (as fixed mode does); the sequential readout gives the stop step ``s``
-    and the block's steps after ``s`` are marked invalid, so later steps attend to what
-    adaptive mode would have cached and later tokens take adaptive mode's positions.  Attention
-    within a block is causal, so the decisions are those of :class:`AdaptiveDecoder` (see
-    :mod:`cyb.generation.static`, whose block decoder this mirrors); ``positions_per_step`` is
-    ``M``.  Chosen by :mod:`~cyb.generation.registry` on CUDA, where a forward of ``M``
-    positions costs about what one of a single position costs and the host time per forward
-    dominates."""
+    """Adaptive mode, one forward per real token: each step feeds a row's token with its
+    ``M - 1`` pauses (as fixed mode does); the sequential readout gives the stop step ``s`` and
+    the block's steps after ``s`` are marked invalid, so later steps attend to what adaptive
+    mode would have cached and later tokens take adaptive mode's positions.  Attention within a
+    block is causal and a row's uniforms depend on the token it decides, not on the step, so
+    the decisions (greedy or sampled) are those of :class:`AdaptiveDecoder`;
+    ``positions_per_step`` is ``M``.  Chosen by :mod:`~cyb.generation.registry` on CUDA, where a
+    forward of ``M`` positions costs about what one of a single position costs and the host
+    time per forward dominates."""
 
     mode = "adaptive"
 
     def __init__(self, model, ids, mask, readout) -> None:
         super().__init__(model, ids, mask, readout)
-        if readout.random:
-            raise ValueError("block-adaptive decoding is greedy; sampling uses AdaptiveDecoder")
         self.step_in_block = torch.arange(self.m, device=self.device)
 
     def _decide(self, block_hidden: torch.Tensor) -> StepOutput:
-        kept, out = cut_block(self.readout.block(self.model.logits(block_hidden)), self.step_in_block)
+        uniforms = self._uniforms()
+        self.decided += 1
+        kept, out = cut_block(self.readout.block(self.model.logits(block_hidden), uniforms), self.step_in_block)
         self.valid[:, -self.m:] = kept  # the block just fed ends the cache
         if self.advance:  # the next token follows step s, not step M
             self.next_pos = self.next_pos - (self.m - out.steps)

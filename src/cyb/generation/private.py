@@ -162,6 +162,7 @@ class _PrivateDecoder:
         self.token: torch.Tensor | None = None
         self.step_in_block = torch.arange(self.m, device=self.device)
         self.last_positions: list[int] | None = None  # positions each row ran for the last token
+        self.decided = 0  # tokens each row has decided
 
     def _run(self, cache, input_ids, position_ids, valid_new, key_valid, key_pos, *, check=False):
         """Forward of new steps over ``cache`` (the real-token cache or a row view)."""
@@ -180,8 +181,11 @@ class _PrivateDecoder:
         self.key_pos = p if self.key_pos is None else torch.cat([self.key_pos, p], dim=1)
 
     def _uniforms(self) -> torch.Tensor | None:
-        u = self.readout.draw(self.num_rows, self.readout.block_width)
-        return None if u is None else u.to(self.device).index_select(0, self.rows)
+        """The uniforms of this token's decision of the rows still in the batch (None when
+        greedy); every call decides one token per row."""
+        u = self.readout.uniforms(self.rows, self.decided)
+        self.decided += 1
+        return u
 
     def _report(self, out: StepOutput) -> StepOutput:
         self.token = out.token

@@ -81,14 +81,17 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
 
     ``pause_blocks=(token, step)`` (``[B', T]`` each, in the order of the queries and keys)
     marks a gated layout: the module's gate (:mod:`cyb.model.gates`) is added to the logits of
-    keys that are pauses of earlier tokens."""
+    keys that are pauses of earlier tokens.  ``pause_foreign`` (bool ``[B, 1, T, K]``) says
+    which keys those are directly, for queries against a cache (:mod:`cyb.engine`)."""
     blocks = kwargs.pop("pause_blocks", None)
+    foreign = kwargs.pop("pause_foreign", None)
     block_mask_type = _block_mask_type()
     if block_mask_type is None or not isinstance(attention_mask, block_mask_type):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        if blocks is not None:
-            foreign = vis.foreign_pauses(*blocks).unsqueeze(1)
+        if blocks is not None or foreign is not None:
+            if foreign is None:
+                foreign = vis.foreign_pauses(*blocks).unsqueeze(1)
             attention_mask = gates.gated_attention_bias(module, attention_mask, foreign).to(query.dtype)
             gates.record_foreign_attention(module, query, key, attention_mask, foreign, scaling)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,

@@ -1,0 +1,399 @@
+"""The engine: rows that advance on their own and come and go.
+
+::
+
+    from cyb.engine import Engine, EngineOptions, Request
+
+    engine = Engine.sized_for(model, requests)          # or Engine(model, capacity=..., slots=...)
+    ids = [engine.submit(r) for r in requests]
+    while engine.busy:
+        for event in engine.step():                     # cyb.engine.Emitted, as tokens are decided
+            ...
+
+Each :meth:`Engine.step` admits waiting requests into free slots, writes a chunk of their
+prompts (:mod:`cyb.engine.scheduler`), runs one decoding step over the decoding rows
+(:mod:`cyb.engine.runner`), and reports what the step before decided: on CUDA the host reads a
+step's decisions while the next step already runs, so a row that finishes runs one step more
+(its output is dropped) and its slot is free one step later.  Every row feeds ``Q`` positions
+per step: one (adaptive mode's computation: a token that needs no pause costs one position,
+each pause one more, and no row waits for another) or a whole block of ``M``
+(:func:`choose_positions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model import hf
+from .cache import SlotCache, bytes_per_column
+from .layout import RowLayout
+from .readout import RowReadout, SamplingKind
+from .requests import Emitted, Request
+from .rows import OUT_FIXED_COLUMNS, Rows
+from .runner import Runner
+from .scheduler import Scheduler, Tracked
+
+POSITIONS = ("auto", "one", "block")
+#: on CUDA, adaptive decoding of at most this many rows feeds whole blocks (a forward of M
+#: positions costs about what one of a single position costs there; measured crossover)
+BLOCK_MAX_ROWS = 8
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine runs (defaults are the library's).
+
+    Attributes:
+        max_slots: rows that decode at once at most.
+        cache_bytes: memory for the KV cache; None: 60% of the free memory on CUDA, 2 GiB
+            elsewhere.  Slots are cut to what fits.
+        positions: positions each row feeds per step: ``"one"``, ``"block"`` (``M``: the token
+            and all its pauses; adaptive rows keep the steps up to their stop) or ``"auto"``
+            (:func:`choose_positions`).
+        prefill_chunk: prompt columns one row writes per prefill forward at most.
+        prefill_rows: rows one prefill forward covers at most.
+        cuda_graph: capture decoding steps as CUDA graphs (None: on CUDA).
+        attention_bucket: attention covers the columns in use rounded up to this times a power
+            of two (one graph each), for batches of ``bucket_min_rows`` rows or more; smaller
+            ones cover the whole capacity.
+        capacity_multiple: columns per row are rounded up to a multiple of this.
+    """
+
+    max_slots: int = 256
+    cache_bytes: int | None = None
+    positions: str = "auto"
+    prefill_chunk: int = 512
+    prefill_rows: int = 16
+    cuda_graph: bool | None = None
+    attention_bucket: int = 256
+    bucket_min_rows: int = 8
+    capacity_multiple: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("max_slots", "prefill_chunk", "prefill_rows", "attention_bucket", "bucket_min_rows",
+                     "capacity_multiple"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.cache_bytes is not None and (not isinstance(self.cache_bytes, int) or self.cache_bytes < 1):
+            raise ValueError(f"cache_bytes must be a positive integer or None, got {self.cache_bytes!r}")
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the engine cannot run ``model`` (a :class:`cyb.PauseModel`), or None."""
+    if hf.has_sliding_window(model.config):
+        return "the model has sliding-window layers (the engine supports full attention only)"
+    impl = hf.attention_of(model.hf_model)
+    if impl not in (None, "sdpa", "eager", hf.PAUSE_ATTENTION):
+        return f"the engine needs sdpa or eager attention, the model uses {impl!r}"
+    return None
+
+
+def choose_positions(model, modes, rows: int, choice: str = "auto") -> int:
+    """Positions per row per step: ``M`` when every request is fixed mode (it feeds every
+    pause anyway) or, on CUDA, for at most :data:`BLOCK_MAX_ROWS` rows; else 1."""
+    m = model.vocab.num_steps
+    if choice == "one":
+        return 1
+    if choice == "block" or m == 1:
+        return m
+    if all(mode == "fixed" for mode in modes):
+        return m
+    return m if model.device.type == "cuda" and rows <= BLOCK_MAX_ROWS else 1
+
+
+def default_cache_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.6)
+    return 2 << 30
+
+
+class Engine:
+    """Continuous batching of a pause model's requests (see the module docstring).
+
+    Args:
+        model: a :class:`cyb.PauseModel` in eval mode, on its device.
+        capacity: columns per row: the most a request may fill (its prompt's columns and every
+            decoded block; :meth:`sized_for` computes it).
+        slots: rows that decode at once (cut to the memory budget).
+        positions: positions per row per step, 1 or ``M`` (None: one, or ``M`` for ``M = 1``).
+        options: :class:`EngineOptions`.
+    """
+
+    def __init__(self, model, *, capacity: int, slots: int, positions: int | None = None,
+                 options: EngineOptions | None = None) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the engine cannot run this model: {reason}")
+        self.options = opts = options or EngineOptions()
+        self.model = model
+        self.layout = RowLayout.of(model.vocab, model.pause_visibility)
+        m = self.layout.num_steps
+        self.q = positions if positions is not None else (m if m == 1 else 1)
+        if self.q not in (1, m):
+            raise ValueError(f"positions per step must be 1 or M = {m}, got {self.q}")
+        self.slack = 2 * self.q  # a finished row may run a step more before it stops
+        mult = opts.capacity_multiple
+        self.capacity = -(-(capacity + self.slack) // mult) * mult
+        budget = opts.cache_bytes or default_cache_bytes(model.device)
+        per_row = (self.capacity + self.q) * bytes_per_column(model)
+        fit = budget // per_row
+        if fit < 1:
+            raise ValueError(f"the KV cache budget of {budget / 2**20:.0f} MiB holds no row of "
+                             f"{self.capacity} columns ({per_row / 2**20:.1f} MiB): raise cache_bytes "
+                             "or lower max_new_tokens / the prompt length")
+        self.slots = max(1, min(slots, opts.max_slots, fit))
+        self.cache = SlotCache(model, self.slots, self.capacity, scratch=self.q)
+        limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
+        device = model.device
+        self.rows = Rows(self.layout, RowReadout(model.vocab, model.dk_bias, device), self.slots,
+                         self.capacity, self.capacity + self.q - 1,
+                         limit - 1 if isinstance(limit, int) else None, device)
+        graphs = opts.cuda_graph if opts.cuda_graph is not None else device.type == "cuda"
+        self.runner = Runner(model, self.cache, self.rows, cuda_graph=graphs)
+        self.scheduler = Scheduler(self.slots, prefill_chunk=opts.prefill_chunk, prefill_rows=opts.prefill_rows)
+        self.lookahead = device.type == "cuda"
+        self._tracked: dict[int, Tracked] = {}
+        self._next_id = 0
+        self._pending = None  # the launched step whose decisions are not read yet
+        self._to_stop: list[Tracked] = []
+        self._host_out = (torch.empty((self.slots, OUT_FIXED_COLUMNS + m), dtype=torch.float32, pin_memory=True)
+                          if device.type == "cuda" else None)
+        #: counters: decoding steps, positions fed by them (active rows only), prefill positions
+        self.stats = {"steps": 0, "decode_positions": 0, "prefill_positions": 0, "prefill_forwards": 0}
+
+    @classmethod
+    def sized_for(cls, model, requests: list[Request], *, options: EngineOptions | None = None) -> "Engine":
+        """An engine whose rows fit the longest of ``requests`` and whose slots are as many as
+        the requests (at most ``options.max_slots``, and what the memory budget holds)."""
+        options = options or EngineOptions()
+        layout = RowLayout.of(model.vocab, model.pause_visibility)
+        capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in requests)
+        q = choose_positions(model, [r.mode for r in requests], min(len(requests), options.max_slots),
+                             options.positions)
+        return cls(model, capacity=capacity, slots=len(requests), positions=q, options=options)
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: Request) -> int:
+        """Queue ``request``; returns its id.  A request that can never fit a row is refused
+        with a ValueError."""
+        if not isinstance(request, Request):
+            raise TypeError(f"submit takes a cyb.engine.Request, got {type(request).__name__}")
+        needed = self.layout.columns_needed(len(request.prompt), request.max_new_tokens)
+        if needed + self.slack > self.capacity:
+            raise ValueError(f"a prompt of {len(request.prompt)} tokens with max_new_tokens="
+                             f"{request.max_new_tokens} needs {needed} cache columns; this engine's rows "
+                             f"hold {self.capacity - self.slack}")
+        rid = self._next_id
+        self._next_id += 1
+        t = Tracked(rid, request, self.layout.prefill(list(request.prompt)))
+        t.positions = t.prefill.columns
+        self._tracked[rid] = t
+        self.scheduler.add(t)
+        return rid
+
+    def abort(self, rid: int, reason: str = "abort") -> None:
+        """End request ``rid`` now (nothing more is reported for it); its slot is freed at the
+        next step.  Unknown or finished ids are ignored."""
+        t = self._tracked.get(rid)
+        if t is None or t.finished is not None:
+            return
+        t.finished = reason
+        self._finish(t)
+
+    def positions(self, rid: int) -> int:
+        """Positions of request ``rid`` that went through the network so far (its prompt's
+        prefill counted from submission)."""
+        return self._tracked[rid].positions
+
+    @property
+    def busy(self) -> bool:
+        """Whether any request is waiting, prefilling, decoding, or has decisions not yet reported."""
+        return self.scheduler.busy or self._pending is not None
+
+    @property
+    def slots_in_use(self) -> int:
+        s = self.scheduler
+        return len(s.decoding) + len(s.prefilling)
+
+    @property
+    def queued(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[Emitted]:
+        """One iteration (see the module docstring); returns the tokens decided."""
+        with torch.inference_mode():
+            self._stop_finished()
+            self._admit_and_prefill()
+            self._compact()
+            launched = self._launch()
+        events: list[Emitted] = []
+        if self._pending is not None:
+            events += self._collect(self._pending)
+        self._pending = launched if self.lookahead else None
+        if launched is not None and not self.lookahead:
+            events += self._collect(launched)
+        return events
+
+    def run(self):
+        """Step until no request is left, yielding every :class:`Emitted` as it comes."""
+        while self.busy:
+            yield from self.step()
+
+    def _finish(self, t: Tracked) -> None:
+        if t.state == "decoding":
+            self._to_stop.append(t)  # the row stops before the next step
+        else:
+            self.scheduler.release(t)
+            self._tracked.pop(t.id, None)
+
+    def _stop_finished(self) -> None:
+        if not self._to_stop:
+            return
+        self.rows.stop([t.slot for t in self._to_stop])
+        for t in self._to_stop:
+            self.scheduler.release(t)
+            self._tracked.pop(t.id, None)
+        self._to_stop = []
+
+    def _limit(self, bound: int, rows: int) -> int:
+        """Attention limit covering columns ``0 .. bound-1`` (see :class:`EngineOptions`)."""
+        opts = self.options
+        if rows < opts.bucket_min_rows:
+            return self.capacity
+        limit = opts.attention_bucket
+        while limit < bound:
+            limit *= 2
+        return min(limit, self.capacity)
+
+    def _admit_and_prefill(self) -> None:
+        sched = self.scheduler
+        sched.admit()
+        while True:
+            plan = sched.next_prefill()
+            if plan is None:
+                break
+            self._prefill(*plan)
+            if sched.decoding:  # one forward per step while rows decode: they are not stalled
+                break
+        ready = sched.ready()
+        if ready:
+            self._start(ready)
+
+    def _prefill(self, batch: list[Tracked], chunk: int) -> None:
+        r = len(batch)
+        ids = torch.zeros((r, chunk), dtype=torch.long)
+        pos = torch.zeros((r, chunk), dtype=torch.long)
+        cols = torch.full((r, chunk), self.capacity, dtype=torch.long)  # padding: a scratch column
+        end = 0
+        for i, t in enumerate(batch):
+            n = min(chunk, t.prefill_left)
+            a = t.written
+            ids[i, :n] = t.prefill.ids[a:a + n]
+            pos[i, :n] = t.prefill.positions[a:a + n]
+            cols[i, :n] = torch.arange(a, a + n)
+            t.written += n
+            end = max(end, a + n)
+            self.stats["prefill_positions"] += n
+        self.runner.prefill([t.slot for t in batch], ids, pos, cols, self._limit(end, r))
+        self.stats["prefill_forwards"] += 1
+
+    def _start(self, ready: list[Tracked]) -> None:
+        reqs = [t.request for t in ready]
+        self.rows.start(
+            [t.slot for t in ready], [t.prefill.first_token for t in ready],
+            [t.prefill.first_position for t in ready], [t.prefill.columns for t in ready],
+            [r.key for r in reqs], [r.mode == "fixed" for r in reqs], [r.greedy for r in reqs],
+            [float(r.temperature) if r.temperature > 0 else 1.0 for r in reqs], [r.top_k for r in reqs],
+            [float(r.top_p) for r in reqs])
+
+    def _rows_bucket(self, rows: int) -> int:
+        """Rows a step covers for ``rows`` (graphs: the next power of two, at most the slots)."""
+        if not self.runner.use_graph or rows == 0:
+            return rows
+        b = 1
+        while b < rows:
+            b *= 2
+        return min(b, self.slots)
+
+    def _compact(self) -> None:
+        for t, dst in self.scheduler.compaction(self._rows_bucket):
+            self.cache.move(t.slot, dst, min(self._bound(t) + self.q, self.capacity))
+            self.rows.move(t.slot, dst)
+            if self.runner.tags is not None:
+                self.runner.tags[dst].copy_(self.runner.tags[t.slot])
+            self.scheduler.moved(t, dst)
+
+    def _bound(self, t: Tracked) -> int:
+        """A column no position of ``t``'s row has reached yet at its next step."""
+        bound = t.prefill.columns + t.steps_run * self.q
+        if self.layout.real_only:
+            bound = min(bound, t.prefill.columns + t.tokens + 2 + self.layout.num_steps)
+        return bound
+
+    def _sampling_kind(self, roster: list[Tracked]) -> SamplingKind:
+        sampled = [t.request for t in roster if not t.request.greedy]
+        if not sampled:
+            return SamplingKind()
+        top_k = max(r.top_k for r in sampled)
+        if top_k:
+            k = 1
+            while k < top_k:
+                k *= 2
+            top_k = k
+        return SamplingKind(True, top_k, any(r.top_p < 1 for r in sampled))
+
+    def _launch(self):
+        sched = self.scheduler
+        if not sched.decoding:
+            return None
+        n = self._rows_bucket(sched.rows())
+        roster = list(sched.decoding.values())
+        bound = max(self._bound(t) for t in roster) + self.q
+        limit = self._limit(bound, n)
+        self.runner.decode(n, self.q, limit, self._sampling_kind(roster))
+        for t in roster:
+            t.steps_run += 1
+        self.stats["steps"] += 1
+        self.stats["decode_positions"] += len(roster) * self.q
+        slots = [t.slot for t in roster]
+        if self._host_out is None:
+            return self.rows.out[:n], roster, slots
+        host = self._host_out[:n]
+        host.copy_(self.rows.out[:n], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, roster, slots, done
+
+    def _collect(self, launched) -> list[Emitted]:
+        out, roster, slots = launched[:3]
+        if len(launched) > 3:
+            launched[3].synchronize()
+        values = out.tolist()
+        m, events = self.layout.num_steps, []
+        for t, slot in zip(roster, slots):
+            row = values[slot]
+            if not row[0] or t.finished is not None:
+                continue
+            steps = int(row[2])
+            r = t.request
+            t.positions += steps if (self.q == 1 and r.mode == "adaptive") else m
+            t.tokens += 1
+            token = int(row[1])
+            reason = "eos" if token in r.eos else ("length" if t.tokens >= r.max_new_tokens else None)
+            expected = row[3] if r.mode == "fixed" else None
+            events.append(Emitted(t.id, t.tokens - 1, token, steps, tuple(row[OUT_FIXED_COLUMNS:OUT_FIXED_COLUMNS + m]),
+                                  expected, t.positions, reason))
+            if reason is not None:
+                t.finished = reason
+                self._finish(t)
+        return events
+
+
+__all__ = ["BLOCK_MAX_ROWS", "Engine", "EngineOptions", "POSITIONS", "choose_positions", "unsupported_reason"]

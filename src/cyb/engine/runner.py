@@ -1,0 +1,144 @@
+"""Running the model: one decoding step over the slots, and prefill forwards.
+
+A decoding step feeds ``Q`` positions for each of rows ``0 .. n-1`` (:mod:`cyb.engine.rows`
+says which), writes their keys and values into the :class:`~cyb.engine.cache.SlotCache`,
+attends over the first ``limit`` columns of each row with an explicit 4-D mask (a position sees
+its row's columns up to its own), reads out and moves the rows on.  Gated models also tag each
+written column as a pause or not, and hand attention the other tokens' pauses of each row, where
+the layer's gate is added (:mod:`cyb.model.attention`).
+
+On CUDA each ``(n, Q, limit, sampling kind)`` is captured once as a CUDA graph (after a warm-up
+with every row pointed at the scratch columns) and replayed; the graphs share one memory pool.
+Elsewhere the same step runs eagerly.  Nothing in a step is read back to the host.
+
+A prefill forward writes a chunk of prompt columns for some rows (any slots): ``[r, C]`` ids
+and positions, each row at its own columns, attending to what its row holds so far and to the
+chunk causally.  Prefill runs eagerly and reads nothing out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..model import hf
+from .cache import SlotCache
+from .readout import SamplingKind
+from .rows import Rows
+
+
+class Runner:
+    """Steps and prefill of one model on one cache (see the module docstring).
+
+    Args:
+        model: a :class:`cyb.PauseModel` in eval mode.
+        cache: its :class:`SlotCache`.
+        rows: the slots' :class:`Rows`.
+        cuda_graph: capture decoding steps as CUDA graphs (CUDA only).
+    """
+
+    def __init__(self, model, cache: SlotCache, rows: Rows, *, cuda_graph: bool) -> None:
+        self.model, self.cache, self.rows = model, cache, rows
+        self.decoder = model.decoder
+        self.cache_arg = hf.cache_arg_name(self.decoder)
+        self.additive = model.dtype if hf.is_eager(model.hf_model) else None
+        self.layout = rows.layout
+        self.m = self.layout.num_steps
+        device = model.device
+        self.device = device
+        self.columns = torch.arange(cache.capacity + cache.scratch, device=device)
+        #: gated models: which columns of each row hold pauses
+        self.tags = (torch.zeros(cache.slots, cache.capacity + cache.scratch, dtype=torch.bool, device=device)
+                     if self.layout.gated else None)
+        self.use_graph = bool(cuda_graph)
+        if self.use_graph and device.type != "cuda":
+            raise ValueError("cuda_graph needs the model on a CUDA device")
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.capture_ms = 0.0
+
+    # ------------------------------------------------------------------ masks
+    def _mask(self, cols: torch.Tensor, limit: int) -> torch.Tensor:
+        """``[n, 1, Q, limit]``: a position at column ``c`` sees columns ``0 .. c`` of its row."""
+        allowed = self.columns[:limit].view(1, 1, limit) <= cols.unsqueeze(2)
+        allowed = allowed.unsqueeze(1)
+        if self.additive is None:
+            return allowed
+        zero = torch.zeros((), dtype=self.additive, device=cols.device)
+        return torch.where(allowed, zero, torch.finfo(self.additive).min)
+
+    def _forward(self, ids, pos, mask, **extra) -> torch.Tensor:
+        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                           **{self.cache_arg: self.cache}, **extra)
+        return out.last_hidden_state
+
+    # ------------------------------------------------------------------ decoding
+    def _body(self, n: int, q: int, limit: int, kind: SamplingKind) -> None:
+        rows = self.rows
+        ids, pos, cols = rows.inputs(n, q)
+        self.cache.for_decode(n, cols, limit)
+        extra = {}
+        if self.tags is not None:
+            self.tags[torch.arange(n, device=self.device).unsqueeze(1), cols] = rows.is_pause_fed(n, q)
+            earlier = self.columns[:limit].unsqueeze(0) < rows.real_col[:n].unsqueeze(1)
+            extra["pause_foreign"] = (self.tags[:n, :limit] & earlier).view(n, 1, 1, limit).expand(n, 1, q, limit)
+        hidden = self._forward(ids, pos, self._mask(cols, limit), **extra)
+        rows.advance(n, self.model.logits(hidden), kind)
+
+    def decode(self, n: int, q: int, limit: int, kind: SamplingKind) -> None:
+        """One decoding step of rows ``0 .. n-1`` (:attr:`Rows.out` holds what it decided)."""
+        if not self.use_graph:
+            self._body(n, q, limit, kind)
+            return
+        key = (n, q, limit, kind)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self._capture(key)
+        graph.replay()
+
+    def _capture(self, key: tuple) -> torch.cuda.CUDAGraph:
+        t0 = time.perf_counter()
+        rows = self.rows
+        saved = rows.snapshot()
+        rows.active.zero_()  # the warm-up writes into the scratch columns only
+        main = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body(*key)
+        main.wait_stream(side)
+        rows.restore(saved)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._body(*key)
+        self.graphs[key] = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_ms += (time.perf_counter() - t0) * 1e3
+        return graph
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, slots: list[int], ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor,
+                limit: int) -> None:
+        """Write prompt chunks: rows ``slots``, ``ids``/``pos``/``cols`` ``[r, C]`` (host or
+        device tensors; padding positions at a scratch column).  Columns of the Recipe 1 prompt
+        layout: under gated pauses, a column ``k`` is a pause when ``k % M != 0`` and belongs to
+        token ``k // M``."""
+        dev = self.device
+        rows = torch.tensor(slots, dtype=torch.long, device=dev)
+        ids, pos, cols = ids.to(dev), pos.to(dev), cols.to(dev)
+        self.cache.for_prefill(rows, cols, limit)
+        extra = {}
+        if self.tags is not None:
+            key_cols = self.columns[:limit]
+            is_pause = (key_cols % self.m) != 0
+            earlier = (key_cols // self.m).view(1, 1, limit) < (cols // self.m).unsqueeze(2)
+            extra["pause_foreign"] = (is_pause.view(1, 1, limit) & earlier).unsqueeze(1)
+            self.tags[rows.unsqueeze(1), cols] = (cols % self.m) != 0
+        self._forward(ids, pos, self._mask(cols, limit), **extra)
+
+
+__all__ = ["Runner"]

@@ -1,0 +1,148 @@
+"""Which request runs where: the queue, the slots, admission, prefill chunks and compaction.
+
+Host-side bookkeeping only (no tensors): a request waits in a queue until a slot is free; it
+then holds that slot while its prompt is written in chunks (:meth:`Scheduler.next_prefill`:
+several prompts per forward, a bounded number of positions each, so that a long prompt does not
+stall the rows already decoding) and while it decodes; when it finishes its slot is free again.
+New requests take the lowest free slot, and when nothing waits the decoding rows are packed
+into the lowest slots (:meth:`Scheduler.compaction`), so that a decoding step covers as few
+rows as possible.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from .layout import Prefill
+from .requests import Request
+
+
+@dataclass(eq=False)
+class Tracked:
+    """What the host knows of one request.
+
+    Attributes:
+        id: the request's id.
+        request: the :class:`~cyb.engine.requests.Request`.
+        prefill: its prompt columns (:class:`~cyb.engine.layout.Prefill`).
+        slot: the slot it holds (None while waiting).
+        written: prompt columns written so far.
+        tokens: new tokens reported so far.
+        positions: positions that went through the network so far (prompt included).
+        steps_run: decoding steps it has been part of.
+        finished: why it ended (``"eos"``, ``"length"``, ``"stop"``, ...), None while running.
+    """
+
+    id: int
+    request: Request
+    prefill: Prefill
+    slot: int | None = None
+    written: int = 0
+    tokens: int = 0
+    positions: int = 0
+    steps_run: int = 0
+    finished: str | None = None
+    state: str = field(default="waiting")  # waiting, prefilling, decoding, done
+
+    @property
+    def prefill_left(self) -> int:
+        return self.prefill.columns - self.written
+
+
+class Scheduler:
+    """Slots and queues of an engine with ``slots`` rows of ``capacity`` columns.
+
+    Args:
+        prefill_chunk: prompt columns one row writes per prefill forward at most.
+        prefill_rows: rows one prefill forward covers at most.
+    """
+
+    def __init__(self, slots: int, *, prefill_chunk: int, prefill_rows: int) -> None:
+        self.slots = slots
+        self.prefill_chunk, self.prefill_rows = prefill_chunk, prefill_rows
+        self.waiting: deque[Tracked] = deque()
+        self.prefilling: list[Tracked] = []
+        self.decoding: dict[int, Tracked] = {}  # slot -> request
+        self._free = list(range(slots))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def add(self, t: Tracked) -> None:
+        self.waiting.append(t)
+
+    def admit(self) -> list[Tracked]:
+        """Give free slots to waiting requests, first come first served; they start prefill."""
+        admitted = []
+        while self.waiting and self._free:
+            t = self.waiting.popleft()
+            t.slot, t.state = heapq.heappop(self._free), "prefilling"
+            self.prefilling.append(t)
+            admitted.append(t)
+        return admitted
+
+    def next_prefill(self) -> tuple[list[Tracked], int] | None:
+        """The rows of the next prefill forward and its chunk length ``C`` (each row writes
+        ``min(C, what it has left)`` columns), or None when no prompt is left to write."""
+        left = [t for t in self.prefilling if t.prefill_left > 0]
+        if not left:
+            return None
+        chunk = min(self.prefill_chunk, left[0].prefill_left)
+        return left[: self.prefill_rows], chunk
+
+    def ready(self) -> list[Tracked]:
+        """Requests whose prompt is written: they move to decoding."""
+        done = [t for t in self.prefilling if t.prefill_left == 0]
+        if done:
+            self.prefilling = [t for t in self.prefilling if t.prefill_left > 0]
+            for t in done:
+                t.state = "decoding"
+                self.decoding[t.slot] = t
+        return done
+
+    def release(self, t: Tracked) -> None:
+        """``t`` leaves (finished or aborted): its slot is free."""
+        if t.state == "waiting":
+            self.waiting.remove(t)
+        elif t.state == "prefilling":
+            self.prefilling.remove(t)
+        elif t.state == "decoding":
+            del self.decoding[t.slot]
+        if t.slot is not None and t.state != "done":
+            heapq.heappush(self._free, t.slot)
+        t.state = "done"
+
+    def rows(self) -> int:
+        """Rows a decoding step must cover: the highest decoding slot + 1 (0 when none)."""
+        return max(self.decoding) + 1 if self.decoding else 0
+
+    def compaction(self, bucket) -> list[tuple[Tracked, int]]:
+        """Moves ``(request, new slot)`` that pack the decoding rows lower, when nothing waits
+        or prefills and ``bucket`` (rows -> rows a step covers) would cover fewer rows after
+        them.  The caller moves the rows' cache and state, then calls :meth:`moved`."""
+        if self.waiting or self.prefilling or not self.decoding:
+            return []
+        count = len(self.decoding)
+        if bucket(self.rows()) <= bucket(count):
+            return []
+        moves = []
+        free = sorted(s for s in self._free if s < count)
+        for src in sorted(self.decoding, reverse=True):
+            if src < count or not free:
+                break
+            moves.append((self.decoding[src], free.pop(0)))
+        return moves
+
+    def moved(self, t: Tracked, dst: int) -> None:
+        del self.decoding[t.slot]
+        self._free.remove(dst)
+        heapq.heapify(self._free)
+        heapq.heappush(self._free, t.slot)
+        t.slot = dst
+        self.decoding[dst] = t
+
+
+__all__ = ["Scheduler", "Tracked"]

@@ -1,0 +1,379 @@
+"""cyb.engine: rows that advance on their own and come and go.
+
+Against a no-cache reference (every step recomputed from scratch over the whole row, with the
+layout's own mask, and the sequential decision written out here, not taken from the library):
+tokens, steps and ``d`` equal for shared, private and gated pauses, fixed and adaptive mode,
+one position or whole blocks per step, greedy and sampled, whatever the slot, the neighbours or
+the join time; prompts longer than a prefill chunk; early ends.  Then the engine's bookkeeping:
+slots come back, compaction, errors, the host reads of a step, the per-row readout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from cyb.decision import row_keys, stream_uniforms
+from cyb.engine import Engine, EngineOptions, Request
+from cyb.model import PauseModel, gates
+from cyb.visibility import BlockSteps
+from generation_helpers import PROMPTS, build, encode
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+M = 3
+
+
+def layout_model(visibility: str, kind: str = "cyb", scheme: str = "shared") -> PauseModel:
+    """The mixed-decision test model as ``visibility``; gated ones get random gates."""
+    pm = build("llama", kind, init=0.3, dk_scale=0.3, psi_dk=0.5 if kind == "cyb" else None,
+               num_steps=M, scheme=scheme)
+    if visibility == "shared":
+        return pm
+    settings = dataclasses.replace(pm.settings, pause_visibility=visibility)
+    pm = PauseModel(pm.hf_model, settings, pm.tokenizer).eval()
+    if visibility == "gated":
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for a in gates.attention_modules(pm.hf_model):
+                a.pause_gate.copy_(torch.randn(a.pause_gate.shape, generator=g) * 2 - 1)
+    return pm
+
+
+# ----------------------------------------------------------------------------- the reference
+
+
+@dataclasses.dataclass
+class Sampling:
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def _decide(pm: PauseModel, z: torch.Tensor, step: int, u: torch.Tensor | None, s: Sampling):
+    """(dk?, token, d) at 1-based ``step`` from float64 logits ``z [V]`` (pauses banned here)."""
+    m, dk = pm.num_steps, pm.settings.dk_id
+    z = z.double().clone()
+    z[list(pm.vocab.pause_ids)] = -math.inf
+    d = 1.0
+    wants_dk = dk is None and step < m
+    if dk is not None:
+        zb = z.clone()
+        zb[dk] += pm.dk_bias
+        p = torch.softmax(zb, -1)
+        d = float(p[dk])
+        if step < m:
+            wants_dk = (u[step - 1] < d) if s.sample else int(zb.argmax()) == dk
+        z[dk] = -math.inf
+    if s.sample:
+        t = z / s.temperature
+        if 0 < s.top_k < t.numel():
+            t[t < t.topk(s.top_k).values[-1]] = -math.inf
+        if s.top_p < 1:
+            sz, order = t.sort(descending=True)
+            p = sz.softmax(-1)
+            drop = (p.cumsum(-1) - p) >= s.top_p
+            t[order[drop]] = -math.inf
+        cdf = t.softmax(-1).cumsum(-1)
+        token = int((cdf <= float(u[m]) * float(cdf[-1])).sum().clamp(max=cdf.numel() - 1))
+    else:
+        token = int(z.argmax())
+    return bool(wants_dk), token, (0.0 if step == m else d)
+
+
+@torch.no_grad()
+def reference(pm: PauseModel, prompt: list[int], n: int, mode: str, s: Sampling, key: int):
+    """``n`` tokens by recomputing the whole fed row at every step (no cache): ``(tokens, steps,
+    d)``.  Shared and gated rows are the fed sequence (the prompt in Recipe 1 layout, then what
+    decoding fed); private rows are each real token over the real tokens before it and its own
+    block.  Positions as the model's scheme gives them."""
+    m, advance, vis = pm.num_steps, pm.vocab.position_scheme == "advance", pm.pause_visibility
+    pause = list(pm.vocab.pause_ids)
+    ids, pos, tok, stp = [], [], [], []  # the fed row: id, position, block, step
+    for k, t in enumerate(prompt[:-1]):
+        for j in range(m):
+            ids.append(t if j == 0 else pause[j - 1])
+            pos.append(k * m + j if advance else k)
+            tok.append(k)
+            stp.append(j)
+    real, real_pos = prompt[-1], (len(prompt) - 1) * (m if advance else 1)
+    block = len(prompt) - 1
+    tokens, steps, ds = [], [], []
+    while len(tokens) < n:
+        u = stream_uniforms(torch.tensor(key), torch.tensor(len(tokens)), m + 1) if s.sample else None
+        answer, stop, d_row = None, None, [math.nan] * m
+        for step in range(1, m + 1):  # feed the block one step at a time
+            ids.append(real if step == 1 else pause[step - 2])
+            pos.append(real_pos + (step - 1 if advance else 0))
+            tok.append(block)
+            stp.append(step - 1)
+            steps_ = BlockSteps(torch.tensor([tok]), torch.tensor([stp]), torch.ones(1, len(ids), dtype=torch.bool))
+            h, _ = pm.hidden_states(torch.tensor([ids]), torch.tensor([pos]), steps=steps_)
+            wants_dk, token, d = _decide(pm, pm.logits(h[0, -1]), step, u, s)
+            d_row[step - 1] = d
+            if answer is None and (not wants_dk or step == m):
+                answer, stop = token, step
+            if answer is not None and (mode == "adaptive" or step == m):
+                break
+        d_row[-1] = 0.0
+        tokens.append(answer)
+        steps.append(stop)
+        ds.append(d_row)
+        block += 1
+        real = answer
+        if vis == "private":
+            real_pos += m if advance else 1
+        else:
+            real_pos = pos[-1] + 1 if advance else real_pos + 1
+    return tokens, steps, ds
+
+
+def engine_run(pm, prompts, mode, s: Sampling, *, max_new=None, keys=None, options=None, eos=()):
+    """Every prompt through one engine: ``{prompt index: (tokens, steps, d, positions, reason)}``."""
+    max_new = max_new or [8] * len(prompts)
+    keys = keys or [0] * len(prompts)
+    reqs = [Request(tuple(p), n, mode=mode, sample=s.sample, temperature=s.temperature, top_k=s.top_k,
+                    top_p=s.top_p, key=k, eos=frozenset(eos)) for p, n, k in zip(prompts, max_new, keys)]
+    engine = Engine.sized_for(pm, reqs, options=options)
+    index = {engine.submit(r): i for i, r in enumerate(reqs)}
+    out = {i: ([], [], [], 0, None) for i in index.values()}
+    for e in engine.run():
+        t, st, d, _, _ = out[index[e.request]]
+        t.append(e.token), st.append(e.steps), d.append(list(e.d))
+        out[index[e.request]] = (t, st, d, e.positions, e.finished)
+    assert engine.slots_in_use == 0 and not engine.busy
+    return out, engine
+
+
+def assert_same(got, want):
+    tokens, steps, d = want
+    assert got[0] == tokens and got[1] == steps
+    torch.testing.assert_close(torch.tensor(got[2]), torch.tensor(d, dtype=torch.float32),
+                               equal_nan=True, atol=1e-5, rtol=1e-4)
+
+
+SAMPLED = Sampling(True, 0.9, 20, 0.9)
+LAYOUTS = [("shared", "shared"), ("shared", "advance"), ("private", "shared"), ("private", "advance"),
+           ("gated", "shared"), ("gated", "advance")]
+
+
+@pytest.mark.parametrize("positions", ["one", "block"])
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("visibility,scheme", LAYOUTS)
+def test_engine_equals_the_no_cache_reference(visibility, scheme, mode, sample, positions):
+    pm = layout_model(visibility, scheme=scheme)
+    s = SAMPLED if sample else Sampling()
+    prompts = [encode(p) for p in PROMPTS]
+    keys = row_keys(len(prompts), seed=4)
+    got, engine = engine_run(pm, prompts, mode, s, keys=keys, options=EngineOptions(positions=positions))
+    assert engine.q == (1 if positions == "one" else M)
+    seen = set()
+    for i, p in enumerate(prompts):
+        want = reference(pm, p, 8, mode, s, keys[i])
+        assert_same(got[i], want)
+        seen.update(want[1])
+    assert len(seen) > 1  # the model both pauses and answers
+
+
+@pytest.mark.parametrize("kind", ["tbys", "baseline"])
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_models_without_dk(kind, mode):
+    pm = layout_model("shared", kind)
+    prompts = [encode(p) for p in PROMPTS]
+    got, _ = engine_run(pm, prompts, mode, Sampling())
+    m = pm.num_steps
+    for i, p in enumerate(prompts):
+        assert_same(got[i], reference(pm, p, 8, mode, Sampling(), 0))
+        assert got[i][1] == [m] * 8
+
+
+@pytest.mark.parametrize("visibility", ["shared", "private", "gated"])
+def test_rows_come_and_go_without_changing_anything(visibility):
+    """Two slots for six prompts of several lengths and budgets, prompts written two columns at
+    a time, rows ending early at an EOS: every row's tokens, steps and ``d`` are those it gets
+    alone in a one-slot engine, and the reference's."""
+    pm = layout_model(visibility)
+    prompts = [encode(p) for p in PROMPTS + ["0123456789", "b"]]
+    budgets = [3, 9, 5, 7, 4, 8]
+    keys = row_keys(len(prompts), seed=9)
+    for mode, s in (("adaptive", SAMPLED), ("fixed", Sampling())):
+        alone = [engine_run(pm, [p], mode, s, max_new=[n], keys=[k])[0][0]
+                 for p, n, k in zip(prompts, budgets, keys)]
+        eos = alone[1][0][2]  # a token that ends some rows early
+        small = EngineOptions(max_slots=2, prefill_chunk=2, prefill_rows=2)
+        got, engine = engine_run(pm, prompts, mode, s, max_new=budgets, keys=keys, options=small, eos=[eos])
+        assert engine.slots == 2 and engine.stats["prefill_forwards"] > len(prompts)
+        for i in range(len(prompts)):
+            tokens = alone[i][0]
+            cut = tokens.index(eos) + 1 if eos in tokens else len(tokens)
+            assert got[i][:2] == (tokens[:cut], alone[i][1][:cut])
+            assert got[i][4] == ("eos" if cut < len(tokens) or tokens[-1] == eos else "length")
+        for i in (0, 4):
+            want = reference(pm, prompts[i], budgets[i], mode, s, keys[i])
+            assert_same(alone[i][:3], want)
+
+
+def test_finished_rows_free_their_slots_and_the_rest_move_down(monkeypatch):
+    """A row that finishes frees its slot; when nothing waits, the rows still decoding move to
+    the lowest slots (cache and state), which changes nothing they decide."""
+    from cyb.engine.scheduler import Scheduler
+
+    pm = layout_model("gated")
+    prompts = [encode(p) for p in PROMPTS]
+    budgets = [2, 3, 12, 12]
+    for mode in ("adaptive", "fixed"):
+        with monkeypatch.context() as mp:
+            mp.setattr(Scheduler, "compaction", lambda self, bucket: [])
+            still, _ = engine_run(pm, prompts, mode, SAMPLED, max_new=budgets, keys=[1, 2, 3, 4])
+        moves = []
+        original = Engine._compact
+
+        def spy(self):
+            before = {t.id: t.slot for t in self.scheduler.decoding.values()}
+            original(self)
+            moves.extend((before[t.id], t.slot) for t in self.scheduler.decoding.values()
+                         if before[t.id] != t.slot)
+        with monkeypatch.context() as mp:
+            mp.setattr(Engine, "_compact", spy)
+            moved, _ = engine_run(pm, prompts, mode, SAMPLED, max_new=budgets, keys=[1, 2, 3, 4])
+        assert moves and all(dst < src for src, dst in moves)
+        for i in range(len(prompts)):
+            assert_same(moved[i], still[i][:3])
+
+
+def test_positions_count_what_went_through_the_network():
+    pm = layout_model("shared")
+    prompt = encode("12+34=")
+    out, _ = engine_run(pm, [prompt], "adaptive", Sampling(), max_new=[6])
+    tokens, steps, _, positions, reason = out[0]
+    assert positions == (len(prompt) - 1) * M + sum(steps) and reason == "length"
+    fixed, _ = engine_run(pm, [prompt], "fixed", Sampling(), max_new=[6])
+    assert fixed[0][3] == (len(prompt) - 1 + 6) * M
+    private = layout_model("private")
+    out, _ = engine_run(private, [prompt], "adaptive", Sampling(), max_new=[6])
+    assert out[0][3] == len(prompt) - 1 + sum(out[0][1])
+
+
+def test_private_rows_keep_real_tokens_only():
+    """A private row's pauses sit after its real tokens and the next real token overwrites
+    them: its next column is the prompt's length plus the tokens decided, whatever the pauses."""
+    pm = layout_model("private")
+    prompt = encode("hello world")
+    req = Request(tuple(prompt), 10, mode="adaptive")
+    engine = Engine.sized_for(pm, [req])
+    rid = engine.submit(req)
+    decided = 0
+    while decided < 6:
+        decided += len(engine.step())
+    slot = engine._tracked[rid].slot
+    assert int(engine.rows.real_col[slot]) == len(prompt) - 1 + decided
+
+
+def test_submit_abort_and_errors():
+    pm = layout_model("shared")
+    engine = Engine(pm, capacity=40, slots=2)
+    with pytest.raises(ValueError, match="needs .* cache columns"):
+        engine.submit(Request((5,) * 60, 10))
+    with pytest.raises(TypeError, match="Request"):
+        engine.submit([5, 6])
+    for bad, match in ((dict(prompt=()), "prompt is empty"), (dict(max_new_tokens=0), "max_new_tokens"),
+                       (dict(mode="fast"), "mode"), (dict(temperature=-1.0), "temperature"),
+                       (dict(top_p=0.0), "top_p"), (dict(top_k=-2), "top_k"), (dict(key=-1), "key")):
+        with pytest.raises(ValueError, match=match):
+            Request(**{"prompt": (5, 6), "max_new_tokens": 3, **bad})
+    a = engine.submit(Request((5, 6, 7), 8))
+    b = engine.submit(Request((5, 6), 8))
+    c = engine.submit(Request((7,), 8))  # waits: two slots
+    seen = {a: 0, b: 0, c: 0}
+    engine.abort(c)  # aborted while waiting
+    while engine.busy:
+        for e in engine.step():
+            seen[e.request] += 1
+            if e.request == a and seen[a] == 2:
+                engine.abort(a)
+    assert seen == {a: 2, b: 8, c: 0} and engine.slots_in_use == 0
+    with pytest.raises(ValueError, match="positions must be one of"):
+        EngineOptions(positions="two")
+    with pytest.raises(ValueError, match="max_slots"):
+        EngineOptions(max_slots=0)
+    with pytest.raises(ValueError, match="holds no row"):
+        Engine(pm, capacity=40, slots=2, options=EngineOptions(cache_bytes=16))
+
+
+def test_a_decoding_step_reads_nothing_back_to_the_host():
+    from torch.profiler import ProfilerActivity, profile
+
+    from cyb.engine.readout import SamplingKind
+
+    for visibility in ("shared", "private", "gated"):
+        pm = layout_model(visibility)
+        reqs = [Request(tuple(encode(p)), 8, sample=True, temperature=0.9, top_k=5, top_p=0.9, key=k)
+                for k, p in enumerate(PROMPTS)]
+        engine = Engine.sized_for(pm, reqs)
+        for r in reqs:
+            engine.submit(r)
+        engine.step()
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                engine.runner.decode(len(reqs), engine.q, engine.capacity, SamplingKind(True, 8, True))
+        reads = {e.key: e.count for e in prof.key_averages()
+                 if e.key in ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero")}
+        assert reads == {}, visibility
+
+
+def test_per_row_filters_equal_the_batch_filter():
+    from cyb.decision import filter_logits
+    from cyb.engine.readout import filter_rows
+
+    z = torch.randn(6, 50)
+    k = torch.tensor([0, 1, 5, 50, 7, 3])
+    p = torch.tensor([1.0, 0.5, 0.9, 0.3, 1.0, 0.99])
+    got = filter_rows(z, k, p, max_k=8)
+    for i in range(6):
+        want = filter_logits(z[i:i + 1], top_k=int(k[i]) or None, top_p=float(p[i]))
+        assert torch.equal(got[i:i + 1], want)
+
+
+def test_row_streams():
+    """A row's uniforms depend on its key, the token index and the lane only; they are uniform."""
+    keys = torch.tensor(row_keys(4, seed=7))
+    u = stream_uniforms(keys, torch.tensor(3), 5)
+    assert u.shape == (4, 5) and torch.equal(u[2], stream_uniforms(keys[2], torch.tensor(3), 5))
+    assert row_keys(2, seed=7) == row_keys(4, seed=7)[:2] and row_keys(2, seed=8) != row_keys(2, seed=7)
+    big = stream_uniforms(torch.tensor(row_keys(1000, seed=1)), torch.arange(1000), 4)
+    assert 0.0 <= float(big.min()) and float(big.max()) < 1.0
+    assert abs(float(big.mean()) - 0.5) < 0.01 and abs(float(big.var()) - 1 / 12) < 0.003
+    assert len(set(big.flatten().tolist())) > 3990
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("visibility,scheme", LAYOUTS)
+def test_cuda_graph_engine_equals_the_reference(visibility, scheme):
+    """On CUDA the engine's steps are graphs (captured per batch size and attention limit):
+    float32, every mode, greedy and sampled, rows coming and going, the eager decoder's and the
+    reference's decisions."""
+    from cyb.generation import generate
+
+    pm = layout_model(visibility, scheme=scheme).to("cuda")
+    prompts = [encode(p) for p in PROMPTS + ["0123456789", "b"]]
+    keys = row_keys(len(prompts), seed=2)
+    small = EngineOptions(max_slots=3, prefill_chunk=4, attention_bucket=4, bucket_min_rows=1)
+    for mode in ("fixed", "adaptive"):
+        for s in (Sampling(), SAMPLED):
+            for positions in ("one", "block"):
+                got, engine = engine_run(pm, prompts, mode, s, max_new=[12] * len(prompts), keys=keys,
+                                         options=dataclasses.replace(small, positions=positions))
+                assert engine.runner.use_graph and len(engine.runner.graphs) > 1
+                for i, p in enumerate(prompts):
+                    assert_same(got[i], reference(pm, p, 12, mode, s, keys[i]))
+            opts = dict(mode=mode, max_new_tokens=12, eos_token_ids=(), sample=s.sample,
+                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=2)
+            want = generate(pm, prompts, decoder="eager", **opts)
+            have = generate(pm, prompts, **opts)
+            assert [(r.token_ids, r.steps) for r in have] == [(r.token_ids, r.steps) for r in want]
