@@ -74,7 +74,7 @@ def _kill_if_injected(step: int) -> None:
 MANIFEST = "manifest.json"
 #: What a damaged checkpoint file means for training, said after the reason.
 CHECKPOINT_ADVICE = ("the checkpoint cannot be resumed from; training resumes from the newest intact "
-                     "checkpoint instead (delete this one, or restore it from a copy)")
+                     "checkpoint instead (restore this one from a copy, or move it out of the run folder)")
 
 
 class DamagedFileError(ValueError):

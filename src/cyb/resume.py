@@ -58,7 +58,7 @@ def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
             if before != after:
                 raise CannotResume(
                     f"train.out_dir ({where}) holds checkpoints of another run: {section}.{key} was "
-                    f"{before!r}, now {after!r}; use another train.out_dir (or delete its checkpoints)")
+                    f"{before!r}, now {after!r}; use another train.out_dir (or move its checkpoints out of it)")
 
 
 __all__ = ["CannotResume", "check_resumable", "rng_state", "set_rng_state"]

@@ -5,7 +5,7 @@ runs AdamW with a linear-warmup cosine schedule, gradient accumulation normalise
 target tokens of the whole optimiser step, gradient clipping, periodic held-out evaluation,
 atomic checkpoints with exact resume (at any world size), progress display and JSONL metrics
 (and TensorBoard, Weights & Biases).
-Under ``torchrun`` the same code runs DDP or FSDP2.
+Under ``torchrun`` the same code runs DDP, FSDP2 or hybrid FSDP2 (HSDP), on one node or several.
 
 :class:`Trainer` exposes the pieces (``accumulate``, ``optimizer_step``, ``evaluate``,
 ``save``) for tests and custom loops.
@@ -236,7 +236,7 @@ class Trainer:
             return None
         if not self.cfg.train.resume:
             raise CannotResume(f"train.out_dir ({self.run_dir}) already holds checkpoints and train.resume "
-                             "is false; use another train.out_dir, delete them, or resume")
+                             "is false; use another train.out_dir, or resume them (train.resume=true)")
         # the first process reads (and hashes) the checkpoints; every process resumes from its pick
         found = newest_good_checkpoint(self.run_dir) if self.info.is_main else None
         ckpt, skipped = gather_objects(found, self.info)[0]
@@ -273,7 +273,8 @@ class Trainer:
                       file=sys.stderr, flush=True)
             return
         est = memory_estimate.estimate(self.cfg, shape, world_size=self.info.world_size,
-                                       device_type=self.device.type)
+                                       device_type=self.device.type,
+                                       shard_size=self.info.shard_size if self.info.sharded else None)
         memory_estimate.check_fits(est, capacity, self.cfg)
         if self.info.is_main:
             gib = memory_estimate.GIB
@@ -358,7 +359,7 @@ class Trainer:
     def evaluate(self) -> dict:
         """Held-out metrics over the same rows at any world size (see :func:`summarise`)."""
         # DDP needs no wrapper without gradients; FSDP must gather its shards.
-        module = self.wrapped if self.info.mode == "fsdp" and self.info.enabled else self.loss_module
+        module = self.wrapped if self.info.sharded and self.info.enabled else self.loss_module
         module.eval()
         sums: dict = {}
         for b in self.valid_batches:
@@ -423,7 +424,7 @@ class Trainer:
         """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``; for a LoRA
         run the adapter folder of :func:`cyb.model.lora.save_adapter`), replaced atomically."""
         state = None
-        if self.info.mode == "fsdp" and self.info.enabled:
+        if self.info.sharded and self.info.enabled:
             hf_model = self.model.hf_model
             unique = {n for n, _ in hf_model.named_parameters()}
             tied = {n for n, _ in hf_model.named_parameters(remove_duplicate=False)} - unique

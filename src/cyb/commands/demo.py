@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=_UNSET, help="auto, cpu or cuda (default: auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--fresh", action="store_true",
-                   help="train every method afresh: remove the runs an earlier demo left in the report "
+                   help="train every method afresh, in place of the runs an earlier demo left in the report "
                         "folder (by default a finished run is reused and an interrupted one resumes)")
 
 

@@ -195,7 +195,7 @@ def cached_conversion(path) -> Path:
     found = read_source(out) or {}
     if not (found.get("gguf") or {}).get("sha256", "").startswith(out.name):
         raise ConversionError(f"{out} holds the conversion of another file (its {SOURCE_FILE} says so); "
-                              "delete that folder to convert again")
+                              "move that folder out of the cache to convert again")
     return out
 
 
