@@ -206,7 +206,7 @@ def test_resolve_target_errors(tmp_path):
     run.mkdir()
     RunConfig().dump(run / "config.yaml")
     (run / "run.json").write_text("{}")
-    with pytest.raises(ValueError, match="no final model"):
+    with pytest.raises(ValueError, match="training has not finished"):
         resolve_target(run)
     with pytest.raises(ValueError, match="needs --data"):
         resolve_data(None, None)

@@ -41,12 +41,13 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
     if cfg.data.task:  # characters, or the pretrained model's tokenizer (tasks as text)
         return task_tokenizer(cfg)
     if cfg.data.tokenizer:
-        return _named(load_tokenizer, cfg.data.tokenizer, "data.tokenizer")
+        return covering(_named(load_tokenizer, cfg.data.tokenizer, "data.tokenizer"), cfg, "data.tokenizer")
     if cfg.model.name_or_path:
-        from .model.sources import resolve_model_source  # a .gguf file or short name: its folder
+        from .model.sources import resolve_model_source  # a .gguf file, a short name, a run: its folder
 
-        return _named(lambda name: load_tokenizer(resolve_model_source(name)), cfg.model.name_or_path,
-                      "model.name_or_path")
+        tok = _named(lambda name: load_tokenizer(resolve_model_source(name)), cfg.model.name_or_path,
+                     "model.name_or_path")
+        return covering(tok, cfg, "model.name_or_path")
     with main_first(info):
         if not (saved / "tokenizer.json").is_file() and info.is_main:
             texts, _ = train_texts(cfg)
@@ -63,6 +64,40 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
             train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, tmp)
             replace_dir(tmp, saved)
     return load_tokenizer(saved)
+
+
+#: Documents of the training text that a given tokenizer must encode before a run starts.
+SAMPLE_DOCS = 32
+#: The share of unknown tokens in them above which the tokenizer does not fit the text.
+MAX_UNKNOWN = 0.05
+
+
+def covering(tokenizer, cfg: RunConfig, field: str):
+    """``tokenizer`` (of ``field``), once it encodes the first documents of the run's text with
+    few unknown tokens; ValueError in one line saying what does not fit otherwise (a model with the
+    character vocabulary of a synthetic task given text, say)."""
+    from .data.tokenizer import UnencodableText, encode_texts
+
+    texts, _ = train_texts(cfg)
+    try:
+        docs = [doc for doc in itertools.islice(texts(), SAMPLE_DOCS) if doc.strip()]
+    except (FileNotFoundError, ValueError):  # said where the data is read
+        return tokenizer
+    name = cfg.data.tokenizer if field == "data.tokenizer" else cfg.model.name_or_path
+    size = len(tokenizer)
+    what = (f"{field} ({name}) has a character vocabulary of {size} tokens (a model of a synthetic task: "
+            "fine-tune it on its task, data.task)" if size < 256 else f"{field} ({name}) has a tokenizer of {size} tokens")
+    try:
+        ids = [i for row in encode_texts(tokenizer, docs) for i in row]
+    except UnencodableText as e:
+        raise ValueError(f"{what}, which cannot encode the text of data.source ({cfg.data.source}): {e.reason}") from None
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and ids:
+        share = sum(i == unk for i in ids) / len(ids)
+        if share > MAX_UNKNOWN:
+            raise ValueError(f"{what}, which does not fit the text of data.source ({cfg.data.source}): {share:.0%} "
+                             f"of the tokens of its first {len(docs)} documents are unknown to it")
+    return tokenizer
 
 
 # ------------------------------------------------------------------------- names and paths
@@ -187,6 +222,12 @@ def build_model(cfg: RunConfig, tokenizer):
     from .model.lora import apply_lora, is_lora
 
     model = _load_model(cfg, tokenizer)
+    rows = int(model.hf_model.get_input_embeddings().weight.shape[0])
+    if cfg.model.name_or_path and len(tokenizer) > rows:
+        field = "data.tokenizer" if cfg.data.tokenizer else "model.name_or_path"
+        raise ValueError(f"the tokenizer of {field} has {len(tokenizer)} tokens but the model of "
+                         f"model.name_or_path ({cfg.model.name_or_path}) has {rows} embedding rows: give the "
+                         "tokenizer saved with the model")
     if is_lora(model):
         raise ValueError(f"model.name_or_path ({cfg.model.name_or_path}) is a LoRA folder: merge it into a "
                          "plain model first (cyb merge FOLDER OUT) and fine-tune that")
@@ -221,6 +262,9 @@ def _load_model(cfg: RunConfig, tokenizer):
                                       attn_implementation=cfg.model.attn_implementation,
                                       new_rows=cfg.model.pause_init, **pause_kw)
     except ValueError as e:
+        if cfg.data.tokenizer and "pass the tokenizer saved with the model" in str(e):
+            raise ValueError(f"data.tokenizer ({cfg.data.tokenizer}) does not fit model.name_or_path "
+                             f"({cfg.model.name_or_path}): {e}") from None
         if "attention implementation" not in str(e):
             raise
         other = "eager" if cfg.model.attn_implementation == "sdpa" else "sdpa"

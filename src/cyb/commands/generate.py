@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None,
                    help="torch device, e.g. cpu, cuda, cuda:1 (None: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
-                   help="parameter dtype (None: as transformers loads the checkpoint)")
+                   help="parameter dtype (default, or auto: as transformers loads the checkpoint)")
 
 
 def _fail(message: str) -> int:
@@ -62,8 +62,10 @@ def _prompts(args) -> list[str]:
         path = Path(args.file)
         if not path.is_file():
             raise ValueError(f"--file {args.file}: no such file")
-        prompts += [line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip()]
+        lines = [line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not lines:
+            raise ValueError(f"--file {args.file} holds no prompt: it is empty or has only blank lines")
+        prompts += lines
     if not prompts:
         raise ValueError("no prompt given: use --prompt TEXT (repeatable) or --file PATH")
     return prompts
@@ -133,9 +135,12 @@ def run(args) -> int:
     from ..generation.shade import legend, shade, supports_truecolor
     from ..generation.registry import resolve_decoder
     from ..model import PauseModel
-    from ..model.sources import plain_model_kwargs
+    from ..model.sources import plain_model_kwargs, plain_model_note
 
-    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype, **plain_model_kwargs(folder)).to(device).eval()
+    plain = plain_model_kwargs(folder)
+    if plain:  # a plain model on purpose: said once
+        print(plain_model_note(args.model_dir, "generates"), file=sys.stderr)
+    model = PauseModel.from_pretrained(folder, torch_dtype=args.dtype, **plain).to(device).eval()
     if model.tokenizer is None:
         return _fail(f"{args.model_dir} has no tokenizer: text prompts cannot be encoded")
     try:

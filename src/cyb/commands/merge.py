@@ -11,8 +11,9 @@ HELP = ("fold the LoRA adapters and pause rows of a run (or LoRA folder) into th
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="RUN_OR_FOLDER",
-                   help="a run folder of cyb train with lora.rank > 0 (its final/ is used) or a LoRA folder "
-                        "(adapter_config.json, cyb_lora.json, cyb_pause.json)")
+                   help="a run folder of cyb train with lora.rank > 0 (its final/ is used), one of its checkpoints "
+                        "(ckpt-N/: the model of step N) or a LoRA folder (adapter_config.json, cyb_lora.json, "
+                        "cyb_pause.json)")
     p.add_argument("out", metavar="OUT", help="the folder to write (must not exist, or be empty)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="dtype of the base weights as loaded and written (default: as stored)%(default).0s")
@@ -27,12 +28,16 @@ def run(args) -> int:
     from ..run_card import write_merged_card
     from ..model.settings import TRAINING_STATE_FILE
 
+    from ..model.sources import resolve_model_source
+
     src = Path(args.path).expanduser()
-    folder = lora_folder(src) or lora_folder(src / "final")
+    if not src.exists():
+        raise ValueError(f"RUN_OR_FOLDER {args.path} does not exist")
+    where = Path(resolve_model_source(str(src)))  # a run: its final/; a checkpoint: the model it holds
+    folder = lora_folder(where)
     if folder is None:
-        where = src / "final" if (src / "config.yaml").is_file() else src
-        raise ValueError(f"{where} is not a LoRA folder (no cyb_lora.json): only the final model of a run "
-                         "with lora.rank > 0 (or a folder it wrote) has adapters to merge")
+        raise ValueError(f"{args.path} is not a LoRA folder (no cyb_lora.json): only the model of a run with "
+                         "lora.rank > 0 (its final/ or a checkpoint, or a folder it wrote) has adapters to merge")
     out = Path(args.out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"OUT {out} already exists and is not an empty folder; give a new one")

@@ -41,9 +41,12 @@ def load_tokenizer(name_or_path: str | Path, *, local_files_only: bool = True, *
     s = str(name_or_path)
     path = Path(s).expanduser()
     if path.exists():
+        path = _tokenizer_folder(path)
         s = str(path)
     elif isinstance(name_or_path, Path) or s.startswith((".", os.sep, "~")):
         raise FileNotFoundError(f"tokenizer folder {s!r} does not exist")
+    if path.is_dir() and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ValueError(f"{s} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
     try:
         return AutoTokenizer.from_pretrained(s, local_files_only=local_files_only, **kwargs)
     except OSError as e:
@@ -52,9 +55,24 @@ def load_tokenizer(name_or_path: str | Path, *, local_files_only: bool = True, *
     except Exception as e:  # noqa: BLE001 (a damaged file fails in many ways inside tokenizers)
         if not path.is_dir():
             raise
-        raise ValueError(f"the tokenizer in {s} cannot be read ({type(e).__name__}: {str(e)[:120]}): a file "
-                         "in it is damaged or was not fully written; restore it, or delete the folder to "
-                         "train the tokenizer again") from None
+        reason = " ".join(str(e).split())[:120]
+        raise ValueError(f"the tokenizer in {s} cannot be read ({type(e).__name__}: {reason}): a file in it "
+                         "is damaged or was not fully written; restore it from a copy") from None
+
+
+#: Files of which a Hugging Face tokenizer folder holds at least one.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _tokenizer_folder(path: Path) -> Path:
+    """The folder that holds the tokenizer of ``path``: itself, or for a run folder of ``cyb
+    train`` its model's (``final/``), else the one it trained (``tokenizer/``)."""
+    if not path.is_dir() or any((path / f).is_file() for f in TOKENIZER_FILES) or not (path / "config.yaml").is_file():
+        return path
+    for sub in ("final", "tokenizer"):
+        if any((path / sub / f).is_file() for f in TOKENIZER_FILES):
+            return path / sub
+    return path
 
 
 def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
@@ -150,6 +168,16 @@ def train_bpe_tokenizer(
     return fast
 
 
+class UnencodableText(ValueError):
+    """A tokenizer that cannot encode a text: its vocabulary does not cover the text (a
+    character vocabulary without an unknown token meeting a character it lacks, say)."""
+
+    def __init__(self, cause: BaseException):
+        self.reason = reason = " ".join(str(cause).split())[:160] or type(cause).__name__
+        super().__init__(f"the tokenizer cannot encode the text ({reason}): its vocabulary does not cover "
+                         "the text's characters")
+
+
 def text_encoder(
     tokenizer: Any, *, split_special_tokens: bool = True
 ) -> Callable[[Sequence[str]], list[list[int]]]:
@@ -175,7 +203,10 @@ def text_encoder(
         def encode_backend(texts: Sequence[str]) -> list[list[int]]:
             if not texts:
                 return []
-            return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+            try:
+                return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+            except Exception as e:  # noqa: BLE001 (the Rust tokenizer raises a bare Exception)
+                raise UnencodableText(e) from None
 
         return encode_backend
 

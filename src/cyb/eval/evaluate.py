@@ -54,11 +54,14 @@ class EvalTarget:
     model_dir: Path
     run_dir: Path | None = None
     config: RunConfig | None = None
+    #: the step of a training checkpoint evaluated (its model), None for a saved model
+    checkpoint_step: int | None = None
 
     @property
     def name(self) -> str:
         if self.config is not None:
-            return method_label(self.config.method)
+            label = method_label(self.config.method)
+            return label if self.checkpoint_step is None else f"{label} (checkpoint step {self.checkpoint_step})"
         from ..model.settings import PauseSettings
 
         if not (self.model_dir / SETTINGS_FILE).is_file():  # a plain model: a no-pause baseline
@@ -77,26 +80,43 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
     name (``smollm2-135m``), evaluated as a no-pause baseline.  Raises FileNotFoundError /
     ValueError naming the path."""
     from ..model.sources import plain_model_kwargs, resolve_model_source
+    from ..run_models import checkpoint_model, checkpoint_step, is_checkpoint, is_run_folder
 
-    p = Path(resolve_model_source(str(path))).expanduser()
+    p = Path(str(path)).expanduser()
+    if is_checkpoint(p):  # the model it holds, with its run's configuration (held-out data, method)
+        run = p.parent
+        cfg = RunConfig.load_run(run) if (run / "config.yaml").is_file() else None
+        return EvalTarget(p, checkpoint_model(p), run, cfg, checkpoint_step=checkpoint_step(p))
+    if not is_run_folder(p):
+        p = Path(resolve_model_source(str(path))).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist (give a run folder or a saved cyb model folder)")
     if not p.is_dir():
         raise ValueError(f"{p} is a file; give a run folder (config.yaml + final/) or a saved cyb model folder")
     if _is_run(p):
-        if not (p / "final" / SETTINGS_FILE).is_file():
-            raise ValueError(f"run folder {p} has no final model (final/{SETTINGS_FILE}): training has not "
-                             "finished; evaluate a finished run")
-        return EvalTarget(p, p / "final", p, RunConfig.load_run(p))
+        from ..run_models import run_final
+
+        return EvalTarget(p, run_final(p), p, RunConfig.load_run(p))  # an unfinished run: which checkpoint to give
     if (p / SETTINGS_FILE).is_file():
         parent = p.parent
         if p.name == "final" and _is_run(parent):
             return EvalTarget(p, p, parent, RunConfig.load_run(parent))
         return EvalTarget(p, p)
     if plain_model_kwargs(p):
+        from ..model.cache import say
+        from ..model.sources import plain_model_note
+
+        say(plain_model_note(path, "is evaluated"))
         return EvalTarget(p, p)
     raise ValueError(f"{p} is neither a run folder (config.yaml and final/ written by cyb train) nor a saved "
                      f"cyb model ({SETTINGS_FILE})")
+
+
+def default_out_dir(target: EvalTarget) -> Path:
+    """``PATH/eval``; for a checkpoint ``RUN/eval-ckpt-<step>`` (a checkpoint folder is only read)."""
+    if target.checkpoint_step is not None:
+        return target.path.parent / f"eval-{target.path.name}"
+    return target.path / "eval"
 
 
 def training_state(model_dir: Path) -> dict:
@@ -448,7 +468,7 @@ def evaluate(
         metrics["reference"] = ref
         metrics["relative_improvement_pct"] = relative_improvement(metrics["perplexity"]["ppl"], float(ref["ppl"]))
     if write:
-        out = Path(out_dir) if out_dir is not None else target.path / "eval"
+        out = Path(out_dir) if out_dir is not None else default_out_dir(target)
         metrics["out_dir"] = str(out)
         write_outputs(metrics, records, tokenizer, out)
     return metrics

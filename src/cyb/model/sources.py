@@ -5,6 +5,9 @@ takes any of:
 
 * a **local folder** (a Hugging Face checkpoint, a saved cyb model or run's ``final/``): used
   as it is;
+* a **run folder** of ``cyb train``: its ``final/`` model; a **training checkpoint**
+  (``ckpt-<step>/``): the model it holds, written once as a model folder in the cache
+  (:mod:`cyb.run_models`);
 * a **GGUF file** (``*.gguf``): converted once into a plain model folder in the cache
   (:func:`cyb.model.gguf_convert.cached_conversion`, keyed by the file's content) and that
   folder is used from then on;
@@ -47,6 +50,11 @@ def resolve_model_source(name_or_path, *, fetch: bool = True):
             folder = cached_folder(path)
             return str(folder) if is_complete(folder) else name_or_path
         return str(cached_conversion(path))
+    if path.is_dir():
+        from ..run_models import model_folder  # a run folder: its final/; a checkpoint: its model
+
+        folder = model_folder(path, build=fetch)
+        return name_or_path if folder is None else folder
     if path.exists():
         return name_or_path
     if is_gguf(text):
@@ -75,7 +83,42 @@ def plain_model_kwargs(folder) -> dict:
     if not folder.is_dir() or (folder / SETTINGS_FILE).is_file() or not (folder / "config.json").is_file():
         return {}
     weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-    return {"num_steps": 1} if any((folder / w).is_file() for w in weights) else {}
+    if not any((folder / w).is_file() for w in weights):
+        return {}
+    traces = pause_model_traces(folder)
+    if traces:
+        raise ValueError(f"{folder} has no {SETTINGS_FILE} but was written as a pause model ({traces}): its pause "
+                         f"settings are missing; restore {SETTINGS_FILE} from a copy of the folder (without it "
+                         "the model would run as a plain model, without pauses)")
+    return {"num_steps": 1}
+
+
+def pause_model_traces(folder) -> str:
+    """What shows that ``folder`` held a pause model (``cyb train``'s ``training_state.json``, pause
+    or dk tokens in its tokenizer), as a few words; ``""`` for none."""
+    import json
+
+    from .settings import TRAINING_STATE_FILE
+    from .tokens import DK_TOKEN, PAUSE_TOKEN, SHARED_PAUSE_TOKEN
+
+    folder = Path(folder)
+    if (folder / TRAINING_STATE_FILE).is_file():
+        return f"{TRAINING_STATE_FILE} of cyb train"
+    try:
+        added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens") or []
+    except (OSError, ValueError, AttributeError):
+        return ""
+    names = {t.get("content") for t in added if isinstance(t, dict)}
+    found = sorted(n for n in names if n in (DK_TOKEN, SHARED_PAUSE_TOKEN, PAUSE_TOKEN.format(j=1)))
+    return f"its tokenizer has {', '.join(found)}" if found else ""
+
+
+def plain_model_note(folder, what: str = "runs") -> str:
+    """The one line a command says when it runs a plain model (no pause settings) on purpose."""
+    from .settings import SETTINGS_FILE
+
+    return (f"note: {folder} has no {SETTINGS_FILE} (it is not a saved pause model): it {what} as a plain model "
+            "without pauses, a no-pause baseline (M = 1)")
 
 
 def saved_model_folder(path, what: str = "MODEL_DIR", *, allow_plain: bool = False) -> Path:
@@ -111,4 +154,5 @@ def saved_model_folder(path, what: str = "MODEL_DIR", *, allow_plain: bool = Fal
     return folder
 
 
-__all__ = ["plain_model_kwargs", "resolve_model_source", "saved_model_folder"]
+__all__ = ["pause_model_traces", "plain_model_kwargs", "plain_model_note", "resolve_model_source",
+           "saved_model_folder"]
