@@ -115,3 +115,38 @@ def test_check_verifies_that_data_and_model_paths_exist(work, capsys, monkeypatc
     assert "model.name_or_path (missing.gguf): the GGUF file does not exist" in capsys.readouterr().err
     assert main(["train", "run.yaml", "--check", "--set", "data.source=builtin:python-docs@train"]) == 0
     assert not (work / "runs").exists() and not (work / "empty-cache" / "models").exists()
+
+
+def _help_texts():
+    """Every command's parser (and each of cyb bench's), with its options' help as printed."""
+    import argparse
+
+    from cyb.cli import build_parser
+
+    parser = build_parser()
+    todo = [parser]
+    while todo:
+        p = todo.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+        yield p.prog, p, p.format_help()
+
+
+def test_help_says_a_default_only_where_it_tells_something():
+    import re
+
+    seen = 0
+    for prog, parser, text in _help_texts():
+        assert "(default: None)" not in text and "(default: False)" not in text, prog
+        for action in parser._actions:
+            if not action.help or action.help == "==SUPPRESS==":
+                continue
+            shown = parser.formatter_class(prog)._get_help_string(action) % {**vars(action), "prog": prog}
+            assert shown.count("(default") <= 1, (prog, action.dest, shown)
+            if not action.option_strings:
+                assert "(default" not in shown, (prog, action.dest, shown)
+        seen += 1
+    assert seen >= 12  # cyb, its 8 commands and cyb bench's 4
+    eval_help = dict((prog, text) for prog, _, text in _help_texts())["cyb eval"]
+    assert re.search(r"--impl .*\(default: auto\)", " ".join(eval_help.split()))

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .commands import NAMES
+from .commands import NAMES, HelpFormatter
 from .extras import MissingPackage
 
 
@@ -37,7 +37,7 @@ def build_parser(mods: dict | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, mod in mods.items():
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=HelpFormatter)
         mod.add_arguments(p)
     return parser
 

@@ -7,9 +7,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import HelpFormatter
+
 HELP = "benchmark the loss, a training step, decoding or training memory (JSON results and a table)"
 
-_FMT = argparse.ArgumentDefaultsHelpFormatter
+_FMT = HelpFormatter
 # Help texts that explain their own default end with this: it renders as nothing, and its
 # presence stops the "(default: None)" suffix of ArgumentDefaultsHelpFormatter.
 _OWN_DEFAULT = "%(default).0s"
