@@ -142,6 +142,21 @@ def test_bad_gguf_files_are_named(cache, tmp_path):
         resolve_model_source(str(tmp_path / "nothing.gguf"))
 
 
+@pytest.mark.parametrize("package", ["gguf", "accelerate"])
+def test_what_reading_a_gguf_file_needs_is_installed_by_default_and_named_if_not(tiny, cache, monkeypatch, package):
+    """transformers reads a GGUF file only with gguf and accelerate: both are dependencies of cyb
+    (the README's SmolLM2 example works after the quick start's set-up), and an environment
+    without one gets one line with the command that installs it."""
+    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    deps = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    assert f'"{package}>=' in deps
+    monkeypatch.setitem(sys.modules, package, None)
+    with pytest.raises(gguf_convert.ConversionError) as e:
+        resolve_model_source(str(tiny[0]))
+    assert f"needs the {package} package, which is not installed" in str(e.value)
+    assert "pip install -e '.[gguf]'" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_plain_folders_hub_ids_and_known_names(cache, tmp_path, monkeypatch, capsys):
     assert resolve_model_source(None) is None
     assert resolve_model_source("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

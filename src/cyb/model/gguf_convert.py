@@ -66,11 +66,12 @@ def load_gguf(path, *, dtype=None):
     from .hf import dtype_kwargs
 
     path = Path(path)
-    try:
-        import gguf  # noqa: F401  (transformers needs it; say so in our words)
-    except ImportError as e:
-        raise ConversionError(f"loading {path} needs the gguf package, which is not installed: "
-                              f"{install_hint('gguf')}") from e
+    from ..extras import available
+
+    for package in ("gguf", "accelerate"):  # transformers reads a GGUF file only with both: say so in our words
+        if not available(package):
+            raise ConversionError(f"loading {path} needs the {package} package, which is not installed: "
+                                  f"{install_hint('gguf')}")
     kw = dict(gguf_file=path.name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), **kw)
