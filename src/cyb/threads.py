@@ -1,17 +1,23 @@
-"""How many CPU threads torch computes with: a default that holds up when other work shares the CPU.
+"""How many CPU threads torch computes with: a fixed number, so that a command gives the same
+numbers whatever else runs on the machine.
 
-torch starts one intra-op thread per core.  When another process keeps some of those cores busy,
-every parallel region waits for its slowest thread, and a small model trains several times slower
-than on fewer threads (on a 2-core machine with one other busy process, 2 threads gave 9,500
-real tokens/s on the demo's model where 1 thread gave 30,700; docs/training.md, "CPU threads").
+The number of threads decides how torch splits its sums between them, and so the last bits of
+their results: 30 steps of ``configs/cpu-addition.yaml`` ended with weights up to 1.8e-7 apart
+with 1 and 2 threads, and over hundreds of steps such differences grow into other models (the
+demo's exact match moved by points).  With the same number of threads the results are
+bit-identical, however busy the machine.
 
 The command line (``cyb ...`` and ``python -m cyb.integrations.lm_eval``) calls :func:`configure`
-once: unless ``OMP_NUM_THREADS`` or ``CYB_NUM_THREADS`` says how many, torch gets the cores that
-other work leaves free (the cores this process may run on, within any CPU quota of its cgroup,
-less the 1-minute load average, at least 1, at most torch's own default).  While it trains,
-:func:`adapt` measures again every few seconds how busy those cores are with other processes
-(``/proc/stat`` against this process's own CPU time) and follows.  Programs that import cyb as
-a library keep torch's setting.
+once.  By default torch gets one thread per core this process may run on (its CPU affinity,
+within any CPU quota of its cgroup, at most torch's own default): a fixed number on a given kind
+of machine.  ``CYB_NUM_THREADS=N`` (or ``OMP_NUM_THREADS``) fixes another number.
+``CYB_NUM_THREADS=auto`` follows the load instead: torch gets the cores that other work leaves
+free (less the 1-minute load average), and while it trains :func:`adapt` measures every few
+seconds how busy those cores are with other processes (``/proc/stat`` against this process's own
+CPU time) and follows.  That is faster on a busy machine (every parallel region waits for its
+slowest thread: on a 2-core machine with one other busy process, 2 threads gave 9,500 real
+tokens/s on the demo's model where 1 thread gave 30,700; docs/training.md, "CPU threads"), but
+the numbers then depend on the load.  Programs that import cyb as a library keep torch's setting.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ import math
 import os
 import time
 
-#: Environment variable: a number of threads, fixed for the whole run (``auto``: cyb's default).
+#: Environment variable: a number of threads, fixed for the whole run, or ``auto`` (follow the load).
 ENV = "CYB_NUM_THREADS"
+AUTO = "auto"
+#: Cores kept busy by other work at the start above which the default says that ``auto`` exists.
+BUSY_NOTE = 0.75
 #: Seconds between two measurements while training.
 INTERVAL_S = 10.0
 
@@ -51,9 +60,9 @@ def choose(cores: int, busy_elsewhere: float, ceiling: int) -> int:
 
 def fixed_by_environment() -> int | None:
     """The threads ``CYB_NUM_THREADS`` or ``OMP_NUM_THREADS`` ask for (0: torch's own setting
-    stands, as ``OMP_NUM_THREADS`` already set it), or None when neither does."""
+    stands, as ``OMP_NUM_THREADS`` already set it), or None when neither does (or ``auto``)."""
     value = os.environ.get(ENV, "").strip().lower()
-    if value and value != "auto":
+    if value and value != AUTO:
         try:
             n = int(value)
         except ValueError:
@@ -61,9 +70,14 @@ def fixed_by_environment() -> int | None:
         if n < 1:
             raise ValueError(f"{ENV} must be a number of threads >= 1 or auto, got {value!r}")
         return n
-    if os.environ.get("OMP_NUM_THREADS", "").strip():
+    if os.environ.get("OMP_NUM_THREADS", "").strip() and value != AUTO:
         return 0
     return None
+
+
+def follows_load() -> bool:
+    """Whether ``CYB_NUM_THREADS=auto`` asks to follow the load."""
+    return os.environ.get(ENV, "").strip().lower() == AUTO
 
 
 def _cpu_ticks(cores: set[int] | None) -> tuple[int, int] | None:
@@ -87,22 +101,36 @@ def _cpu_ticks(cores: set[int] | None) -> tuple[int, int] | None:
     return busy, int(own[11]) + int(own[12])  # utime + stime
 
 
-def configure() -> int:
-    """Set torch's threads for a command (see the module docstring); returns the number set."""
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def configure(note=None) -> int:
+    """Set torch's threads for a command (see the module docstring); returns the number set.
+
+    ``note``: called with one line when the default (one thread per core) starts on a machine
+    that other work keeps busy, saying that ``CYB_NUM_THREADS=auto`` would follow the load."""
     import torch
 
     fixed = fixed_by_environment()
+    _state["active"] = False
     if fixed is not None:
         if fixed:
             torch.set_num_threads(fixed)
-        _state["active"] = False
         return torch.get_num_threads()
     ceiling = torch.get_num_threads()
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        load = 0.0
-    n = choose(cpus(), load, ceiling)
+    if not follows_load():
+        n = max(1, min(cpus(), ceiling))
+        torch.set_num_threads(n)
+        busy = _load()
+        if note is not None and n > 1 and busy >= BUSY_NOTE:
+            note(f"note: {n} CPU threads, one per core (the same numbers whatever the load); the load average is "
+                 f"{busy:.1f}: {ENV}=auto follows the load, faster on a busy machine, but its numbers depend on it")
+        return n
+    n = choose(cpus(), _load(), ceiling)
     torch.set_num_threads(n)
     try:
         cores = set(os.sched_getaffinity(0))
@@ -139,4 +167,5 @@ def adapt() -> int | None:
     return n
 
 
-__all__ = ["ENV", "INTERVAL_S", "adapt", "choose", "configure", "cpus", "fixed_by_environment"]
+__all__ = ["AUTO", "ENV", "INTERVAL_S", "adapt", "choose", "configure", "cpus", "fixed_by_environment",
+           "follows_load"]
