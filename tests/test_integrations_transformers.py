@@ -286,3 +286,27 @@ def test_without_trl_the_sft_trainer_says_what_to_install(monkeypatch):
         from cyb.integrations.transformers import PauseSFTTrainer  # noqa: F401
     assert "\n" not in str(e.value)
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
+
+
+def test_two_processes_under_torchrun_give_one_process_losses(tmp_path):
+    """DDP through the Trainer (accelerate, gloo): 2 processes x 2 rows x 2 micro-batches per step
+    log the losses and E[S] of 1 process x 4 rows x 2, rows of different lengths included: the
+    loss is normalised by the target tokens of the whole step on every process."""
+    import subprocess
+
+    import hf_trainer_run
+
+    hf_trainer_run.main(str(tmp_path / "one"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           hf_trainer_run.__file__, str(tmp_path / "two")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    one, two = (json.loads((tmp_path / name / "log_history.json").read_text()) for name in ("one", "two"))
+    rows = [(a, b) for a, b in zip(one, two) if "loss" in a]
+    assert len(rows) == 3 and len({a["targets"] for a, _ in rows}) > 1
+    for a, b in rows:
+        assert b["targets"] == a["targets"]
+        for key in ("loss", "mean_steps", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5), key
