@@ -254,7 +254,9 @@ class TrainConfig:
     """Resume from the newest complete checkpoint in out_dir if there is one. false refuses to
     start in an out_dir that holds checkpoints (nothing written is overwritten)."""
     distributed: str = "auto"
-    """auto (DDP when started by torchrun), ddp, fsdp or none."""
+    """auto (DDP when started by torchrun), ddp, fsdp (FSDP2: weights, gradients and AdamW state
+    sharded over every process), hsdp (FSDP2 sharded within each node, one replica per node:
+    all-gathers stay inside a node) or none."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs the tensorboard package: the tensorboard extra)."""
     wandb: bool = False
@@ -536,7 +538,7 @@ def _validate_train(t: TrainConfig) -> None:
           f"must be auto, cpu, cuda or cuda:N, got {t.device!r}")
     _one_of(t.precision, ("auto", "bf16", "fp32"), "train.precision")
     _one_of(t.loss_impl, ("auto", "fused", "naive"), "train.loss_impl")
-    _one_of(t.distributed, ("auto", "ddp", "fsdp", "none"), "train.distributed")
+    _one_of(t.distributed, ("auto", "ddp", "fsdp", "hsdp", "none"), "train.distributed")
     for name in ("eval_every", "save_every", "log_every", "eval_batches"):
         _need(getattr(t, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(t, name)}")
     _need(t.keep_last >= 1, "train.keep_last", f"must be >= 1, got {t.keep_last}")

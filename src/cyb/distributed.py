@@ -20,7 +20,8 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    mode: str = "none"  # none | ddp | fsdp
+    mode: str = "none"  # none | ddp | fsdp | hsdp
+    local_world_size: int = 1  # processes on this node (torchrun's LOCAL_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -30,12 +31,24 @@ class DistInfo:
     def enabled(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP2: every process holds a shard of the weights (``fsdp``, or ``hsdp`` within a node)."""
+        return self.mode in ("fsdp", "hsdp")
+
+    @property
+    def shard_size(self) -> int:
+        """Processes one copy of the weights is sharded over: all of them (``fsdp``), the node's
+        (``hsdp``), else 1."""
+        return {"fsdp": self.world_size, "hsdp": self.local_world_size}.get(self.mode, 1)
+
 
 def init_distributed(mode: str, device_kind: str) -> DistInfo:
     """Join the process group when started by torchrun (``WORLD_SIZE`` > 1).
 
-    ``mode``: ``auto`` (DDP when WORLD_SIZE > 1), ``ddp``, ``fsdp`` or ``none`` (refused under
-    a multi-process launch: every process would train and write the same run alone).
+    ``mode``: ``auto`` (DDP when WORLD_SIZE > 1), ``ddp``, ``fsdp``, ``hsdp`` (FSDP2 sharding
+    within a node and replicas across nodes: :func:`hybrid_mesh`) or ``none`` (refused under a
+    multi-process launch: every process would train and write the same run alone).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
@@ -45,21 +58,36 @@ def init_distributed(mode: str, device_kind: str) -> DistInfo:
                          "use auto, ddp or fsdp, or start a single process")
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if mode == "hsdp" and (world % local_world or local_world < 1):
+        raise ValueError(f"train.distributed: hsdp needs the same number of processes on every node; "
+                         f"LOCAL_WORLD_SIZE={local_world} does not divide WORLD_SIZE={world}")
     if not dist.is_initialized():
         backend = "nccl" if device_kind == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local)
         dist.init_process_group(backend=backend)
-    return DistInfo(rank, world, local, "ddp" if mode == "auto" else mode)
+    return DistInfo(rank, world, local, "ddp" if mode == "auto" else mode, local_world)
+
+
+def hybrid_mesh(info: DistInfo, device_type: str):
+    """The 2-D device mesh of ``hsdp``: ``(nodes, processes per node)``, named ``("replicate",
+    "shard")``: FSDP2 shards the weights over the processes of a node and keeps one replica per
+    node, so the all-gathers stay within a node and only gradient all-reduces cross nodes."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    nodes = info.world_size // info.local_world_size
+    return init_device_mesh(device_type, (nodes, info.local_world_size), mesh_dim_names=("replicate", "shard"))
 
 
 def wrap(module: torch.nn.Module, info: DistInfo, *, layers=None, mixed_precision: bool = False):
     """Wrap ``module`` for data parallelism (returns it unchanged in a single process).
 
     DDP replicates (buffers are not re-broadcast at each forward: they are the same on every
-    process); FSDP2 (``fully_shard``) shards each of ``layers`` and the root, with a bf16
-    mixed-precision policy and fp32 gradient reduction when ``mixed_precision``.  Gradients
-    are averaged over processes in both.
+    process); FSDP2 (``fully_shard``) shards each of ``layers`` and the root, over every process
+    (``fsdp``) or over the processes of each node with a replica per node (``hsdp``,
+    :func:`hybrid_mesh`), with a bf16 mixed-precision policy and fp32 gradient reduction when
+    ``mixed_precision``.  Gradients are averaged over processes in all three.
     """
     if not info.enabled:
         return module
@@ -71,12 +99,14 @@ def wrap(module: torch.nn.Module, info: DistInfo, *, layers=None, mixed_precisio
         params = inspect.signature(DDP.__init__).parameters
         sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
         return DDP(module, device_ids=[info.local_rank] if on_gpu else None, **sync)
-    if info.mode == "fsdp":
+    if info.sharded:
         try:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         except ImportError:  # torch < 2.6
             from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
         kw = {}
+        if info.mode == "hsdp":
+            kw["mesh"] = hybrid_mesh(info, next(module.parameters()).device.type)
         if mixed_precision:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in layers or []:
@@ -90,7 +120,7 @@ def no_sync(module, info: DistInfo, sync: bool):
     """Context skipping the gradient all-reduce on non-final micro-batches."""
     if not info.enabled:
         return nullcontext()
-    if info.mode == "fsdp":
+    if info.sharded:
         module.set_requires_gradient_sync(sync)
         return nullcontext()
     return nullcontext() if sync else module.no_sync()
@@ -146,7 +176,7 @@ def full_model_state(module: torch.nn.Module, info: DistInfo, *, trainable_only:
     collective (call it on every process); the result is complete on rank 0.
     ``trainable_only``: the parameters that require gradients, nothing else (under FSDP the
     frozen ones are then not gathered at all)."""
-    if info.mode == "fsdp" and info.enabled:
+    if info.sharded and info.enabled:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(module, options=StateDictOptions(
@@ -165,7 +195,7 @@ def full_optim_state(module, optimizer, info: DistInfo) -> dict:
     """The optimiser's full state keyed by parameter name (the same layout at any world size
     and with DDP or FSDP2).  Under FSDP a collective: call it on every process; the result is
     complete on rank 0."""
-    if info.mode == "fsdp" and info.enabled:
+    if info.sharded and info.enabled:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(module, optimizer,
@@ -184,7 +214,7 @@ def load_full_optim_state(module, optimizer, state: dict, info: DistInfo) -> Non
     groups = state.get("param_groups")
     if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
         raise ValueError("the checkpoint's optimiser state does not match this model's parameter groups")
-    if info.mode == "fsdp" and info.enabled:
+    if info.sharded and info.enabled:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(module, optimizer, state,

@@ -316,7 +316,7 @@ def gated_mask_bytes(rows: int, heads: int, positions: int, compute_bytes: int) 
 
 def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = "cuda",
              trainable: int | None = None, params: int | None = None,
-             triton: bool | None = None) -> MemoryEstimate:
+             triton: bool | None = None, shard_size: int | None = None) -> MemoryEstimate:
     """The peak memory per process of training ``cfg`` on a model of ``shape``.
 
     Args:
@@ -326,6 +326,8 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         shape: the model's :class:`ModelShape` (``vocab`` including the pause and dk rows).
         world_size: processes; FSDP (``train.distributed: fsdp``) divides the weights,
             gradients and AdamW state by it.
+        shard_size: the processes one copy of the weights is sharded over, where that is not
+            ``world_size`` (``train.distributed: hsdp``: the processes of one node).
         device_type: ``"cuda"`` (bf16 autocast under ``train.precision: auto``, the fused
             readout under ``train.loss_impl: auto``) or ``"cpu"``.
         trainable, params: exact counts from a built model (``requires_grad``), replacing the
@@ -341,7 +343,8 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
     p = _dtype_bytes(m.dtype)
     bf16 = t.precision == "bf16" or (t.precision == "auto" and device_type == "cuda")
     a = 2 if (bf16 or p == 2) else 4
-    sharded = t.distributed == "fsdp" and world_size > 1
+    shards = world_size if shard_size is None else shard_size
+    sharded = t.distributed in ("fsdp", "hsdp") and shards > 1
     per_rank = max(t.batch_size // max(world_size, 1), 1)
     micro = t.micro_batch_size or per_rank
     accum = max(per_rank // micro, 1)
@@ -359,7 +362,7 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
     # output-weight gradient (counted: the safe side)
     head_trainable = rank == 0 or cfg.method.uses_pauses
 
-    shard = world_size if sharded else 1
+    shard = shards if sharded else 1
     weights = -(-total * p // shard)
     gradients = -(-trainable * grad_bytes // shard)
     optimizer = -(-2 * trainable * grad_bytes // shard)

@@ -5,8 +5,9 @@
 held and stops with one line naming that process; the kernel releases the lock of a process that
 dies (``kill -9``), so the next run takes the file over, with a note.  :meth:`RunLock.release`
 removes the file.  Under ``torchrun`` only the first process locks (the trainer shares the
-outcome with the others).  Platforms without ``fcntl`` fall back to the file's pid: a lock whose
-process no longer runs on this host is taken over.
+outcome with the others), and every process checks that it sees the lock file the first one
+wrote (:func:`check_shared`: nodes must share ``out_dir``).  Platforms without ``fcntl`` fall
+back to the file's pid: a lock whose process no longer runs on this host is taken over.
 """
 
 from __future__ import annotations
@@ -146,7 +147,39 @@ def lock_run(run_dir: str | os.PathLike, info) -> RunLock | None:
     problem = gather_objects(problem, info)[0]
     if problem is not None:
         raise RunLocked(problem)
+    if info.enabled:
+        try:
+            check_shared(run_dir, info)
+        except NotShared:
+            if lock is not None:
+                lock.release()
+            raise
     return lock
+
+
+class NotShared(ValueError):
+    """Processes of one run see different ``train.out_dir`` folders (nodes without a shared file system)."""
+
+
+def check_shared(run_dir: str | os.PathLike, info) -> None:
+    """Check that every process of ``info`` sees the lock file the first process wrote into
+    ``run_dir``: one folder for all of them (every process reads the checkpoints and the tokenizer
+    the first one writes).  A collective; raises :class:`NotShared` on every process, naming the
+    first process (and its host) that does not see it."""
+    from .distributed import gather_objects
+
+    path = Path(run_dir) / LOCK_FILE
+    written = gather_objects(_read(path) if info.is_main else None, info)[0] or {}
+    seen = _read(path)
+    same = bool(seen) and all(seen.get(k) == written.get(k) for k in ("pid", "host", "started"))
+    views = gather_objects((same, socket.gethostname()), info)
+    blind = [(rank, host) for rank, (ok, host) in enumerate(views) if not ok]
+    if blind:
+        rank, host = blind[0]
+        raise NotShared(f"train.out_dir ({run_dir}) is not one folder for every process: process {rank} on host "
+                        f"{host} does not see {path}, which process 0 on host {written.get('host', '?')} wrote; put "
+                        "out_dir on a file system every node mounts (NFS, Lustre, ...), since every process reads "
+                        "the checkpoints and tokenizer the first one writes")
 
 
 def _busy(run_dir: Path, path: Path, holder: dict) -> str:
@@ -171,4 +204,4 @@ def _acquire_by_pid(path: Path, say) -> RunLock:  # pragma: no cover - platforms
     raise RunLocked(_busy(path.parent, path, _read(path)))
 
 
-__all__ = ["LOCK_FILE", "RunLock", "RunLocked", "acquire", "describe", "lock_run"]
+__all__ = ["LOCK_FILE", "NotShared", "RunLock", "RunLocked", "acquire", "check_shared", "describe", "lock_run"]
