@@ -236,7 +236,7 @@ class Trainer:
             return None
         if not self.cfg.train.resume:
             raise CannotResume(f"train.out_dir ({self.run_dir}) already holds checkpoints and train.resume "
-                             "is false; use another train.out_dir, delete them, or resume")
+                             "is false; use another train.out_dir, or resume them (train.resume=true)")
         # the first process reads (and hashes) the checkpoints; every process resumes from its pick
         found = newest_good_checkpoint(self.run_dir) if self.info.is_main else None
         ckpt, skipped = gather_objects(found, self.info)[0]
