@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:  # the program itself (not a caller passing arguments): its CPU threads
             from .threads import configure
 
-            configure(note=lambda line: print(line, file=sys.stderr))
+            configure()
         return int(mods[args.command].run(args) or 0)
     except KeyboardInterrupt as e:  # training says what is lost and how to resume
         print(str(e) or "interrupted", file=sys.stderr)

@@ -1,23 +1,24 @@
 """How many CPU threads torch computes with: a fixed number, so that a command gives the same
-numbers whatever else runs on the machine.
+numbers whatever else runs on the machine, and on any machine.
 
 The number of threads decides how torch splits its sums between them, and so the last bits of
 their results: 30 steps of ``configs/cpu-addition.yaml`` ended with weights up to 1.8e-7 apart
-with 1 and 2 threads, and over hundreds of steps such differences grow into other models (the
-demo's exact match moved by points).  With the same number of threads the results are
-bit-identical, however busy the machine.
+with 1 and 2 threads, and over hundreds of steps such differences grow into other models (other
+perplexities and exact matches).  With the same number of threads the results are bit-identical,
+however busy the machine.
 
 The command line (``cyb ...`` and ``python -m cyb.integrations.lm_eval``) calls :func:`configure`
-once.  By default torch gets one thread per core this process may run on (its CPU affinity,
-within any CPU quota of its cgroup, at most torch's own default): a fixed number on a given kind
-of machine.  ``CYB_NUM_THREADS=N`` (or ``OMP_NUM_THREADS``) fixes another number.
+once.  By default torch computes with **one** thread: the same numbers on every machine (of one
+CPU architecture), and the fastest choice where other work shares the CPU (every parallel region
+waits for its slowest thread: on a 2-core machine with one other busy process, 2 threads gave
+9,500 real tokens/s on the demo's model where 1 thread gave 30,700; docs/training.md, "CPU
+threads").  ``CYB_NUM_THREADS=N`` (or ``OMP_NUM_THREADS``) fixes another number: faster on an idle
+machine with several cores (1.6x with 2 on the README's text model), with numbers of their own.
 ``CYB_NUM_THREADS=auto`` follows the load instead: torch gets the cores that other work leaves
 free (less the 1-minute load average), and while it trains :func:`adapt` measures every few
 seconds how busy those cores are with other processes (``/proc/stat`` against this process's own
-CPU time) and follows.  That is faster on a busy machine (every parallel region waits for its
-slowest thread: on a 2-core machine with one other busy process, 2 threads gave 9,500 real
-tokens/s on the demo's model where 1 thread gave 30,700; docs/training.md, "CPU threads"), but
-the numbers then depend on the load.  Programs that import cyb as a library keep torch's setting.
+CPU time) and follows; its numbers then depend on the load.  Programs that import cyb as a library
+keep torch's setting.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import time
 #: Environment variable: a number of threads, fixed for the whole run, or ``auto`` (follow the load).
 ENV = "CYB_NUM_THREADS"
 AUTO = "auto"
-#: Cores kept busy by other work at the start above which the default says that ``auto`` exists.
-BUSY_NOTE = 0.75
+#: The threads of the command line unless the environment says otherwise.
+DEFAULT = 1
 #: Seconds between two measurements while training.
 INTERVAL_S = 10.0
 
@@ -108,11 +109,8 @@ def _load() -> float:
         return 0.0
 
 
-def configure(note=None) -> int:
-    """Set torch's threads for a command (see the module docstring); returns the number set.
-
-    ``note``: called with one line when the default (one thread per core) starts on a machine
-    that other work keeps busy, saying that ``CYB_NUM_THREADS=auto`` would follow the load."""
+def configure() -> int:
+    """Set torch's threads for a command (see the module docstring); returns the number set."""
     import torch
 
     fixed = fixed_by_environment()
@@ -123,13 +121,8 @@ def configure(note=None) -> int:
         return torch.get_num_threads()
     ceiling = torch.get_num_threads()
     if not follows_load():
-        n = max(1, min(cpus(), ceiling))
-        torch.set_num_threads(n)
-        busy = _load()
-        if note is not None and n > 1 and busy >= BUSY_NOTE:
-            note(f"note: {n} CPU threads, one per core (the same numbers whatever the load); the load average is "
-                 f"{busy:.1f}: {ENV}=auto follows the load, faster on a busy machine, but its numbers depend on it")
-        return n
+        torch.set_num_threads(DEFAULT)
+        return DEFAULT
     n = choose(cpus(), _load(), ceiling)
     torch.set_num_threads(n)
     try:
@@ -167,5 +160,5 @@ def adapt() -> int | None:
     return n
 
 
-__all__ = ["AUTO", "ENV", "INTERVAL_S", "adapt", "choose", "configure", "cpus", "fixed_by_environment",
+__all__ = ["AUTO", "DEFAULT", "ENV", "INTERVAL_S", "adapt", "choose", "configure", "cpus", "fixed_by_environment",
            "follows_load"]

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs the examples of README.md and docs/*.md and compares what they print with what the pages
+# show (scripts/check_docs.py says what is checked and how; --help for the options). Run it before
+# changing an output on a page, and with --write --pages PAGE to put what ran into the page. Not
+# part of the test suite: a full check trains a dozen small models (about 30 min on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python scripts/check_docs.py "$@"

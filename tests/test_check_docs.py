@@ -1,0 +1,105 @@
+"""scripts/check_docs.py: what it reads on the pages, how it compares, what --write changes. (The
+full check runs the examples and takes half an hour: bash scripts/check_docs.sh, by hand.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from scripts import check_docs as cd
+
+
+def test_every_mark_fact_and_claim_of_the_pages_is_known_and_found():
+    for page in cd.PAGES:
+        found = list(cd.findings(page, None))  # raises on a mark that names no block
+        missing = [f.what for f in found if f.shown == "(not found on the page)"]
+        assert not missing, f"{page}: facts whose phrase the page no longer has: {missing}"
+    marks = {m.group(1) for page in cd.PAGES for m in cd._MARK.finditer((cd.REPO / page).read_text())}
+    assert marks == set(cd.BLOCKS), "a block of check_docs.py that no page marks, or the reverse"
+
+
+def test_the_pages_show_runs_made_with_one_thread():
+    assert cd.THREADS == "1"
+    from cyb import threads
+
+    assert threads.DEFAULT == 1
+
+
+class FakeContext:
+    def __init__(self, work: Path):
+        self.work = work
+        self.commands = []
+
+    def run(self, name):
+        self.commands.append(f"run {name}")
+        return ""
+
+    def shell(self, command, merged=False):
+        self.commands.append(command)
+        return ("answer 42\n[3 tokens, 0.5 s]\n", "")
+
+
+PAGE = """# A page
+
+<!-- check: numbers -->
+```
+old numbers
+```
+
+Then:
+
+```
+$ cyb generate /tmp/add/final --prompt "1+1="
+answer 41
+[3 tokens, 9.9 s]
+```
+
+and the run ended at perplexity 12 here.
+"""
+
+
+@pytest.fixture
+def page(tmp_path, monkeypatch):
+    (tmp_path / "page.md").write_text(PAGE)
+    monkeypatch.setattr(cd, "REPO", tmp_path)
+    monkeypatch.setattr(cd, "BLOCKS", {"numbers": cd.Block(lambda ctx: "new numbers\nin two lines\n")})
+    monkeypatch.setattr(cd, "FACTS", [cd.Fact("page.md", r"ended at perplexity \d+", "ended at perplexity {ppl}",
+                                              lambda ctx: {"ppl": "11"})])
+    monkeypatch.setattr(cd, "CLAIMS", [("page.md", "the run ended", lambda ctx: (False, "it did not"))])
+    return tmp_path / "page.md"
+
+
+def test_blocks_commands_facts_and_claims_are_compared_timings_left_out(page, tmp_path):
+    ctx = FakeContext(tmp_path / "work")
+    found = list(cd.findings("page.md", ctx))
+    kinds = [(f.what.split(" ")[0], f.same()) for f in found]
+    assert kinds == [("block", False), ("$", False), ("fact", False), ("claim", False)]
+    command = found[1]
+    assert command.shown == "answer 41\n[3 tokens, 9.9 s]\n" and command.line == 12
+    assert "run add" in ctx.commands  # the run the command names is made first
+    assert f"cyb generate {tmp_path / 'work'}/add/final" in ctx.commands[-1]  # /tmp/ is the work folder
+    command.got = "answer 41\n[3 tokens, 0.1 s]\n"
+    assert command.same()  # a timing alone does not count
+    assert "does not hold: it did not" in found[3].got
+
+
+def test_write_puts_what_ran_into_the_page_and_leaves_claims(page, tmp_path):
+    ctx = FakeContext(tmp_path / "work")
+    assert cd.write("page.md", list(cd.findings("page.md", ctx))) == 3
+    text = page.read_text()
+    assert "```\nnew numbers\nin two lines\n```" in text
+    assert "answer 42\n[3 tokens, 0.5 s]\n```" in text and "answer 41" not in text
+    assert "ended at perplexity 11 here" in text
+    again = list(cd.findings("page.md", ctx))
+    assert [f.same() for f in again] == [True, True, True, False]  # the claim is for a person to rewrite
+
+
+def test_the_work_folder_is_shown_as_tmp(tmp_path):
+    ctx = cd.Context(tmp_path / "w", None, fresh=False, verbose=False)
+    assert ctx.public(f"written to {tmp_path / 'w'}/add/eval") == "written to /tmp/add/eval"
+    assert ctx.env["CYB_NUM_THREADS"] == "1" and ctx.env["HF_HUB_OFFLINE"] == "1"
+    out, err = ctx.shell("echo $CYB_NUM_THREADS; pwd")
+    assert out.splitlines() == ["1", "/tmp"]
+    assert re.fullmatch(r"\d+ s", "12 s") and cd.TIMING.search("took 12.5 s")
