@@ -198,6 +198,8 @@ def test_saved_model_is_a_cyb_folder_that_generate_and_eval_read(trained, tmp_pa
 
     final = trained["root"] / "final"
     assert (final / "cyb_pause.json").is_file() and (final / "model.safetensors").is_file()
+    card = (final / "README.md").read_text()
+    assert "fine-tuned with CYB 2 pauses" in card and "4 optimiser steps of `PauseTrainer`" in card
     loaded = PauseModel.from_pretrained(final)
     model = trained["trainer"].model.pause_model.eval()
     ids = torch.tensor([[5, 9, 17, 3, 40]])

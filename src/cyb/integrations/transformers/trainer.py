@@ -23,6 +23,7 @@ import torch
 
 from ...extras import require
 from .callback import PauseMetrics, PauseMetricsCallback
+from .card import write_trainer_card
 from .collator import BATCH_KEY, EXAMPLE_COLUMNS, PauseCollator
 from .model import PauseTrainingModel
 
@@ -153,11 +154,15 @@ class PauseTrainerMixin:
 
     # -- saving and resuming ---------------------------------------------------------------------------
     def _save(self, output_dir=None, state_dict=None):
-        """A cyb model folder (``cyb generate``, ``cyb eval`` and ``PauseModel.from_pretrained`` read it)."""
+        """A cyb model folder (``cyb generate``, ``cyb eval`` and ``PauseModel.from_pretrained`` read it),
+        with a model card (``README.md``)."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
-        self.accelerator.unwrap_model(self.model).save_pretrained(output_dir, state_dict=state_dict)
+        model = self.accelerator.unwrap_model(self.model)
+        model.save_pretrained(output_dir, state_dict=state_dict)
+        write_trainer_card(output_dir, model, step=self.state.global_step, history=self.state.log_history,
+                           trainer_name=type(self).__name__)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         if getattr(self, "is_fsdp_enabled", False):
