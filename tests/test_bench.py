@@ -1,7 +1,8 @@
-"""Benchmarks (``cyb bench``), the static-cache decoder, make_docs and the kernel changes.
+"""Benchmarks (``cyb bench``), the previous release's static-batch decoder, make_docs and the
+kernel changes.
 
-CPU only (tiny shapes): every benchmark command runs ``--quick`` and writes JSON; the static
-decoder gives the library decoder's greedy tokens; the Hugging Face labels of the TBYS variant
+CPU only (tiny shapes): every benchmark command runs ``--quick`` and writes JSON; the static-batch
+baseline gives the library decoder's greedy tokens; the Hugging Face labels of the TBYS variant
 give the objective's TBYS loss; targets and tables come out of small hand-made results; the
 fused loss keeps its errors when its checks are deferred (as on CUDA) and runs in the autocast
 dtype under autocast.  Tests marked ``gpu`` run the CUDA-graph decoder and the autocast fused
@@ -21,7 +22,7 @@ from benchmarks import make_docs
 from cyb.bench import flops, targets
 from cyb.bench.models import spread_weights
 from cyb.bench.models import SHAPE_TINY, build_hf_model, pause_settings, random_ids, wrap
-from cyb.generation.static import StaticFixedDecoder
+from cyb.bench.static_batches import StaticFixedDecoder
 from cyb.bench.markdown import decode_table, loss_table, train_table
 from cyb.bench.timing import Budget, guarded, median, time_calls
 from cyb.cli import main
@@ -65,93 +66,48 @@ def test_bench_train_quick_writes_json(tmp_path, capsys):
     assert "| cyb_fused |" in capsys.readouterr().out
 
 
-def test_bench_decode_quick_private_runs_every_part(tmp_path):
-    """--visibility private: every row, the checks and the loglikelihood scoring run."""
-    out = tmp_path / "decode.json"
-    assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "2", "--prompt-len", "4",
-                 "--new-tokens", "3", "--visibility", "private"]) == 0
-    res = _read(out)
-    assert all(r["status"] == "ok" for r in res["results"]), res["results"]
-    assert res["agreement_fp32"]["status"] == "ok" and res["agreement_fp32"]["equal"]
-    assert res["loglikelihood"]["status"] != "error", res["loglikelihood"]
-    assert res["loglikelihood"]["max_abs_difference"] < 1e-3
-
-
 def test_bench_decode_quick_writes_json(tmp_path):
+    """Every layout: the rows each implementation has, the float32 checks, the offline job and
+    the loglikelihood scoring run."""
     out = tmp_path / "decode.json"
-    assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "2",
-                 "--prompt-len", "4", "--new-tokens", "3"]) == 0
+    assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "1", "2", "--prompt-len", "4",
+                 "--new-tokens", "3", "--visibility", "shared", "private", "gated", "--offline", "6"]) == 0
     res = _read(out)
     assert res["kind"] == "decode"
-    check = res["agreement_fp32"]
-    assert check["status"] == "ok" and check["equal"]
-    assert {k for k, v in check.items() if isinstance(v, dict)} == {
-        f"{mode} M={m} {how}" for mode, m in (("fixed", 4), ("fixed", 1), ("adaptive", 4))
-        for how in ("greedy", "sampled")}
-    impls = {(r["impl"], r["mode"], r["num_steps"]) for r in res["results"]}
-    want = {(i, "fixed", m) for i in ("hf_eager", "cyb_eager", "cyb_static") for m in (1, 4)}
-    want |= {(i, "adaptive", 4) for i in ("cyb_eager", "cyb_eager_pos", "cyb_static", "cyb_static_pos")}
-    assert impls == want
-    adaptive = {}
+    assert all(r["status"] == "ok" for r in res["results"]), res["results"]
+    cases = {(r["impl"], r["visibility"], r["mode"], r["num_steps"]) for r in res["results"]}
+    want = {(i, "none", "fixed", 1) for i in ("hf_eager", "eager", "static_batches", "engine_one")}
+    want.add(("hf_eager", "shared", "fixed", 4))
+    for vis in ("shared", "private", "gated"):
+        impls = ("eager", "engine_block") + (() if vis == "gated" else ("static_batches",))
+        want |= {(i, vis, "fixed", 4) for i in impls}
+        want |= {(i, vis, "adaptive", 4) for i in impls + ("eager_pos", "engine_one")}
+    assert cases == want
     for r in res["results"]:
-        assert r["status"] == "ok", r
-        assert r["real_tokens_per_s"] > 0
-        if r["mode"] == "fixed" or not r["impl"].endswith("_pos"):  # whole blocks
-            assert r["steps_timed"] == 3
-            assert r["positions_per_token"] == r["num_steps"]
-        else:  # one position per step (until every row has as many tokens): 1..M per token
-            assert 3 <= r["steps_timed"] <= 3 * 4
+        assert r["real_tokens_per_s"] > 0 and 1 <= r["steps_per_token"] <= r["num_steps"]
+        if r["impl"] == "engine_one" and r["mode"] == "adaptive":  # a position per step
             assert 1 <= r["positions_per_token"] <= r["num_steps"]
-        if r["mode"] == "adaptive":
-            adaptive[r["impl"]] = r
-        if r["impl"] in ("cyb_static", "cyb_static_pos"):
-            assert r["tokens_vs_cyb_eager"]["equal"]
-    # the block decoder emits a token per step; its steps per token are those of the others
-    assert adaptive["cyb_static"]["real_tokens_timed"] == 2 * 3
-    assert 1 <= adaptive["cyb_static"]["steps_per_token"] <= 4
-    assert 0 < res["adaptive_fixture"]["step1_dk_fraction_on_prompts"] < 1
-    e2e = res["end_to_end"]["rows"]
-    assert {(r["mode"], r["batch"]) for r in e2e} == {("fixed", 2), ("adaptive", 2)}
-    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in e2e)
+        if r["impl"] == "engine_block":
+            assert r["positions_per_token"] == r["num_steps"]
+    for vis in ("shared", "private", "gated"):
+        check = res[f"agreement_fp32 {vis}"]
+        assert check["status"] == "ok" and check["equal"], check
+    jobs = {(j["impl"], j["visibility"]): j for j in res["offline"]}
+    assert set(jobs) == {("engine", v) for v in ("shared", "private", "gated")} | {
+        ("static_batches", v) for v in ("shared", "private")}
+    assert all(j["status"] == "ok" and j["real_tokens"] > 0 for j in jobs.values())
+    assert jobs[("engine", "shared")]["real_tokens"] == jobs[("static_batches", "shared")]["real_tokens"]
     ll = res["loglikelihood"]
-    assert ll["status"] == "ok" and ll["scored_blocks"]["status"] == "ok"
-    assert ll["max_abs_difference"] < 1e-3  # the batched scoring equals the full-logits readout
+    assert ll["status"] == "ok" and ll["max_abs_difference"] < 1e-3
     names = [c["target"] for c in res["targets"]]
-    assert any("latency M=4" in n for n in names)
-    assert any(n.startswith("graph (static) decoder tokens == eager") for n in names)
-
-
-def test_bench_decode_cache_options_reach_the_static_rows(tmp_path, monkeypatch, capsys):
-    """``--whole-cache --capacity-multiple N``: the static decoder rows run without attention
-    limits on a cache rounded to N slots; the eager rows have no such cache."""
-    from cyb.generation import registry
-    from cyb.generation.static import StaticCacheOptions
-
-    made = []
-    real = registry.make_decoder
-
-    def spy(name, *args, **kw):
-        made.append((name, kw.get("cache_options")))
-        return real(name, *args, **kw)
-
-    monkeypatch.setattr(registry, "make_decoder", spy)
-    out = tmp_path / "decode.json"
-    assert main(["bench", "decode", "--quick", "--out", str(out), "--batches", "2", "--prompt-len", "4",
-                 "--new-tokens", "3", "--impls", "cyb_eager", "cyb_graph", "--modes", "fixed",
-                 "--whole-cache", "--capacity-multiple", "1"]) == 0
-    res = _read(out)
-    assert res["config"]["whole_cache"] and res["config"]["capacity_multiple"] == 1
-    assert "--whole-cache" in res["command"]
-    assert all(r["status"] == "ok" for r in res["results"])
-    options = {opts for name, opts in made if name == "static"}
-    assert options == {StaticCacheOptions(attention_limits=False, capacity_multiple=1)}
-    assert main(["bench", "decode", "--quick", "--capacity-multiple", "0"]) == 2
-    assert "capacity_multiple must be an integer >= 1" in capsys.readouterr().err
+    assert any("best engine" in n for n in names) and any("offline job" in n for n in names)
+    assert any("recompute decoder" in n for n in names)
+    assert sum(n.startswith("engine tokens == eager") for n in names) == 3
 
 
 def test_bench_decode_times_a_saved_model(tmp_path):
     """``cyb bench decode --model DIR --prompts FILE``: the rows of a trained model, its own
-    ``M`` and dk decisions, text prompts of different lengths (left-padded; no plain HF rows)."""
+    ``M`` and dk decisions, text prompts of different lengths (no plain HF rows)."""
     from generation_helpers import build
 
     pm = build("llama", "cyb")
@@ -160,20 +116,15 @@ def test_bench_decode_times_a_saved_model(tmp_path):
     prompts.write_text("12+34=\n7+8=\n\n", encoding="utf-8")
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", "--quick", "--model", str(folder), "--prompts", str(prompts),
-                 "--batches", "2", "--new-tokens", "3", "--out", str(out)]) == 0
+                 "--batches", "2", "--new-tokens", "3", "--impls", "eager", "engine_one", "engine_block",
+                 "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["trained_model"]["num_steps"] == pm.num_steps and "2 prompts" in res["trained_model"]["prompts"]
     rows = {(r["impl"], r["mode"], r["num_steps"]): r for r in res["results"]}
-    assert set(rows) == {("cyb_eager", "fixed", 1), ("cyb_eager", "fixed", 3), ("cyb_static", "fixed", 1),
-                         ("cyb_static", "fixed", 3), ("cyb_eager", "adaptive", 3),
-                         ("cyb_eager_pos", "adaptive", 3), ("cyb_static", "adaptive", 3),
-                         ("cyb_static_pos", "adaptive", 3)}
+    assert set(rows) == {("eager", "fixed", 3), ("engine_block", "fixed", 3), ("eager", "adaptive", 3),
+                         ("engine_one", "adaptive", 3), ("engine_block", "adaptive", 3)}
     assert all(r["status"] == "ok" for r in rows.values())
-    assert rows[("cyb_static", "adaptive", 3)]["tokens_vs_cyb_eager"]["equal"]
-    assert res["agreement_fp32"]["status"] == "skipped"
-    assert any("latency M=3" in c["target"] for c in res["targets"])  # the model's M
-    generate_rows = res["end_to_end"]["rows"]
-    assert generate_rows and all(r["new_tokens"] == 3 for r in generate_rows)  # --new-tokens, not 128
+    assert "agreement_fp32 shared" not in res and "offline" not in res
     assert main(["bench", "decode", "--quick", "--prompts", str(prompts)]) == 2
 
 
@@ -187,7 +138,7 @@ def test_bench_decode_takes_a_run_folder_as_eval_and_generate_do(tmp_path, capsy
     (run / "config.yaml").write_text("train: {out_dir: run}\n")
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", "--quick", "--model", str(run), "--batches", "1", "--new-tokens", "2",
-                 "--impls", "cyb_eager", "--modes", "fixed", "--out", str(out)]) == 0
+                 "--impls", "eager", "--modes", "fixed", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["trained_model"]["path"] == str(run / "final")
     shutil.rmtree(run / "final")
     for model, message in [(run, "is a run folder whose training has not finished"),
@@ -409,35 +360,38 @@ def test_train_targets_and_table():
 
 
 def test_decode_targets_and_table():
-    def row(impl, b, m, ms, mode="fixed", ppt=None):
-        return {"impl": impl, "mode": mode, "batch": b, "num_steps": m, "status": "ok",
-                "step_ms": ms, "step_ms_mean": ms, "per_real_token_ms": ms,
-                "real_tokens_per_s": b * 1e3 / ms, "positions_per_token": ppt or m, "prefill_ms": 5.0}
-    result = {"kind": "decode", "config": {"num_steps": 4}, "anchor_hf_eager_ms": 8.4,
-              "agreement_fp32": {"status": "ok", "equal": True,
-                                 "fixed M=4 greedy": {"equal": True, "match_fraction": 1.0, "rows": 32,
-                                                      "tokens": 24, "mean_steps": 1.5}},
-              "end_to_end": {"rows": [{"mode": "fixed", "batch": 1, "num_steps": 4, "new_tokens": 128,
-                                       "decoder": "graph", "status": "ok", "tokens_per_s": 400.0,
-                                       "decode_tokens_per_s": 540.0}]},
-              "results": [row("hf_eager", 1, 1, 8.0), row("cyb_eager", 1, 1, 8.2),
-                          row("cyb_eager", 1, 4, 13.0), row("cyb_graph", 1, 1, 1.5),
-                          row("cyb_graph", 1, 4, 1.8), row("cyb_graph", 1, 4, 2.5, "adaptive", 1.6)]}
+    def row(impl, b, m, ms, mode="fixed", spt=1.0, vis="shared", frac=None):
+        return {"impl": impl, "visibility": vis if m > 1 else "none", "mode": mode, "batch": b, "num_steps": m,
+                "pause_fraction": frac, "status": "ok", "step_ms": ms, "ms_per_token": ms, "new_tokens": 64,
+                "real_tokens_per_s": b * 1e3 / ms, "positions_per_token": spt, "steps_per_token": spt}
+    result = {"kind": "decode", "config": {"num_steps": 4},
+              "agreement_fp32 shared": {"status": "ok", "equal": True,
+                                        "shared fixed greedy": {"equal": True, "rows_equal": 16, "rows": 16,
+                                                                "tokens": 24, "mean_steps": 1.5}},
+              "offline": [{"impl": "engine", "visibility": "shared", "prompts": 2000, "status": "ok",
+                           "seconds": 10.0, "real_tokens_per_s": 30000.0, "slots": 300, "cache_gib": 5.0,
+                           "speedup_vs_static_batches": 1.8},
+                          {"impl": "static_batches", "visibility": "shared", "prompts": 2000, "status": "ok",
+                           "seconds": 18.0, "real_tokens_per_s": 16666.0, "slots": 256, "cache_gib": 5.0}],
+              "results": [row("engine_one", 1, 1, 1.4), row("engine_one", 256, 1, 2.5),
+                          row("engine_one", 256, 4, 3.0, "adaptive", 1.11, frac=0.1),
+                          row("engine_block", 1, 4, 1.5, "adaptive", 1.11, frac=0.1),
+                          row("engine_one", 1, 4, 1.6, "adaptive", 1.11, frac=0.1),
+                          row("eager_pos", 32, 4, 50.0, "adaptive", 1.2, vis="gated", frac=0.1),
+                          row("engine_one", 32, 4, 2.0, "adaptive", 1.2, vis="gated", frac=0.1)]}
     checks = {c["target"]: c for c in targets.decode_targets(result)}
-    ratio = checks["cyb_graph: per-real-token latency M=4 <= 1.1 x M=1 (batch 1)"]
-    assert ratio["value"] == pytest.approx(1.2) and ratio["met"] is False
-    eager = checks["cyb_eager: per-real-token latency M=4 <= 1.5 x M=1 (batch 1)"]
-    assert eager["value"] == pytest.approx(13.0 / 8.2) and eager["met"] is False
-    assert checks["cyb_graph M=4 latency <= 0.5 x eager HF anchor (8.4 ms)"]["met"]
-    assert checks["cyb_graph M=4 latency <= 0.5 x eager HF M=1 (same run)"]["value"] == pytest.approx(1.8 / 8)
-    e2e = checks["generate decoding tok/s >= 0.9 x the decoder's own (fixed, M=4, batch 1)"]
-    assert e2e["value"] == pytest.approx(540 / (1e3 / 1.8)) and e2e["met"]
-    assert [c for t, c in checks.items() if t.startswith("graph (static) decoder tokens")][0]["met"]
+    big = checks["engine_one shared B=256 dk share 0.1: ms/token <= 1.15 x E[S] (1.11) x M=1"]
+    assert big["value"] == pytest.approx(3.0 / (1.11 * 2.5)) and big["met"]
+    one = checks["adaptive shared B=1 dk share 0.1: best engine (engine_block) <= 1.12 x M=1"]
+    assert one["value"] == pytest.approx(1.5 / 1.4) and one["met"]
+    gated = checks["gated B=32: the engine's cache >= 10.0 x the recompute decoder (64 tokens)"]
+    assert gated["value"] == pytest.approx(25.0) and gated["met"]
+    assert checks["offline job (2000 prompts, shared): engine >= 1.5 x static batches"]["met"]
+    assert [c for t, c in checks.items() if t.startswith("engine tokens == eager")][0]["met"]
     text = decode_table(result)
-    assert "| cyb_graph | fixed | 1 | 4 | 1.800 |" in text
-    assert "| cyb_graph | adaptive | 1 | 4 | 2.500 | 2.500 | 1.60 |" in text
-    assert "| fixed | 1 | 4 | 128 | graph | 400.0 | 540.0 |" in text
-    assert "| fixed M=4 greedy | yes | 1.000 | 32 | 24 | 1.50 |" in text
+    assert "| engine_one | shared | adaptive | 256 | 4 | 0.1 | 3.000 |" in text
+    assert "| engine | shared | 2000 | 10.0 | 30,000 | 300 | 5.00 | 1.80 |" in text
+    assert "| shared fixed greedy | yes | 16/16 | 24 | 1.50 |" in text
 
 
 def test_make_docs_renders_results(tmp_path):

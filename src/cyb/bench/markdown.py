@@ -52,47 +52,45 @@ def _index(order, value) -> int:
     return order.index(value) if value in order else len(order)
 
 
-def _captures(row: dict) -> str:
-    """``ms`` of every graph capture of a row, with the number of graphs when known."""
-    ms = _num(row.get("capture_ms"), ".1f")
-    n = row.get("graphs_captured")
-    return ms if n is None else f"{ms} ({n})"
-
-
 def decode_table(result: dict) -> str:
-    """One line per (implementation, mode, batch, M), then the end-to-end and check lines."""
-    headers = ["impl", "mode", "B", "M", "ms / real token", "ms / step (median)", "positions / token",
-               "steps / token", "real tok/s", "prefill ms", "graph capture ms (graphs)", "tokens = eager"]
-    impls = ("hf_eager", "cyb_eager", "cyb_graph", "cyb_static", "cyb_eager_pos", "cyb_graph_pos",
-             "cyb_static_pos")
+    """One line per (layout, batch, mode, M, pause share, implementation), then the offline job,
+    the float32 checks and the loglikelihood rows."""
+    from .decode import IMPLS
+
+    headers = ["impl", "pauses", "mode", "B", "M", "dk share", "ms / real token", "ms / step",
+               "positions / token", "steps / token", "real tok/s"]
     modes = ("fixed", "adaptive")
+    key = lambda r: (r.get("visibility", ""), r["batch"], _index(modes, r.get("mode", "fixed")),  # noqa: E731
+                     r["num_steps"], r.get("pause_fraction") or 0, _index(IMPLS, r["impl"]))
     rows = []
-    key = lambda r: (r["batch"], _index(modes, r.get("mode", "fixed")), r["num_steps"],  # noqa: E731
-                     _index(impls, r["impl"]))
     for r in sorted(result.get("results", []), key=key):
-        head = [r["impl"], r.get("mode", "fixed"), r["batch"], r["num_steps"]]
+        head = [r["impl"], r.get("visibility", ""), r.get("mode", "fixed"), r["batch"], r["num_steps"],
+                "" if r.get("pause_fraction") is None else r["pause_fraction"]]
         bad = _status(r)
         if bad is not None:
-            rows.append(head + [bad] + [""] * 7)
+            rows.append(head + [bad] + [""] * 4)
             continue
-        cmp = r.get("tokens_vs_cyb_eager")
-        same = "-" if cmp is None else f"{cmp['match_fraction']:.2f}"
-        rows.append(head + [_num(r.get("per_real_token_ms"), ".3f"), _num(r["step_ms"], ".3f"),
-                            _num(r.get("positions_per_token"), ".2f"),
-                            _num(r.get("steps_per_token"), ".2f"),
-                            _num(r.get("real_tokens_per_s"), ",.1f"), _num(r["prefill_ms"], ".1f"),
-                            _captures(r), same])
+        rows.append(head + [_num(r.get("ms_per_token"), ".3f"), _num(r.get("step_ms"), ".3f"),
+                            _num(r.get("positions_per_token"), ".2f"), _num(r.get("steps_per_token"), ".2f"),
+                            _num(r.get("real_tokens_per_s"), ",.0f")])
     out = markdown_table(headers, rows)
-    e2e = (result.get("end_to_end") or {}).get("rows") or []
-    if e2e:
+    jobs = result.get("offline") or []
+    if jobs:
         lines = []
-        for r in e2e:
-            head = [r["mode"], r["batch"], r["num_steps"], r["new_tokens"], r.get("decoder", "")]
-            bad = _status(r)
-            lines.append(head + ([bad, ""] if bad is not None else
-                                 [_num(r["tokens_per_s"], ",.1f"), _num(r.get("decode_tokens_per_s"), ",.1f")]))
-        out += "\n\n" + markdown_table(["generate: mode", "B", "M", "new tokens", "decoder",
-                                          "tok/s (whole call)", "tok/s (decoding, from token 3)"], lines)
+        for j in jobs:
+            head = [j.get("impl", ""), j.get("visibility", ""), j.get("prompts", "")]
+            bad = _status(j)
+            lines.append(head + ([bad, "", "", "", ""] if bad is not None else
+                                 [_num(j["seconds"], ".1f"), _num(j["real_tokens_per_s"], ",.0f"), j["slots"],
+                                  _num(j["cache_gib"], ".2f"), _num(j.get("speedup_vs_static_batches"), ".2f")]))
+        out += "\n\n" + markdown_table(["offline job (adaptive)", "pauses", "prompts", "seconds", "real tok/s",
+                                          "slots", "KV cache GiB", "x static batches"], lines)
+    for name, check in sorted((k, v) for k, v in result.items() if k.startswith("agreement_fp32")):
+        if check.get("status") == "ok":
+            lines = [[k, "yes" if v["equal"] else "NO", f"{v['rows_equal']}/{v['rows']}", v["tokens"],
+                      f"{v['mean_steps']:.2f}"] for k, v in check.items() if isinstance(v, dict)]
+            out += "\n\n" + markdown_table(["float32 check: case", "engine = eager", "rows equal",
+                                              "tokens per row", "steps per token"], lines)
     ll = result.get("loglikelihood") or {}
     if ll.get("status") == "ok":
         lines = []
@@ -105,13 +103,6 @@ def decode_table(result: dict) -> str:
         out += "\n\n" + markdown_table(
             [f"loglikelihood: {ll['batch']} requests x ({ll['context']} + {ll['continuation']}) tokens",
              "ms / batch", "requests/s", "continuation tokens/s", "peak GiB"], lines)
-    check = result.get("agreement_fp32") or {}
-    if check.get("status") == "ok":
-        lines = [[k, "yes" if v["equal"] else "NO", f"{v['match_fraction']:.3f}", v["rows"],
-                  v["tokens"], f"{v['mean_steps']:.2f}"]
-                 for k, v in check.items() if isinstance(v, dict)]
-        out += "\n\n" + markdown_table(["float32 check: case", "graph = eager", "tokens equal",
-                                          "rows", "tokens per row", "steps per token"], lines)
     return out
 
 

@@ -85,45 +85,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
 
     decode = sub.add_parser("decode", formatter_class=_FMT,
-                            help="decode latency (batch 1) and throughput (batch 32), M = 4 vs M = 1, "
-                                 "fixed and adaptive mode",
-                            description="Eager Hugging Face loop, the eager decoders and the static "
-                                        "KV cache with a CUDA-graph step, fixed and adaptive mode; "
-                                        "the float32 graph = eager check, generate end to end and "
-                                        "lm-eval loglikelihood scoring (see cyb.bench.decode).")
+                            help="what a real token costs against batch: the engine (one position per "
+                                 "row, or whole blocks), the eager decoders, the previous static batches, "
+                                 "M = 1 vs M = 4, fixed and adaptive mode, shared / private / gated pauses",
+                            description="Per-real-token decode time of every decoder and layout against "
+                                        "batch, with the positions and steps per token; the float32 "
+                                        "engine = eager check; an offline job of prompts of mixed lengths "
+                                        "(--offline N) through the engine against static batches of the same "
+                                        "memory; lm-eval loglikelihood scoring (see cyb.bench.decode).")
     _common(decode)
-    decode.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 32)" + _OWN_DEFAULT)
-    decode.add_argument("--num-steps", type=int, help="M of the fixed mode (default 4)" + _OWN_DEFAULT)
+    decode.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 32 256)" + _OWN_DEFAULT)
+    decode.add_argument("--num-steps", type=int, help="M of the pause models (default 4)" + _OWN_DEFAULT)
     decode.add_argument("--vocab", type=int, help="vocabulary size (default 32768)" + _OWN_DEFAULT)
     decode.add_argument("--prompt-len", type=int, help="real prompt tokens (default 128)" + _OWN_DEFAULT)
-    decode.add_argument("--new-tokens", type=int,
-                        help="timed decode steps, and the tokens of the generate rows (default 64 and "
-                             "128)" + _OWN_DEFAULT)
+    decode.add_argument("--new-tokens", type=int, help="timed decode steps (default 64)" + _OWN_DEFAULT)
     decode.add_argument("--warmup-steps", type=int,
-                        help="untimed decode steps before them (default 3)" + _OWN_DEFAULT)
-    decode.add_argument("--impls", nargs="+", help="hf_eager cyb_eager cyb_eager_pos cyb_graph cyb_graph_pos (default: all)" + _OWN_DEFAULT)
+                        help="untimed decode steps before them (default 4)" + _OWN_DEFAULT)
+    decode.add_argument("--impls", nargs="+", help="hf_eager eager eager_pos static_batches engine_one "
+                                                   "engine_block (default: all)" + _OWN_DEFAULT)
     decode.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16)" + _OWN_DEFAULT)
     decode.add_argument("--modes", nargs="+", help="fixed adaptive (default: both)" + _OWN_DEFAULT)
-    decode.add_argument("--pause-fraction", type=float,
-                        help="adaptive rows: share of step-1 decisions that say dk, set through the "
-                             "dk prior (default 0.5)" + _OWN_DEFAULT)
+    decode.add_argument("--pause-fraction", dest="pause_fractions", type=float, nargs="+",
+                        help="adaptive rows: shares of step-1 decisions that say dk, set through the "
+                             "dk prior (default 0.1 0.5)" + _OWN_DEFAULT)
+    decode.add_argument("--visibility", dest="visibilities", nargs="+", choices=("shared", "private", "gated"),
+                        help="pause visibilities of the random models (default shared; docs/method.md)"
+                             + _OWN_DEFAULT)
+    decode.add_argument("--offline", type=int, metavar="N",
+                        help="an offline job of N prompts of mixed lengths (adaptive mode) through the "
+                             "engine and through static batches of the same memory (default 0: none)"
+                             + _OWN_DEFAULT)
+    decode.add_argument("--offline-batch", type=int, metavar="B",
+                        help="the static batch of the offline job, which sets its memory (default 256)"
+                             + _OWN_DEFAULT)
     decode.add_argument("--budget-s", type=float,
                         help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
     decode.add_argument("--model", metavar="MODEL_OR_RUN",
                         help="time a saved pause model, or the final/ model of a run folder (its M, "
-                             "vocabulary and dk decisions) instead of "
-                             "the random one; the float32 check and loglikelihood rows are skipped (without it: the random 134M model)")
+                             "vocabulary, visibility and dk decisions) instead of the random one; the "
+                             "float32 check, offline job and loglikelihood rows are skipped (without it: "
+                             "the random 134M model)")
     decode.add_argument("--prompts", metavar="FILE",
                         help="with --model: prompts, one per line (without it: random ids)")
-    decode.add_argument("--whole-cache", action="store_true",
-                        help="the static decoder rows attend over their whole cache at every batch size "
-                             "(no attention limits); the float32 check and generate keep the defaults")
-    decode.add_argument("--visibility", choices=("shared", "private"),
-                        help="pauses of the random models: shared, or private (a cache of real tokens "
-                             "only; docs/method.md)" + _OWN_DEFAULT)
-    decode.add_argument("--capacity-multiple", type=int, metavar="N",
-                        help="the static decoder rows round their cache's slots per row up to a multiple "
-                             "of this (default 128)" + _OWN_DEFAULT)
 
     from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
 
@@ -234,11 +237,9 @@ def run(args) -> int:
         kw = _given(args, {"batches": "batches", "num_steps": "num_steps", "vocab": "vocab",
                            "prompt_len": "prompt_len", "new_tokens": "new_tokens", "warmup_steps": "warmup_steps",
                            "impls": "impls", "dtype": "dtype", "budget_s": "budget_s",
-                           "device": "device", "modes": "modes", "pause_fraction": "pause_fraction",
-                           "model": "model", "prompts": "prompts", "whole_cache": "whole_cache", "visibility": "visibility",
-                           "capacity_multiple": "capacity_multiple"})
-        if args.new_tokens is not None:  # the generate rows decode as many tokens as the timed rows
-            kw["e2e_tokens"] = args.new_tokens
+                           "device": "device", "modes": "modes", "pause_fractions": "pause_fractions",
+                           "model": "model", "prompts": "prompts", "visibilities": "visibilities",
+                           "offline": "offline", "offline_batch": "offline_batch"})
         cfg = decode.DecodeBenchConfig.quick(**kw) if args.quick else decode.DecodeBenchConfig(**kw)
         result = decode.run(cfg, out=args.out)
     result["command"] = command

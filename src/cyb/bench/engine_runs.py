@@ -1,0 +1,158 @@
+"""Timing the engine (:mod:`cyb.engine`): its steady decoding rate, and an offline job.
+
+* :func:`engine_rate`: ``B`` prompts in ``B`` slots; once every row decodes, ``timed`` engine
+  steps are timed on the host clock (each step launches one decoding step and reads the
+  decisions of one, as generation does), captures of new graphs taken out.  Rows never finish
+  while timed.  ``ms_per_token`` is the time per real token of a row: total time / (real tokens
+  decided / B).
+* :func:`offline_job`: many prompts of mixed lengths, each with its own answer length (no
+  EOS), through an engine whose KV cache has a given size (continuous batching), against the
+  previous release's static batches of the same memory (:mod:`cyb.bench.static_batches`, one
+  batch after another, every row kept until the batch's longest answer ends).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..engine import Engine, EngineOptions, Request
+from ..engine.cache import bytes_per_column
+from .timing import sync
+
+
+def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, warmup: int, timed: int,
+                cuda_graph: bool | None = None) -> dict:
+    """The engine's steady rate on ``prompts`` (see the module docstring)."""
+    m = model.vocab.num_steps
+    max_new = warmup + timed + 4
+    reqs = [Request(tuple(p), max_new, mode=mode) for p in prompts]
+    opts = EngineOptions(positions=positions, cuda_graph=cuda_graph, max_slots=len(prompts),
+                         prefill_rows=64, prefill_chunk=2048)
+    engine = Engine.sized_for(model, reqs, options=opts)
+    for r in reqs:
+        engine.submit(r)
+    b = len(reqs)
+    t0 = time.perf_counter()
+    while len(engine.scheduler.decoding) < b:
+        engine.step()
+    sync(model.device)
+    prefill_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        engine.step()
+    sync(model.device)
+    capture0, steps0 = engine.runner.capture_ms, engine.stats["steps"]
+    tokens = steps_used = 0
+    t0 = time.perf_counter()
+    for _ in range(timed):
+        for e in engine.step():
+            tokens += 1
+            steps_used += e.steps
+    sync(model.device)
+    elapsed_ms = (time.perf_counter() - t0) * 1e3 - (engine.runner.capture_ms - capture0)
+    steps = engine.stats["steps"] - steps0
+    out = {"impl": f"engine_{positions}", "mode": mode, "batch": b, "num_steps": m, "positions_per_step": engine.q,
+           "prefill_s": prefill_s, "graphs": len(engine.runner.graphs), "capture_ms": engine.runner.capture_ms,
+           "step_ms": elapsed_ms / max(steps, 1), "real_tokens": tokens}
+    if tokens:
+        out.update(ms_per_token=elapsed_ms / (tokens / b), real_tokens_per_s=tokens * 1e3 / elapsed_ms,
+                   steps_per_token=steps_used / tokens, positions_per_token=steps * engine.q * b / tokens)
+    return out
+
+
+def mixed_job(count: int, prompt_range: tuple[int, int], answer_range: tuple[int, int], id_limit: int,
+              seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """``count`` random prompts with lengths uniform in ``prompt_range`` and answer lengths
+    uniform in ``answer_range`` (inclusive; seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(prompt_range[0], prompt_range[1] + 1, (count,), generator=g).tolist()
+    answers = torch.randint(answer_range[0], answer_range[1] + 1, (count,), generator=g).tolist()
+    prompts = [torch.randint(0, id_limit, (n,), generator=g).tolist() for n in lengths]
+    return prompts, answers
+
+
+def offline_job(model, prompts: list[list[int]], answers: list[int], *, mode: str, batch: int,
+                positions: str = "auto", cuda_graph: bool | None = None) -> dict:
+    """Continuous batching of the whole job through one engine whose cache holds what ``batch``
+    static rows of the job's longest prompt and answer hold (the previous release's memory for a
+    batch of ``batch``): real tokens per second, wall time, slots used."""
+    from ..engine.layout import RowLayout
+
+    layout = RowLayout.of(model.vocab, model.pause_visibility)
+    cache_bytes = batch * static_row_columns(model, prompts, answers) * bytes_per_column(model)
+    reqs = [Request(tuple(p), n, mode=mode) for p, n in zip(prompts, answers)]
+    capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in reqs)
+    opts = EngineOptions(positions=positions, cuda_graph=cuda_graph, cache_bytes=cache_bytes,
+                         max_slots=4 * batch)
+    from ..engine.engine import choose_positions
+
+    q = choose_positions(model, [mode], batch, positions)
+    sync(model.device)
+    t0 = time.perf_counter()
+    engine = Engine(model, capacity=capacity, slots=len(reqs), positions=q, options=opts)
+    for r in reqs:
+        engine.submit(r)
+    tokens = 0
+    for _ in engine.run():
+        tokens += 1
+    sync(model.device)
+    seconds = time.perf_counter() - t0
+    return {"impl": "engine", "mode": mode, "prompts": len(prompts), "slots": engine.slots,
+            "positions_per_step": engine.q, "cache_gib": engine.cache.nbytes / 2**30, "seconds": seconds,
+            "real_tokens": tokens, "real_tokens_per_s": tokens / seconds, "steps": engine.stats["steps"],
+            "prefill_forwards": engine.stats["prefill_forwards"], "graphs": len(engine.runner.graphs)}
+
+
+def static_row_columns(model, prompts: list[list[int]], answers: list[int]) -> int:
+    """Columns of one row of the previous release's static cache for the job's longest prompt
+    and answer (what :func:`offline_static` allocates per row at most)."""
+    from .static_batches import CAPACITY_MULTIPLE
+
+    m, p, n = model.vocab.num_steps, max(len(x) for x in prompts), max(answers)
+    if model.pause_visibility == "private":
+        needed = p + m - 1 + n + m + 2
+    else:
+        needed = p * m + (n + 1) * m
+    return -(-needed // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+
+
+def offline_static(model, prompts: list[list[int]], answers: list[int], *, mode: str, batch: int,
+                   cuda_graph: bool | None = None) -> dict:
+    """The same job in the previous release's static batches of ``batch`` prompts, in order:
+    each batch left-padded, decoded until its longest answer, greedy (blocks in adaptive mode)."""
+    from ..generation.decoders import StepReadout
+    from ..layout import left_pad
+    from . import static_batches as sb
+
+    readout = StepReadout(model.vocab, model.dk_bias)
+    sync(model.device)
+    t0 = time.perf_counter()
+    tokens = steps = 0
+    peak = 0.0
+    for s in range(0, len(prompts), batch):
+        chunk, wanted = prompts[s:s + batch], answers[s:s + batch]
+        n = max(wanted)
+        with torch.inference_mode():
+            ids, mask = left_pad(chunk, model.device)
+            if model.pause_visibility == "private":
+                dec = sb.StaticPrivateDecoder(model, ids, mask, readout, max_new_tokens=n, cuda_graph=cuda_graph,
+                                              mode=mode)
+            else:
+                cls = sb.StaticFixedDecoder if mode == "fixed" else sb.StaticBlockAdaptiveDecoder
+                dec = cls(model, ids, mask, readout, max_new_tokens=n, cuda_graph=cuda_graph)
+            dec.start().token.tolist()
+            for _ in range(n - 1):
+                dec.step().token.tolist()
+                steps += 1
+            peak = max(peak, sum(t.numel() * t.element_size() for t in dec.cache.keys + dec.cache.values) / 2**30)
+        tokens += sum(wanted)
+        del dec
+    sync(model.device)
+    seconds = time.perf_counter() - t0
+    return {"impl": "static_batches", "mode": mode, "prompts": len(prompts), "slots": batch,
+            "cache_gib": peak, "seconds": seconds, "real_tokens": tokens,
+            "real_tokens_per_s": tokens / seconds, "steps": steps}
+
+
+__all__ = ["engine_rate", "mixed_job", "offline_job", "offline_static"]
