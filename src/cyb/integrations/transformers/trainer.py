@@ -110,6 +110,10 @@ class PauseTrainerMixin:
         if data_collator is None:
             data_collator = PauseCollator(model, pad_id=_pad_id(kwargs.get("processing_class"), model))
         super().__init__(model, args, data_collator, *rest, **kwargs)
+        if self.args.n_gpu > 1:  # Trainer would wrap the model in nn.DataParallel
+            raise ValueError(f"{type(self).__name__} does not run nn.DataParallel ({self.args.n_gpu} GPUs visible to one "
+                             "process): launch the script with torchrun or accelerate launch (one process per GPU), or "
+                             "make one GPU visible with CUDA_VISIBLE_DEVICES")
         # older transformers read this instead of loss_is_scaled_for_ga: the loss is not divided again
         self.model_accepts_loss_kwargs = True
         objective = model.objective
