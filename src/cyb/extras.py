@@ -1,8 +1,9 @@
 """Optional packages: import one, or say in one line how to install it.
 
 cyb's optional dependencies are the extras of its ``pyproject.toml`` (``lora``, ``data``,
-``eval``, ``tensorboard``, ``kernels``, ``gguf``, ``trainer``, ``trl``, ``wandb``).  cyb is installed
-from a clone (``scripts/setup.sh`` makes ``.venv``), so the install command is pip's editable install of the clone with the extra.
+``eval``, ``tensorboard``, ``kernels``, ``gguf``, ``trainer``, ``trl``, ``wandb``).  cyb is
+installed from a clone (``scripts/setup.sh`` makes ``.venv``), so the install command is pip's
+editable install of the clone with the extra.
 """
 
 from __future__ import annotations
