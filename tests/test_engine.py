@@ -57,7 +57,7 @@ class Sampling:
 def _decide(pm: PauseModel, z: torch.Tensor, step: int, u: torch.Tensor | None, s: Sampling):
     """(dk?, token, d) at 1-based ``step`` from float64 logits ``z [V]`` (pauses banned here)."""
     m, dk = pm.num_steps, pm.settings.dk_id
-    z = z.double().clone()
+    z = z.double().cpu()
     z[list(pm.vocab.pause_ids)] = -math.inf
     d = 1.0
     wants_dk = dk is None and step < m
@@ -111,8 +111,10 @@ def reference(pm: PauseModel, prompt: list[int], n: int, mode: str, s: Sampling,
             pos.append(real_pos + (step - 1 if advance else 0))
             tok.append(block)
             stp.append(step - 1)
-            steps_ = BlockSteps(torch.tensor([tok]), torch.tensor([stp]), torch.ones(1, len(ids), dtype=torch.bool))
-            h, _ = pm.hidden_states(torch.tensor([ids]), torch.tensor([pos]), steps=steps_)
+            dev = pm.device
+            steps_ = BlockSteps(torch.tensor([tok], device=dev), torch.tensor([stp], device=dev),
+                                torch.ones(1, len(ids), dtype=torch.bool, device=dev))
+            h, _ = pm.hidden_states(torch.tensor([ids], device=dev), torch.tensor([pos], device=dev), steps=steps_)
             wants_dk, token, d = _decide(pm, pm.logits(h[0, -1]), step, u, s)
             d_row[step - 1] = d
             if answer is None and (not wants_dk or step == m):

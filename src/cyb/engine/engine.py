@@ -55,9 +55,9 @@ class EngineOptions:
         prefill_chunk: prompt columns one row writes per prefill forward at most.
         prefill_rows: rows one prefill forward covers at most.
         cuda_graph: capture decoding steps as CUDA graphs (None: on CUDA).
-        attention_bucket: attention covers the columns in use rounded up to this times a power
-            of two (one graph each), for batches of ``bucket_min_rows`` rows or more; smaller
-            ones cover the whole capacity.
+        attention_bucket: attention covers the columns in use rounded up to a multiple of this
+            (one graph each), for batches of ``bucket_min_rows`` rows or more; smaller ones
+            cover the whole capacity.
         capacity_multiple: columns per row are rounded up to a multiple of this.
     """
 
@@ -267,10 +267,8 @@ class Engine:
         opts = self.options
         if rows < opts.bucket_min_rows:
             return self.capacity
-        limit = opts.attention_bucket
-        while limit < bound:
-            limit *= 2
-        return min(limit, self.capacity)
+        bucket = opts.attention_bucket
+        return min(-(-bound // bucket) * bucket, self.capacity)
 
     def _admit_and_prefill(self) -> None:
         sched = self.scheduler

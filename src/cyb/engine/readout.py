@@ -71,9 +71,9 @@ class RowReadout:
         self.m = vocab.num_steps
         self.dk_id = vocab.dk_id
         self.dk_bias = float(dk_bias)
-        banned = sorted(set(vocab.pause_ids))
-        self.banned = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
-        self.dk_index = torch.tensor([self.dk_id or 0], dtype=torch.long, device=device)
+        masked = sorted(set(vocab.pause_ids) | ({vocab.dk_id} if vocab.dk_id is not None else set()))
+        #: ids that are never answers: the pauses and dk
+        self.masked = torch.tensor(masked, dtype=torch.long, device=device) if masked else None
 
     def decide(self, logits: torch.Tensor, step: torch.Tensor, key: torch.Tensor, counter: torch.Tensor,
                greedy: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -83,47 +83,51 @@ class RowReadout:
         ``key``, ``counter``: the rows' streams and the index of the token each decides;
         ``greedy [n]`` bool, ``temperature [n]`` float, ``top_k [n]`` long (0: off),
         ``top_p [n]`` float (1: off): the rows' settings; ``kind`` says which of them any row
-        uses.  Fixed shapes, no host read.
+        uses.  Fixed shapes, no host read.  One float copy of the logits, one max and one
+        log-sum-exp over the vocabulary (the dk decision compares the dk logit with the best
+        real token's: ``argmax`` over ``{dk} U V`` is dk exactly when the dk logit is larger, or
+        equal with the smaller id).
         """
         n, q, _ = logits.shape
         z = logits.float()
-        if self.banned is not None:
-            z = z.index_fill(-1, self.banned, -math.inf)
+        dk = self.dk_id
+        if dk is not None:
+            zdk = z[..., dk] + self.dk_bias  # [n, Q] (a copy, taken before the masking below)
+        if z.data_ptr() == logits.data_ptr():
+            z = z.clone()  # float32 logits: keep the caller's
+        if self.masked is not None:
+            z.index_fill_(-1, self.masked, -math.inf)  # z: the real tokens' logits
+        best, token = z.max(-1)  # [n, Q]: the best real token of each step (its first index)
+        rest = torch.logsumexp(z, -1)
         steps = step.unsqueeze(1) + torch.arange(q, device=z.device)  # [n, Q], 1-based
         last = steps >= self.m
         uniforms = stream_uniforms(key, counter, self.m + 1) if kind.sample else None  # [n, M+1]
-        if self.dk_id is None:
-            log_d = torch.zeros((n, q), dtype=z.dtype, device=z.device)
-            log_not_d = torch.full_like(log_d, -math.inf)
+        if dk is None:
+            log_d = torch.zeros_like(rest)
+            log_not_d = torch.full_like(rest, -math.inf)
             wants_dk = torch.ones_like(last)
         else:
-            zb = z.clone()
-            zb[..., self.dk_id] += self.dk_bias
-            total = torch.logsumexp(zb, -1)
-            log_d = zb[..., self.dk_id] - total
-            log_not_d = torch.logsumexp(zb.index_fill(-1, self.dk_index, -math.inf), -1) - total
-            wants_dk = zb.argmax(-1) == self.dk_id
+            total = torch.logaddexp(rest, zdk)
+            log_d, log_not_d = zdk - total, rest - total
+            wants_dk = (zdk > best) | ((zdk == best) & (token > dk))
             if kind.sample:
-                d = zb.softmax(-1)[..., self.dk_id]
                 lane = (steps - 1).clamp(max=self.m - 1)
-                sampled_dk = uniforms.gather(1, lane) < d
+                sampled_dk = uniforms.gather(1, lane) < log_d.exp()
                 wants_dk = torch.where(greedy.unsqueeze(1), wants_dk, sampled_dk)
         answers = ~wants_dk | last
         index = torch.arange(q, device=z.device).expand(n, q)
         at = torch.where(answers, index, torch.full_like(index, q)).amin(-1)
         stop = at < q
         at = at.clamp(max=q - 1)
-        chosen = z.gather(1, at.view(n, 1, 1).expand(n, 1, z.shape[-1])).squeeze(1)  # [n, V]
-        if self.dk_id is not None:
-            chosen = chosen.index_fill(-1, self.dk_index, -math.inf)
-        token = chosen.argmax(-1)
+        answer = token.gather(1, at.unsqueeze(1)).squeeze(1)
         if kind.sample:
+            chosen = z.gather(1, at.view(n, 1, 1).expand(n, 1, z.shape[-1])).squeeze(1)  # [n, V]
             tempered = chosen / torch.where(greedy, 1.0, temperature).unsqueeze(1)
             tempered = filter_rows(tempered, top_k if kind.top_k else None, top_p if kind.top_p else None,
                                    kind.top_k)
             drawn = inverse_cdf(tempered.softmax(-1), uniforms[:, self.m])
-            token = torch.where(greedy, token, drawn)
-        return Decision(stop, at, token, log_d, log_not_d)
+            answer = torch.where(greedy, answer, drawn)
+        return Decision(stop, at, answer, log_d, log_not_d)
 
 
 def filter_rows(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
