@@ -108,7 +108,7 @@ def test_type_errors_name_the_field(data, match):
     ({"train": {"micro_batch_size": 32, "batch_size": 16}}, r"train\.micro_batch_size: must lie in"),
     ({"train": {"device": "gpu"}}, r"train\.device: must be auto, cpu, cuda or cuda:N"),
     ({"train": {"keep_last": 0}}, r"train\.keep_last: must be >= 1"),
-    ({"train": {"distributed": "deepspeed"}}, r"train\.distributed: must be one of auto, ddp, fsdp, none"),
+    ({"train": {"distributed": "deepspeed"}}, r"train\.distributed: must be one of auto, ddp, fsdp, hsdp, none"),
 ])
 def test_range_errors_name_the_field(data, match):
     with pytest.raises(ConfigError, match=match):

@@ -149,6 +149,11 @@ class PauseTrainerMixin:
             loss = loss_sum * (world / total.clamp(min=1)).float()
         return (loss, {"loss_sum": loss_sum, "sums": sums}) if return_outputs else loss
 
+    def evaluation_loop(self, *args, **kwargs):
+        """Trainer's evaluation loop, its pause metrics counted from an empty window."""
+        self.pause_metrics.windows["eval"] = {}
+        return super().evaluation_loop(*args, **kwargs)
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """The batch's mean objective per target token (no logits: the readout never builds them)."""
         inputs = self._prepare_inputs(inputs)
