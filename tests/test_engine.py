@@ -93,6 +93,7 @@ def reference(pm: PauseModel, prompt: list[int], n: int, mode: str, s: Sampling,
     block.  Positions as the model's scheme gives them."""
     m, advance, vis = pm.num_steps, pm.vocab.position_scheme == "advance", pm.pause_visibility
     pause = list(pm.vocab.pause_ids)
+    pm.pause_kernel = "dense"  # the reference mask on every device
     ids, pos, tok, stp = [], [], [], []  # the fed row: id, position, block, step
     for k, t in enumerate(prompt[:-1]):
         for j in range(m):

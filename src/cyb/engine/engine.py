@@ -53,7 +53,8 @@ class EngineOptions:
             and all its pauses; adaptive rows keep the steps up to their stop) or ``"auto"``
             (:func:`choose_positions`).
         prefill_chunk: prompt columns one row writes per prefill forward at most.
-        prefill_rows: rows one prefill forward covers at most.
+        prefill_rows: a prefill forward writes at most ``prefill_rows x prefill_chunk`` positions
+            (rows padded to the longest chunk among them).
         cuda_graph: capture decoding steps as CUDA graphs (None: on CUDA).
         attention_bucket: attention covers the columns in use rounded up to a multiple of this
             (one graph each), for batches of ``bucket_min_rows`` rows or more; smaller ones

@@ -23,6 +23,7 @@ import time
 import torch
 
 from ..model import hf
+from ..runtime import growing_attention
 from .cache import SlotCache
 from .readout import SamplingKind
 from .rows import Rows
@@ -138,7 +139,8 @@ class Runner:
             earlier = (key_cols // self.m).view(1, 1, limit) < (cols // self.m).unsqueeze(2)
             extra["pause_foreign"] = (is_pause.view(1, 1, limit) & earlier).unsqueeze(1)
             self.tags[rows.unsqueeze(1), cols] = (cols % self.m) != 0
-        self._forward(ids, pos, self._mask(cols, limit), **extra)
+        with growing_attention(self.device):  # (chunk shapes vary: no kernel that plans per shape)
+            self._forward(ids, pos, self._mask(cols, limit), **extra)
 
 
 __all__ = ["Runner"]

@@ -86,12 +86,20 @@ class Scheduler:
 
     def next_prefill(self) -> tuple[list[Tracked], int] | None:
         """The rows of the next prefill forward and its chunk length ``C`` (each row writes
-        ``min(C, what it has left)`` columns), or None when no prompt is left to write."""
-        left = [t for t in self.prefilling if t.prefill_left > 0]
-        if not left:
-            return None
-        chunk = min(self.prefill_chunk, left[0].prefill_left)
-        return left[: self.prefill_rows], chunk
+        ``min(C, what it has left)`` columns), or None when no prompt is left to write.  Rows
+        are taken in arrival order while ``rows x C`` stays within ``prefill_rows`` full chunks
+        (``C``: the longest remainder among them, at most ``prefill_chunk``)."""
+        budget = self.prefill_rows * self.prefill_chunk
+        batch, chunk = [], 0
+        for t in self.prefilling:
+            if t.prefill_left <= 0:
+                continue
+            c = max(chunk, min(self.prefill_chunk, t.prefill_left))
+            if batch and (len(batch) + 1) * c > budget:
+                break
+            batch.append(t)
+            chunk = c
+        return (batch, chunk) if batch else None
 
     def ready(self) -> list[Tracked]:
         """Requests whose prompt is written: they move to decoding."""
