@@ -103,3 +103,18 @@ def test_the_work_folder_is_shown_as_tmp(tmp_path):
     out, err = ctx.shell("echo $CYB_NUM_THREADS; pwd")
     assert out.splitlines() == ["1", "/tmp"]
     assert re.fullmatch(r"\d+ s", "12 s") and cd.TIMING.search("took 12.5 s")
+
+
+def test_the_readme_command_table_names_every_command_and_bench_part():
+    import argparse
+
+    from cyb.cli import build_parser
+    from cyb.commands import NAMES
+
+    readme = (cd.REPO / "README.md").read_text()
+    table = "\n".join(line for line in readme.splitlines() if line.startswith("| `"))
+    for name in NAMES:
+        assert f"`cyb {name}" in table, name
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    parts = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert "`cyb bench " + "\\|".join(parts) + "`" in table
