@@ -17,7 +17,8 @@ _OWN_DEFAULT = "%(default).0s"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="RUN_OR_MODEL",
-                   help="a run folder written by cyb train (uses final/ and config.yaml) or a saved cyb model folder; "
+                   help="a run folder written by cyb train (uses final/ and config.yaml), one of its checkpoints (ckpt-N: "
+                        "the model of step N, on the run's held-out data) or a saved cyb model folder; "
                         "a plain model folder, a .gguf file or a known model's name (smollm2-135m) is evaluated "
                         "as a no-pause baseline (give --data)")
     p.add_argument("--data", default=None, metavar="SOURCE",

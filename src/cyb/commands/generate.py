@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("model_dir", metavar="MODEL_DIR",
                    help="a saved cyb model folder (written by `cyb train` or PauseModel.save_pretrained), "
-                        "or a run folder of cyb train (its final/ model is used); a plain model folder, a "
+                        "a run folder of cyb train (its final/ model) or one of its checkpoints (ckpt-N: the "
+                        "model of step N); a plain model folder, a "
                         ".gguf file or a known model's name (smollm2-135m) runs as a no-pause baseline")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt (repeat for several)")

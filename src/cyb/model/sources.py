@@ -30,10 +30,12 @@ from .cache import is_complete, is_gguf, say
 def resolve_model_source(name_or_path, *, fetch: bool = True):
     """What ``transformers`` should load for ``name_or_path`` (see the module docstring).
 
-    Returns a folder path (as a string) for GGUF files and known short names, else
-    ``name_or_path`` unchanged (a folder, a hub id, None).  With ``fetch=False`` a known model
-    that was not fetched yet, or a GGUF file not converted yet, is returned unchanged (nothing is
-    fetched or converted).
+    Returns a folder path (as a string) for GGUF files, known short names, run folders (their
+    ``final/``) and training checkpoints (the model folder built from one, :mod:`cyb.run_models`:
+    the one place where this layer asks the training layer, by name, for a folder that it wrote),
+    else ``name_or_path`` unchanged (a folder, a hub id, None).  With ``fetch=False`` a known model
+    that was not fetched yet, a GGUF file not converted yet, or a checkpoint whose model was not
+    built yet, is returned unchanged (nothing is fetched, converted or built).
 
     Raises FileNotFoundError for a ``.gguf`` path that does not exist, and ValueError
     (:class:`~cyb.model.zoo.FetchError`) when a known model has to be fetched and neither of
