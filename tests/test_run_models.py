@@ -12,7 +12,7 @@ import torch
 from cyb.cli import main
 from cyb.model import PauseModel
 from cyb.train import Trainer
-from test_train import _docs, _write_jsonl, tiny_cfg  # noqa: E402  (tests/ is on the path, as for gguf_tiny)
+from test_train import _docs, _write_jsonl, tiny_cfg  # tests/ is on the path, as for gguf_tiny
 
 
 @pytest.fixture(autouse=True, scope="module")
