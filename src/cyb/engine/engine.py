@@ -36,9 +36,11 @@ from .runner import Runner
 from .scheduler import Scheduler, Tracked
 
 POSITIONS = ("auto", "one", "block")
-#: on CUDA, adaptive decoding of at most this many rows feeds whole blocks (a forward of M
-#: positions costs about what one of a single position costs there; measured crossover)
-BLOCK_MAX_ROWS = 8
+#: on CUDA, adaptive decoding of at most this many rows feeds whole blocks: a forward of M
+#: positions costs about what one of a single position costs there (on an H100, 134 M model:
+#: blocks as fast or faster up to 32 rows at E[S] 1.1 and 1.9; from 256 rows one position per
+#: step was 1.4x faster at E[S] 1.1, blocks 1.2x faster at E[S] 1.9; docs/benchmarks.md)
+BLOCK_MAX_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class EngineOptions:
         prefill_chunk: prompt columns one row writes per prefill forward at most.
         prefill_rows: a prefill forward writes at most ``prefill_rows x prefill_chunk`` positions
             (rows padded to the longest chunk among them).
+        refill: while rows decode and more prompts wait than slots are free, waiting prompts
+            start only once this many slots are free (0: an eighth of the slots); 1 starts each
+            prompt as soon as a slot is free (lowest latency, more and smaller prefill forwards).
         cuda_graph: capture decoding steps as CUDA graphs (None: on CUDA).
         attention_bucket: attention covers the columns in use rounded up to a multiple of this
             (one graph each), for batches of ``bucket_min_rows`` rows or more; smaller ones
@@ -66,7 +71,8 @@ class EngineOptions:
     cache_bytes: int | None = None
     positions: str = "auto"
     prefill_chunk: int = 512
-    prefill_rows: int = 16
+    prefill_rows: int = 32
+    refill: int = 0
     cuda_graph: bool | None = None
     attention_bucket: int = 256
     bucket_min_rows: int = 8
@@ -80,6 +86,8 @@ class EngineOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if not isinstance(self.refill, int) or isinstance(self.refill, bool) or self.refill < 0:
+            raise ValueError(f"refill must be an integer >= 0 (0: an eighth of the slots), got {self.refill!r}")
         if self.cache_bytes is not None and (not isinstance(self.cache_bytes, int) or self.cache_bytes < 1):
             raise ValueError(f"cache_bytes must be a positive integer or None, got {self.cache_bytes!r}")
 
@@ -162,6 +170,7 @@ class Engine:
         self._tracked: dict[int, Tracked] = {}
         self._next_id = 0
         self._pending = None  # the launched step whose decisions are not read yet
+        self._roster = None  # (scheduler version, decoding rows, rows a step covers, sampling kind)
         self._to_stop: list[Tracked] = []
         self._host_out = (torch.empty((self.slots, OUT_FIXED_COLUMNS + m), dtype=torch.float32, pin_memory=True)
                           if device.type == "cuda" else None)
@@ -273,7 +282,7 @@ class Engine:
 
     def _admit_and_prefill(self) -> None:
         sched = self.scheduler
-        sched.admit()
+        sched.admit(self.options.refill or max(1, self.slots // 8))
         while True:
             plan = sched.next_prefill()
             if plan is None:
@@ -352,11 +361,13 @@ class Engine:
         sched = self.scheduler
         if not sched.decoding:
             return None
-        n = self._rows_bucket(sched.rows())
-        roster = list(sched.decoding.values())
+        if self._roster is None or self._roster[0] != sched.version:  # rows came or went
+            roster = list(sched.decoding.values())
+            self._roster = (sched.version, roster, self._rows_bucket(sched.rows()), self._sampling_kind(roster))
+        _, roster, n, kind = self._roster
         bound = max(self._bound(t) for t in roster) + self.q
         limit = self._limit(bound, n)
-        self.runner.decode(n, self.q, limit, self._sampling_kind(roster))
+        self.runner.decode(n, self.q, limit, kind)
         for t in roster:
             t.steps_run += 1
         self.stats["steps"] += 1

@@ -66,6 +66,8 @@ class Scheduler:
         self.prefilling: list[Tracked] = []
         self.decoding: dict[int, Tracked] = {}  # slot -> request
         self._free = list(range(slots))
+        #: changes whenever a row starts or stops decoding or moves
+        self.version = 0
 
     @property
     def busy(self) -> bool:
@@ -74,8 +76,14 @@ class Scheduler:
     def add(self, t: Tracked) -> None:
         self.waiting.append(t)
 
-    def admit(self) -> list[Tracked]:
-        """Give free slots to waiting requests, first come first served; they start prefill."""
+    def admit(self, min_free: int = 1) -> list[Tracked]:
+        """Give free slots to waiting requests, first come first served; they start prefill.
+        While rows decode and more requests wait than slots are free, nothing is admitted until
+        ``min_free`` slots are free: prompts then start in groups, written by a few large
+        prefill forwards rather than many small ones."""
+        free = len(self._free)
+        if self.decoding and free < min_free and len(self.waiting) > free:
+            return []
         admitted = []
         while self.waiting and self._free:
             t = self.waiting.popleft()
@@ -109,6 +117,7 @@ class Scheduler:
             for t in done:
                 t.state = "decoding"
                 self.decoding[t.slot] = t
+            self.version += 1
         return done
 
     def release(self, t: Tracked) -> None:
@@ -119,6 +128,7 @@ class Scheduler:
             self.prefilling.remove(t)
         elif t.state == "decoding":
             del self.decoding[t.slot]
+            self.version += 1
         if t.slot is not None and t.state != "done":
             heapq.heappush(self._free, t.slot)
         t.state = "done"
@@ -151,6 +161,7 @@ class Scheduler:
         heapq.heappush(self._free, t.slot)
         t.slot = dst
         self.decoding[dst] = t
+        self.version += 1
 
 
 __all__ = ["Scheduler", "Tracked"]
