@@ -56,6 +56,8 @@ RUNS: dict[str, list[str]] = {
                          "--set train.out_dir=runs/measure-baseline"],
     "measure-tbys": ["cyb train {repo}/configs/cpu-tiny.yaml --set method.name=tbys "
                      "--set train.out_dir=runs/measure-tbys"],
+    "tiny-gated": ["cyb train {repo}/configs/cpu-tiny.yaml --set method.pause_visibility=gated "
+                   "--set train.out_dir=runs/tiny-gated"],
     "demo": ["cyb demo"],
     "smollm2": ["cyb train {repo}/configs/smollm2-135m.yaml"],
     "smollm2-baseline": ["cyb train {repo}/configs/smollm2-135m.yaml --set method.name=baseline "
@@ -303,6 +305,12 @@ def add_numbers(ctx: Context) -> dict:
     return {"base_ppl": ppl.group(1), "base_loss": ppl.group(2), "base_exact": exact(base), "cyb_exact": exact(cyb)}
 
 
+def gated_numbers(ctx: Context) -> dict:
+    ctx.run("tiny-gated")
+    out = ctx.shell("cyb eval runs/tiny-gated --no-progress")[0]
+    return {"line": next(line for line in out.splitlines() if line.startswith("gated pauses:"))}
+
+
 def demo_numbers(ctx: Context) -> dict:
     report = demo_report(ctx)
     dec = re.search(r"- cyb_decoupled: ([\d.]+%) exact .*?E\[S\] ([\d.]+) on the hard answer positions, ([\d.]+) on the "
@@ -347,6 +355,7 @@ FACTS: list[Fact] = [
          "neither model does the sums ({cyb_exact} and {base_exact} exact)", add_numbers),
     Fact("README.md", r"keeps its answers in some seeds \([\d.]+% against [\d.]+% here\)",
          "keeps its answers in some seeds ({dec_adaptive} against {dec_fixed} here)", demo_numbers),
+    Fact("docs/evaluation.md", r"that line read `gated pauses: [^`]*`", "that line read `{line}`", gated_numbers),
     Fact("docs/demo.md", r"Plain CYB answers at the real token \(E\[S\] [\d.]+\)",
          "Plain CYB answers at the real token (E[S] {cyb_es})", demo_numbers),
     Fact("docs/demo.md", r"adaptive decoding keeps its answers at [\d.]+ positions per token",
