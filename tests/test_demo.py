@@ -201,7 +201,7 @@ def test_decoding_cost_counts_positions_per_mode():
 
     calls = []
 
-    def fake_generate(model, prompts, mode, max_new_tokens):
+    def fake_generate(model, prompts, mode, max_new_tokens, max_batch):
         calls.append((mode, max_new_tokens))
         return [Result("2", [1, 2]), Result("5", [3, 1])]
 

@@ -263,11 +263,11 @@ def test_generate_until_matches_generate(tokenizer, mode, caplog):
         assert text == want.text
         assert not any(u in text for u in until)
     assert "num_beams" in caplog.text  # unsupported options are named, not silently dropped
-    # the static decoder (the CUDA-graph decoder's step, run eagerly) gives the same texts
-    static = CybLM(pm, device="cpu", batch_size=2, mode=mode, max_gen_toks=7, decoder="static")
-    assert static.generate_until(requests("generate_until", list(zip(contexts, gen_kwargs))), True) == got
-    assert static.get_model_info()["cyb"]["decoder"] == "static"
-    assert lm.get_model_info()["cyb"]["decoder"] == "eager"  # auto on a CPU
+    # the eager decoder (a left-padded batch on a DynamicCache) gives the engine's texts
+    eager = CybLM(pm, device="cpu", batch_size=2, mode=mode, max_gen_toks=7, decoder="eager")
+    assert eager.generate_until(requests("generate_until", list(zip(contexts, gen_kwargs))), True) == got
+    assert eager.get_model_info()["cyb"]["decoder"] == "eager"
+    assert lm.get_model_info()["cyb"]["decoder"] == "static"  # auto on a CPU: the engine without graphs
 
 
 # ------------------------------------------------------------------ arguments

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -38,8 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop a prompt's generation at this string (repeatable; not printed)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     p.add_argument("--batch-size", type=int, default=1, metavar="B",
-                   help="prompts generated together; with 1 the text streams token by token, "
-                        "with more each completion is printed when its batch ends")
+                   help="prompts that decode at once (a finished prompt's place goes to the next "
+                        "one); with 1 the text streams token by token, with more each completion "
+                        "is printed, in the order of the prompts, as soon as it and those before it end")
     p.add_argument("--shade", action="store_true",
                    help="colour each token's background by the steps it used (white = 1, dark blue = M)")
     p.add_argument("--json", dest="json_path", metavar="PATH",
@@ -157,27 +159,34 @@ def run(args) -> int:
 
     if args.shade:
         print(legend(m, truecolor=truecolor), file=out)
-    results = []
-    for start in range(0, len(prompts), args.batch_size):
-        batch = prompts[start : start + args.batch_size]
-        s = stream(model, batch, cfg)
-        if len(batch) == 1:
-            out.write(batch[0])
-            for event in s:
-                out.write(paint(event.text, event.steps))
-                out.flush()
-            out.write("\n")
-        else:
-            for _ in s:
-                pass
-            for prompt, res in zip(batch, s.results):
-                pieces = _pieces(model.tokenizer, res) if args.shade else [(res.text, 1)]
-                out.write(prompt + "".join(paint(text, steps) for text, steps in pieces) + "\n")
-        out.flush()
-        for res in s.results:
-            print(f"[{len(res.token_ids)} tokens, mean steps {res.mean_steps:.2f} of {m}, "
-                  f"stop: {res.stop_reason}]", file=sys.stderr)
-        results.extend(s.results)
+    def summary(res) -> None:
+        print(f"[{len(res.token_ids)} tokens, mean steps {res.mean_steps:.2f} of {m}, "
+              f"stop: {res.stop_reason}]", file=sys.stderr)
+
+    # every prompt through one stream (prompt i samples from the stream of (seed, i)); with one
+    # row at a time its text streams token by token, else each completion is printed in order
+    s = stream(model, prompts, dataclasses.replace(cfg, max_batch=args.batch_size))
+    done, printed = set(), 0
+    for event in s:
+        if args.batch_size == 1:
+            if event.index == 0:
+                out.write(prompts[event.row])
+            out.write(paint(event.text, event.steps))
+            out.flush()
+            if event.finished:
+                out.write("\n")
+                summary(s.partial[event.row])
+            continue
+        if event.finished:
+            done.add(event.row)
+        while printed in done:
+            res = s.partial[printed]
+            pieces = _pieces(model.tokenizer, res) if args.shade else [(res.text, 1)]
+            out.write(prompts[printed] + "".join(paint(text, steps) for text, steps in pieces) + "\n")
+            out.flush()
+            summary(res)
+            printed += 1
+    results = s.results
     if args.json_path:
         _write_json(args.json_path, {"model": str(folder), "method": model.settings.method,
                                      "num_steps": m, "config": cfg.to_dict(), "decoder_used": decoder},

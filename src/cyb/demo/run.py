@@ -147,9 +147,7 @@ def decoding_cost(model, dataset, *, limit: int = 512, batch_size: int = 128) ->
     out = {}
     for mode in ("fixed", "adaptive"):
         t0 = time.perf_counter()
-        results = []
-        for s in range(0, len(prompts), batch_size):
-            results += generate(model, prompts[s:s + batch_size], mode=mode, max_new_tokens=longest)
+        results = generate(model, prompts, mode=mode, max_new_tokens=longest, max_batch=batch_size)
         seconds = time.perf_counter() - t0
         tokens = sum(len(r.steps) for r in results)
         used = sum(len(r.steps) * model.num_steps if mode == "fixed" else sum(r.steps) for r in results)

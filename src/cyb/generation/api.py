@@ -42,6 +42,7 @@ the parts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import warnings
@@ -220,10 +221,13 @@ class GenerationResult:
 
 class GenerationStream:
     """Iterator of :class:`TokenEvent`; :attr:`results` holds the :class:`GenerationResult`
-    list once the iterator is exhausted (None before)."""
+    list once the iterator is exhausted (None before).  :attr:`partial` holds the same results
+    while they are filled, in the order of the prompts: a prompt's result is complete once its
+    last event (``finished``) has come."""
 
-    def __init__(self, events: Iterator[TokenEvent]) -> None:
+    def __init__(self, events: Iterator[TokenEvent], partial: list[GenerationResult]) -> None:
         self._events = events
+        self.partial = partial
         self.results: list[GenerationResult] | None = None
 
     def __iter__(self) -> "GenerationStream":
@@ -263,11 +267,11 @@ def stream(model, prompts, config: GenerationConfig | None = None, *,
     if REGISTRY[kind].engine:
         options = dataclasses.replace(engine_options or EngineOptions(), max_slots=cfg.max_batch,
                                       cuda_graph=REGISTRY[kind].needs_cuda)
-        return GenerationStream(_run_engine(model, rows, encoded, keys, cfg, options))
+        return GenerationStream(_run_engine(model, rows, encoded, keys, cfg, options), [r.result for r in rows])
     readout = StepReadout(model.vocab, model.dk_bias, sample=cfg.sample, temperature=cfg.temperature,
                           top_k=cfg.top_k or None, top_p=cfg.top_p,
                           keys=None if keys is None else torch.tensor(keys, dtype=torch.long))
-    return GenerationStream(_run_decoder(model, rows, encoded, readout, cfg))
+    return GenerationStream(_run_decoder(model, rows, encoded, readout, cfg), [r.result for r in rows])
 
 
 def generate(model, prompts, config: GenerationConfig | None = None, *,
@@ -433,7 +437,20 @@ def _run_engine(model, rows: list[_Row], encoded: list[list[int]], keys: list[in
 
 def _run_decoder(model, rows: list[_Row], encoded: list[list[int]], readout: StepReadout,
                  cfg: GenerationConfig) -> Iterator[TokenEvent]:
-    """The eager decode loop over a left-padded batch: one forward and one host read per step;
+    """The eager decoders over left-padded batches of at most ``max_batch`` prompts, one batch
+    after another (each prompt keeps its own random stream)."""
+    for start in range(0, len(rows), cfg.max_batch):
+        part = copy.copy(readout)
+        if readout.keys is not None:
+            part.keys = readout.keys[start:start + cfg.max_batch]
+        yield from _run_batch(model, rows[start:start + cfg.max_batch], encoded[start:start + cfg.max_batch],
+                              part, cfg)
+    return [row.result for row in rows]
+
+
+def _run_batch(model, rows: list[_Row], encoded: list[list[int]], readout: StepReadout,
+               cfg: GenerationConfig) -> Iterator[TokenEvent]:
+    """One eager decoder over a left-padded batch: one forward and one host read per step;
     events are yielded outside ``torch.inference_mode`` so that the caller's code between
     tokens runs normally."""
     with torch.inference_mode():
@@ -457,7 +474,6 @@ def _run_decoder(model, rows: list[_Row], encoded: list[list[int]], readout: Ste
         for j, i in enumerate(active):
             if not rows[i].finished:
                 rows[i].result.positions += per_row[j] if per_row is not None else decoder.positions_per_step
-    return [row.result for row in rows]
 
 
 def _collect(out: StepOutput, batch: list[_Row]) -> list[TokenEvent]:

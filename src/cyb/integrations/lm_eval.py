@@ -138,7 +138,8 @@ class CybLM(LM):
         pretrained: folder or hub name of a saved pause model, or a ``PauseModel`` (moved to
             ``device`` and put in eval mode).
         device: ``cpu``, ``cuda``, ``cuda:1``... (default: ``cuda`` when available).
-        batch_size: requests per forward (>= 1).
+        batch_size: loglikelihood requests per forward, and the prompts that decode at once in
+            ``generate_until`` (the engine's slots: a finished prompt's slot goes to the next) (>= 1).
         max_batch_size: accepted for the harness's interface; unused.
         mode: ``fixed`` (every token gets its ``M-1`` pauses; the paper's inference) or
             ``adaptive`` (a pause only after dk) for ``generate_until``; log-likelihoods
@@ -153,8 +154,8 @@ class CybLM(LM):
         attn_implementation: ``sdpa`` or ``eager``.
         seed: seed of the sampler when a request asks for sampling.
         decoder: the decode loop of ``generate_until`` (:class:`cyb.generation.GenerationConfig`):
-            ``auto`` (CUDA graph on CUDA where the model supports it, else eager), ``graph``,
-            ``static`` or ``eager``.
+            ``auto`` (the engine: CUDA graphs on CUDA; eager for sliding-window models),
+            ``graph``, ``static`` or ``eager``.
     """
 
     def __init__(self, pretrained, device: str | None = None, batch_size=8, max_batch_size=None,
@@ -365,17 +366,14 @@ class CybLM(LM):
             groups[tuple(sorted(options.items()))].append(i)
         out: list[str | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="cyb generate_until", disable=disable_tqdm or self.rank != 0)
-        for members in groups.values():
-            members.sort(key=lambda i: -len(prepared[i][0]))
+        for members in groups.values():  # one engine per group: rows come and go, batch_size at once
             options = prepared[members[0]][1]
-            for start in range(0, len(members), self._batch_size):
-                batch = members[start:start + self._batch_size]
-                results = generate(self._model, [prepared[i][0] for i in batch], mode=self._mode,
-                                   seed=self._seed, decoder=self._decoder, **options)
-                for i, res in zip(batch, results):
-                    out[i] = res.text or ""
-                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
-                bar.update(len(batch))
+            results = generate(self._model, [prepared[i][0] for i in members], mode=self._mode,
+                               seed=self._seed, decoder=self._decoder, max_batch=self._batch_size,
+                               on_token=lambda e: bar.update(1) if e.finished else None, **options)
+            for i, res in zip(members, results):
+                out[i] = res.text or ""
+                self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
         bar.close()
         return out  # type: ignore[return-value]
 
