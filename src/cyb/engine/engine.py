@@ -23,7 +23,9 @@ each pause one more, and no row waits for another) or a whole block of ``M``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..model import hf
@@ -170,7 +172,8 @@ class Engine:
         self._tracked: dict[int, Tracked] = {}
         self._next_id = 0
         self._pending = None  # the launched step whose decisions are not read yet
-        self._roster = None  # (scheduler version, decoding rows, rows a step covers, sampling kind)
+        self._roster: _Roster | None = None
+        self._max_real = 0  # private pauses: the most real columns a decoding row has
         self._to_stop: list[Tracked] = []
         self._host_out = (torch.empty((self.slots, OUT_FIXED_COLUMNS + m), dtype=torch.float32, pin_memory=True)
                           if device.type == "cuda" else None)
@@ -313,6 +316,8 @@ class Engine:
         self.stats["prefill_forwards"] += 1
 
     def _start(self, ready: list[Tracked]) -> None:
+        for t in ready:
+            t.first_step = self.stats["steps"]
         reqs = [t.request for t in ready]
         self.rows.start(
             [t.slot for t in ready], [t.prefill.first_token for t in ready],
@@ -340,7 +345,7 @@ class Engine:
 
     def _bound(self, t: Tracked) -> int:
         """A column no position of ``t``'s row has reached yet at its next step."""
-        bound = t.prefill.columns + t.steps_run * self.q
+        bound = t.prefill.columns + (self.stats["steps"] - t.first_step) * self.q
         if self.layout.real_only:
             bound = min(bound, t.prefill.columns + t.tokens + 2 + self.layout.num_steps)
         return bound
@@ -357,53 +362,75 @@ class Engine:
             top_k = k
         return SamplingKind(True, top_k, any(r.top_p < 1 for r in sampled))
 
+    def _make_roster(self) -> "_Roster":
+        sched = self.scheduler
+        rows = list(sched.decoding.values())
+        self._max_real = max(t.prefill.columns + t.tokens for t in rows)
+        return _Roster(sched.version, rows, np.array([t.slot for t in rows], dtype=np.int64),
+                       self._rows_bucket(sched.rows()), self._sampling_kind(rows),
+                       max(t.prefill.columns - t.first_step * self.q for t in rows))
+
     def _launch(self):
         sched = self.scheduler
         if not sched.decoding:
             return None
-        if self._roster is None or self._roster[0] != sched.version:  # rows came or went
-            roster = list(sched.decoding.values())
-            self._roster = (sched.version, roster, self._rows_bucket(sched.rows()), self._sampling_kind(roster))
-        _, roster, n, kind = self._roster
-        bound = max(self._bound(t) for t in roster) + self.q
-        limit = self._limit(bound, n)
-        self.runner.decode(n, self.q, limit, kind)
-        for t in roster:
-            t.steps_run += 1
+        if self._roster is None or self._roster.version != sched.version:  # rows came or went
+            self._roster = self._make_roster()
+        ros = self._roster
+        bound = ros.base + self.stats["steps"] * self.q  # the largest of every row's _bound
+        if self.layout.real_only:
+            bound = min(bound, self._max_real + 2 + self.layout.num_steps)
+        self.runner.decode(ros.n, self.q, self._limit(bound + self.q, ros.n), ros.kind)
         self.stats["steps"] += 1
-        self.stats["decode_positions"] += len(roster) * self.q
-        slots = [t.slot for t in roster]
+        self.stats["decode_positions"] += len(ros.rows) * self.q
         if self._host_out is None:
-            return self.rows.out[:n], roster, slots
-        host = self._host_out[:n]
-        host.copy_(self.rows.out[:n], non_blocking=True)
+            return self.rows.out[:ros.n], ros, None
+        host = self._host_out[:ros.n]
+        host.copy_(self.rows.out[:ros.n], non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return host, roster, slots, done
+        return host, ros, done
 
     def _collect(self, launched) -> list[Emitted]:
-        out, roster, slots = launched[:3]
-        if len(launched) > 3:
-            launched[3].synchronize()
-        values = out.tolist()
+        """The tokens of a launched step: only the rows that emitted cost Python work."""
+        out, ros, done = launched
+        if done is not None:
+            done.synchronize()
+        values = out.numpy()
+        hits = np.flatnonzero(values[ros.slots, 0])
         m, events = self.layout.num_steps, []
-        for t, slot in zip(roster, slots):
-            row = values[slot]
-            if not row[0] or t.finished is not None:
+        per_step = self.q == 1
+        for k, row in zip(hits.tolist(), values[ros.slots[hits]].tolist()):
+            t = ros.rows[k]
+            if t.finished is not None:
                 continue
             steps = int(row[2])
             r = t.request
-            t.positions += steps if (self.q == 1 and r.mode == "adaptive") else m
+            t.positions += steps if (per_step and r.mode == "adaptive") else m
             t.tokens += 1
+            if t.prefill.columns + t.tokens > self._max_real:
+                self._max_real = t.prefill.columns + t.tokens
             token = int(row[1])
             reason = "eos" if token in r.eos else ("length" if t.tokens >= r.max_new_tokens else None)
-            expected = row[3] if r.mode == "fixed" else None
-            events.append(Emitted(t.id, t.tokens - 1, token, steps, tuple(row[OUT_FIXED_COLUMNS:OUT_FIXED_COLUMNS + m]),
-                                  expected, t.positions, reason))
+            events.append(Emitted(t.id, t.tokens - 1, token, steps, tuple(row[OUT_FIXED_COLUMNS:]),
+                                  row[3] if r.mode == "fixed" else None, t.positions, reason))
             if reason is not None:
                 t.finished = reason
                 self._finish(t)
         return events
+
+
+class _Roster(NamedTuple):
+    """The decoding rows as they stand since the scheduler's ``version``: the rows, their slots,
+    the rows a step covers, what their readout needs, and ``max(prefill columns - first step x
+    Q)`` (with the step count, the bound of every row's columns)."""
+
+    version: int
+    rows: list
+    slots: np.ndarray
+    n: int
+    kind: SamplingKind
+    base: int
 
 
 __all__ = ["BLOCK_MAX_ROWS", "Engine", "EngineOptions", "POSITIONS", "choose_positions", "unsupported_reason"]

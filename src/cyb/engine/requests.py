@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 MODES = ("fixed", "adaptive")
 
@@ -72,8 +73,7 @@ class Request:
         return not self.sample or self.temperature == 0
 
 
-@dataclass(frozen=True)
-class Emitted:
+class Emitted(NamedTuple):
     """One new token of one request.
 
     Attributes:
@@ -92,7 +92,7 @@ class Emitted:
     index: int
     token: int
     steps: int
-    d: tuple[float, ...]
+    d: tuple
     expected_steps: float | None
     positions: int
     finished: str | None = None

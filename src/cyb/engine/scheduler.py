@@ -31,7 +31,7 @@ class Tracked:
         written: prompt columns written so far.
         tokens: new tokens reported so far.
         positions: positions that went through the network so far (prompt included).
-        steps_run: decoding steps it has been part of.
+        first_step: the engine's step count when it started decoding.
         finished: why it ended (``"eos"``, ``"length"``, ``"stop"``, ...), None while running.
     """
 
@@ -42,7 +42,7 @@ class Tracked:
     written: int = 0
     tokens: int = 0
     positions: int = 0
-    steps_run: int = 0
+    first_step: int = 0
     finished: str | None = None
     state: str = field(default="waiting")  # waiting, prefilling, decoding, done
 
