@@ -44,24 +44,19 @@ NOTES = {
         "logits / fused readout).",
     ],
     "decode": [
-        "Per step: fixed mode feeds every row's token and its M-1 pauses in one forward of M "
-        "positions (a real token per row per step); so does greedy adaptive mode in `cyb_eager` "
-        "and `cyb_graph`, which then masks the block's steps after the stop step out of the "
-        "cache; the `_pos` rows feed one position per row (the answer, or the next pause after "
-        "a dk).  Decisions are read back to the host at every step; host clock.  `ms / real "
-        "token` = time per real token of a row; `positions / token` = positions fed per real "
-        "token; `steps / token` = steps the readout took per real token.",
-        "`hf_eager`: plain Hugging Face loop with a DynamicCache; `cyb_eager`: the eager decoders "
-        "(`cyb.generation.decoders`, DynamicCache); `cyb_graph`: static KV cache with the decode "
-        "step captured as a CUDA graph (`cyb.generation.static`), the default of "
-        "`cyb generate` on CUDA; `cyb_eager_pos` / `cyb_graph_pos`: adaptive mode one position "
-        "per forward / replay (what sampling uses).",
+        "Per step: every decoding row feeds one position (`engine_one`: its token, or its next "
+        "pause after a dk) or its whole block (`engine_block`, `static_batches`, the eager "
+        "block decoder; adaptive rows keep the steps up to their stop). Decisions are read back "
+        "to the host at every step; host clock. `ms / real token` = time per real token of a "
+        "row; `positions / token` = positions fed per real token; `steps / token` = steps the "
+        "readout took per real token (E[S] realised).",
+        "`hf_eager`: plain Hugging Face loop with a DynamicCache; `eager` / `eager_pos`: the "
+        "eager decoders (`cyb.generation.decoders`, DynamicCache; whole blocks / one position); "
+        "`static_batches`: the previous release's static batch, each step a CUDA graph "
+        "(`cyb.bench.static_batches`); `engine_one` / `engine_block`: the engine (`cyb.engine`), "
+        "each step a CUDA graph.",
         "Adaptive rows run a CYB model whose dk prior is set so that a given share of the "
-        "prompts' step-1 decisions say dk (the run's `adaptive_fixture`); a random model's "
-        "pauses are otherwise arbitrary.",
-        "`tokens = eager`: fraction of greedy tokens equal to `cyb_eager`'s in the same (bf16) run.",
-        "`generate`: `cyb.generation.generate` (what `cyb generate` runs; the graph decoder, its default on CUDA) after "
-        "a warm-up call; the whole call includes prefill and graph capture.",
+        "prompts' step-1 decisions say dk (`dk share`; the run's `adaptive_fixture`).",
     ],
     "loss": [
         "Forward + backward of the readout and loss alone on random hidden states; `GiB` is the "

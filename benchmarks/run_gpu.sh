@@ -66,7 +66,7 @@ else
     LOSS_GRID=(--repeats 3 --methods naive_cyb fused_triton fused_readout_cyb ce_full liger_flce
                --vocab 32768 131072 262144 --positions 8192 16384 32768 65536)
 fi
-# decode captures CUDA graphs: default allocator settings for it
+# decode captures CUDA graphs: default allocator settings for it (the engine's full set: engine_gpu.sh)
 bench decode 100 decode ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/decode.json" --budget-s 75
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True   # less fragmentation after OOM rows
 bench train 275 train ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/train.json" --budget-s 235

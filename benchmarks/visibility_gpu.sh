@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Private pauses on one GPU: the CUDA checks of the FlexAttention path, the training step at 2048
 # and 256 real tokens (M = 4) for shared CYB, private CYB and TBYS, Hugging Face + Liger TBYS and
-# the no-pause baseline, eager and compiled, then decoding with a cache of real tokens (batch 1
-# and 256, M = 4 against M = 1, fixed against adaptive).  From the repository root:
+# the no-pause baseline, eager and compiled (decoding: benchmarks/engine_gpu.sh).  From the
+# repository root:
 #
 #   bash benchmarks/visibility_gpu.sh          # writes $OUT (default results/visibility-gpu)
 #
@@ -26,6 +26,4 @@ timeout 300 python3 -m cyb bench train --case 32768:4 --real-tokens 2048 --varia
 echo "== training step, 256 real tokens x 32 rows"
 timeout 200 python3 -m cyb bench train --case 32768:32 --real-tokens 256 --variants $VARIANTS \
     --modes compile --out "$OUT/train-256.json" --budget-s 170 2>&1 | grep -v Warning | tail -12
-echo "== decoding, private pauses"
-timeout 300 python3 -m cyb bench decode --visibility private --batches 1 256 --pause-fraction 0.1 \
-    --impls cyb_eager cyb_eager_pos cyb_graph --out "$OUT/decode-private.json" --budget-s 270 2>&1 | grep -v Warning | tail -25
+# (decoding with private pauses: benchmarks/engine_gpu.sh)
