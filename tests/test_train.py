@@ -12,7 +12,8 @@ import torch
 
 from cyb.config import RunConfig
 from cyb.metrics_log import read_metrics
-from cyb.train import Trainer, lr_factor, peak_lr
+from cyb.optim import lr_factor, peak_lr
+from cyb.train import Trainer
 
 WORDS = ("the cat dog sat ran on under a big small red blue mat log tree house and then "
          "it was very quick slow happy").split()

@@ -37,6 +37,7 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
 from .files import replace_dir
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .model import gates
+from .optim import build_optimizer, lr_factor, peak_lr
 from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
@@ -66,42 +67,6 @@ class LossModule(torch.nn.Module):
     def forward(self, prep: Prepared):
         out = self.objective.loss(self.model, prep)
         return out.loss_sum, out.sums
-
-
-def peak_lr(cfg: RunConfig, d_model: int) -> float:
-    """The configured LR, or the paper's ``lr_alpha / sqrt(d_model)``."""
-    return cfg.optim.lr if cfg.optim.lr is not None else cfg.optim.lr_alpha / math.sqrt(d_model)
-
-
-def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
-    """LR multiplier of optimiser step ``step`` (counted from 0).
-
-    Linear warmup ``(step + 1) / warmup`` over the first ``warmup`` steps, then cosine decay
-    from 1 at ``step = warmup`` to ``min_ratio`` at ``step = total``.
-    """
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    span = max(total - warmup, 1)
-    progress = min(max(step - warmup, 0) / span, 1.0)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float, device: torch.device):
-    """AdamW with decoupled weight decay on matrices only (fused kernels on CUDA); the gates of
-    a gated pause layout (:mod:`cyb.model.gates`) in a group of their own at
-    ``method.pause_gate_lr``."""
-    gate_ids = {id(p) for p in gates.gate_parameters(model)}
-    decay, no_decay, gate = [], [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (gate if id(p) in gate_ids else decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    if gate:
-        groups.append({"params": gate, "weight_decay": 0.0, "lr": cfg.method.pause_gate_lr})
-    kw = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
-                             eps=cfg.optim.eps, **kw)
 
 
 def row_seed(seed: int, step: int, row: int) -> int:
