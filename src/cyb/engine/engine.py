@@ -38,6 +38,8 @@ from .runner import Runner
 from .scheduler import Scheduler, Tracked
 
 POSITIONS = ("auto", "one", "block")
+#: without CUDA graphs attention covers the columns in use rounded up to this
+EAGER_BUCKET = 16
 #: on CUDA, adaptive decoding of at most this many rows feeds whole blocks: a forward of M
 #: positions costs about what one of a single position costs there (on an H100, 134 M model:
 #: blocks as fast or faster up to 32 rows at E[S] 1.1 and 1.9; from 256 rows one position per
@@ -63,9 +65,10 @@ class EngineOptions:
             start only once this many slots are free (0: an eighth of the slots); 1 starts each
             prompt as soon as a slot is free (lowest latency, more and smaller prefill forwards).
         cuda_graph: capture decoding steps as CUDA graphs (None: on CUDA).
-        attention_bucket: attention covers the columns in use rounded up to a multiple of this
-            (one graph each), for batches of ``bucket_min_rows`` rows or more; smaller ones
-            cover the whole capacity.
+        attention_bucket: with CUDA graphs, attention covers the columns in use rounded up to a
+            multiple of this (one graph each), for batches of ``bucket_min_rows`` rows or more;
+            smaller ones cover the whole capacity.  Without graphs it covers the columns in
+            use rounded up to 16.
         capacity_multiple: columns per row are rounded up to a multiple of this.
     """
 
@@ -276,8 +279,11 @@ class Engine:
         self._to_stop = []
 
     def _limit(self, bound: int, rows: int) -> int:
-        """Attention limit covering columns ``0 .. bound-1`` (see :class:`EngineOptions`)."""
+        """Attention limit covering columns ``0 .. bound-1`` (see :class:`EngineOptions`).
+        Without graphs nothing is captured per limit: it follows the columns in use closely."""
         opts = self.options
+        if not self.runner.use_graph:
+            return min(-(-bound // EAGER_BUCKET) * EAGER_BUCKET, self.capacity)
         if rows < opts.bucket_min_rows:
             return self.capacity
         bucket = opts.attention_bucket
