@@ -282,6 +282,8 @@ def test_submit_abort_and_errors():
     engine = Engine(pm, capacity=40, slots=2)
     with pytest.raises(ValueError, match="needs .* cache columns"):
         engine.submit(Request((5,) * 60, 10))
+    with pytest.raises(ValueError, match="max_position_embeddings = 256"):
+        Engine(pm, capacity=2000, slots=1).submit(Request((5,) * 200, 100))
     with pytest.raises(TypeError, match="Request"):
         engine.submit([5, 6])
     for bad, match in ((dict(prompt=()), "prompt is empty"), (dict(max_new_tokens=0), "max_new_tokens"),

@@ -164,6 +164,7 @@ class Engine:
         self.slots = max(1, min(slots, opts.max_slots, fit))
         self.cache = SlotCache(model, self.slots, self.capacity, scratch=self.q)
         limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
+        self._position_limit = limit if isinstance(limit, int) else None
         device = model.device
         self.rows = Rows(self.layout, RowReadout(model.vocab, model.dk_bias, device), self.slots,
                          self.capacity, self.capacity + self.q - 1,
@@ -200,6 +201,7 @@ class Engine:
         with a ValueError."""
         if not isinstance(request, Request):
             raise TypeError(f"submit takes a cyb.engine.Request, got {type(request).__name__}")
+        self.layout.check_positions(len(request.prompt), request.max_new_tokens, self._position_limit)
         needed = self.layout.columns_needed(len(request.prompt), request.max_new_tokens)
         if needed + self.slack > self.capacity:
             raise ValueError(f"a prompt of {len(request.prompt)} tokens with max_new_tokens="

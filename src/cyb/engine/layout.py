@@ -93,6 +93,21 @@ class RowLayout:
             return (prompt_len - 1) + max_new_tokens + (m - 1)
         return (prompt_len - 1) * m + max_new_tokens * m
 
+    def last_position(self, prompt_len: int, max_new_tokens: int) -> int:
+        """The largest rotary position a request may feed (its last new token is never fed)."""
+        fed = prompt_len + max_new_tokens - 1  # real tokens that go through the network
+        return fed * self.num_steps - 1 if self.advance else fed - 1
+
+    def check_positions(self, prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
+        """Raise a ValueError if a request would need positions beyond ``limit`` (the model's
+        ``max_position_embeddings``; None: no limit)."""
+        last = self.last_position(prompt_len, max_new_tokens)
+        if isinstance(limit, int) and last >= limit:
+            raise ValueError(
+                f"a prompt of {prompt_len} tokens plus max_new_tokens={max_new_tokens} needs position "
+                f"{last}, beyond the model's max_position_embeddings = {limit}; lower max_new_tokens "
+                "or shorten the prompt")
+
     def prefill_is_pause(self, columns: int) -> torch.Tensor:
         """``[columns]`` bool: which prefill columns hold pauses (the Recipe 1 layout)."""
         col = torch.arange(columns)

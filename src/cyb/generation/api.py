@@ -53,6 +53,7 @@ import torch
 
 from ..decision import row_keys
 from ..engine import Engine, EngineOptions, Request
+from ..engine.layout import RowLayout
 from ..layout import left_pad
 from ..model import hf as _hf
 from .decoders import StepOutput, StepReadout
@@ -327,18 +328,10 @@ def default_eos_ids(model) -> tuple[int, ...]:
 
 def _check_positions(model, encoded: list[list[int]], cfg: GenerationConfig) -> None:
     """Raise before running if the longest prompt plus ``max_new_tokens`` would need positions
-    beyond the model's ``max_position_embeddings`` (the last new token is never fed)."""
+    beyond the model's ``max_position_embeddings``."""
     limit = getattr(_hf.text_config(model.config), "max_position_embeddings", None)
-    if not isinstance(limit, int):
-        return
-    m, longest = model.vocab.num_steps, max(len(ids) for ids in encoded)
-    fed = longest + cfg.max_new_tokens - 1  # real tokens that go through the network
-    last = fed - 1 if model.vocab.position_scheme == "shared" else fed * m - 1
-    if last >= limit:
-        raise ValueError(
-            f"a prompt of {longest} tokens plus max_new_tokens={cfg.max_new_tokens} needs position "
-            f"{last}, beyond the model's max_position_embeddings = {limit}; lower max_new_tokens "
-            "or shorten the prompt")
+    layout = RowLayout.of(model.vocab, model.pause_visibility)
+    layout.check_positions(max(len(ids) for ids in encoded), cfg.max_new_tokens, limit)
 
 
 class _Row:
