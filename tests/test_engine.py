@@ -183,6 +183,40 @@ def test_engine_equals_the_no_cache_reference(visibility, scheme, mode, sample, 
     assert len(seen) > 1  # the model both pauses and answers
 
 
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+@pytest.mark.parametrize("visibility", ["shared", "private"])
+def test_sliding_window_models(visibility, mode):
+    """Gemma 2 (softcapped, every other layer sliding, eager attention) and Gemma 3 (windows of
+    4): the windows cut columns under shared pauses (the sequence as fed) and positions under
+    private ones (the real tokens, as in training); prompts longer than a window."""
+    import transformers
+
+    from generation_helpers import TOK
+    from cyb.data.synthetic import CharTokenizer
+
+    common = dict(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, head_dim=8,
+                  initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                  eos_token_id=2)
+    if visibility == "shared":
+        cfg = transformers.Gemma2Config(**common, sliding_window=6, final_logit_softcapping=3.0)
+    else:
+        cfg = transformers.Gemma3TextConfig(**common, sliding_window=4,
+                                            layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    pm = PauseModel.from_config(cfg, CharTokenizer().to_hf(), num_steps=M, psi_dk=0.5,
+                                pause_visibility=visibility, attn_implementation="eager").eval()
+    with torch.no_grad():
+        w = pm.hf_model.get_output_embeddings().weight
+        w[pm.settings.dk_id] = torch.randn(w.shape[1]) * 0.3
+    prompts = [encode(p) for p in PROMPTS]
+    keys = row_keys(len(prompts), seed=6)
+    for s in (Sampling(), SAMPLED):
+        got, _ = engine_run(pm, prompts, mode, s, keys=keys, options=EngineOptions(max_slots=3, prefill_chunk=5))
+        for i, p in enumerate(prompts):
+            assert_same(got[i], reference(pm, p, 8, mode, s, keys[i]))
+
+
 @pytest.mark.parametrize("kind", ["tbys", "baseline"])
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
 def test_models_without_dk(kind, mode):

@@ -67,7 +67,8 @@ class SlotCache:
         self._write_cols: torch.Tensor | None = None
         self._n = 0
         self.limit = capacity
-        self._row_index = torch.arange(slots, device=device)
+        #: ``0 .. slots-1`` on the device (rows of a decoding step)
+        self.row_index = torch.arange(slots, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +78,7 @@ class SlotCache:
         """The next forward is a decoding step of rows ``0 .. n-1`` writing at ``cols [n, Q]``
         and attending over columns ``0 .. limit-1``."""
         self._rows, self._n, self.limit = None, n, limit
-        self._write_rows = self._row_index[:n].unsqueeze(1).expand_as(cols)
+        self._write_rows = self.row_index[:n].unsqueeze(1).expand_as(cols)
         self._write_cols = cols
 
     def for_prefill(self, rows: torch.Tensor, cols: torch.Tensor, limit: int) -> None:

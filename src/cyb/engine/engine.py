@@ -99,8 +99,6 @@ class EngineOptions:
 
 def unsupported_reason(model) -> str | None:
     """Why the engine cannot run ``model`` (a :class:`cyb.PauseModel`), or None."""
-    if hf.has_sliding_window(model.config):
-        return "the model has sliding-window layers (the engine supports full attention only)"
     impl = hf.attention_of(model.hf_model)
     if impl not in (None, "sdpa", "eager", hf.PAUSE_ATTENTION):
         return f"the engine needs sdpa or eager attention, the model uses {impl!r}"

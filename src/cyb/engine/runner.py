@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from ..model import hf
+from ..model import attention, hf
 from ..runtime import growing_attention
 from .cache import SlotCache
 from .readout import SamplingKind
@@ -49,9 +49,16 @@ class Runner:
         device = model.device
         self.device = device
         self.columns = torch.arange(cache.capacity + cache.scratch, device=device)
+        width = cache.capacity + cache.scratch
         #: gated models: which columns of each row hold pauses
-        self.tags = (torch.zeros(cache.slots, cache.capacity + cache.scratch, dtype=torch.bool, device=device)
+        self.tags = (torch.zeros(cache.slots, width, dtype=torch.bool, device=device)
                      if self.layout.gated else None)
+        #: models with sliding-window layers: windows count columns (shared and gated pauses: the
+        #: sequence as fed) or positions (private pauses: the real tokens, as in training), so a
+        #: private row keeps each column's position
+        self.sliding = hf.has_sliding_window(model.config)
+        self.col_pos = (torch.zeros(cache.slots, width, dtype=torch.long, device=device)
+                        if self.sliding and self.layout.real_only else None)
         self.use_graph = bool(cuda_graph)
         if self.use_graph and device.type != "cuda":
             raise ValueError("cuda_graph needs the model on a CUDA device")
@@ -60,14 +67,25 @@ class Runner:
         self.capture_ms = 0.0
 
     # ------------------------------------------------------------------ masks
-    def _mask(self, cols: torch.Tensor, limit: int) -> torch.Tensor:
-        """``[n, 1, Q, limit]``: a position at column ``c`` sees columns ``0 .. c`` of its row."""
-        allowed = self.columns[:limit].view(1, 1, limit) <= cols.unsqueeze(2)
-        allowed = allowed.unsqueeze(1)
-        if self.additive is None:
-            return allowed
-        zero = torch.zeros((), dtype=self.additive, device=cols.device)
-        return torch.where(allowed, zero, torch.finfo(self.additive).min)
+    def _mask(self, cols: torch.Tensor, limit: int, pos: torch.Tensor, rows: torch.Tensor | None = None):
+        """``[n, 1, Q, limit]``: a position at column ``c`` sees columns ``0 .. c`` of its row (bool,
+        or additive for eager attention); for a model with sliding-window layers a dict of such
+        masks per layer type, the windows cut in columns or positions (see ``__init__``).
+        ``pos [n, Q]``: the positions fed; ``rows``: the slots (None: rows ``0 .. n-1``)."""
+        keys = self.columns[:limit]
+        allowed = keys.view(1, 1, limit) <= cols.unsqueeze(2)
+        if not self.sliding:
+            allowed = allowed.unsqueeze(1)
+            if self.additive is None:
+                return allowed
+            zero = torch.zeros((), dtype=self.additive, device=cols.device)
+            return torch.where(allowed, zero, torch.finfo(self.additive).min)
+        if self.col_pos is None:  # windows in columns
+            query, key = cols, keys.expand(cols.shape[0], limit)
+        else:  # windows in positions
+            key = (self.col_pos[:cols.shape[0]] if rows is None else self.col_pos.index_select(0, rows))[:, :limit]
+            query = pos
+        return attention.per_layer_masks(allowed, query, key, self.model.config, additive_dtype=self.additive)
 
     def _forward(self, ids, pos, mask, **extra) -> torch.Tensor:
         out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
@@ -79,12 +97,14 @@ class Runner:
         rows = self.rows
         ids, pos, cols = rows.inputs(n, q)
         self.cache.for_decode(n, cols, limit)
+        if self.col_pos is not None:
+            self.col_pos[self.cache.row_index[:n].unsqueeze(1), cols] = pos
         extra = {}
         if self.tags is not None:
             self.tags[torch.arange(n, device=self.device).unsqueeze(1), cols] = rows.is_pause_fed(n, q)
             earlier = self.columns[:limit].unsqueeze(0) < rows.real_col[:n].unsqueeze(1)
             extra["pause_foreign"] = (self.tags[:n, :limit] & earlier).view(n, 1, 1, limit).expand(n, 1, q, limit)
-        hidden = self._forward(ids, pos, self._mask(cols, limit), **extra)
+        hidden = self._forward(ids, pos, self._mask(cols, limit, pos), **extra)
         rows.advance(n, self.model.logits(hidden), kind)
 
     def decode(self, n: int, q: int, limit: int, kind: SamplingKind) -> None:
@@ -139,8 +159,10 @@ class Runner:
             earlier = (key_cols // self.m).view(1, 1, limit) < (cols // self.m).unsqueeze(2)
             extra["pause_foreign"] = (is_pause.view(1, 1, limit) & earlier).unsqueeze(1)
             self.tags[rows.unsqueeze(1), cols] = (cols % self.m) != 0
+        if self.col_pos is not None:
+            self.col_pos[rows.unsqueeze(1), cols] = pos
         with growing_attention(self.device):  # (chunk shapes vary: no kernel that plans per shape)
-            self._forward(ids, pos, self._mask(cols, limit), **extra)
+            self._forward(ids, pos, self._mask(cols, limit, pos, rows), **extra)
 
 
 __all__ = ["Runner"]

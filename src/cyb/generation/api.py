@@ -31,8 +31,8 @@ baselines (``M = 1``) take one.
 **Decoders** (``decoder=``): by default the engine (:mod:`cyb.engine`) runs the prompts: up to
 ``max_batch`` rows decode at once, each advancing on its own (one position per step in adaptive
 mode, so a token without pauses costs one position), a finished row's slot goes to the next
-prompt at once, and on CUDA every decoding step is a CUDA graph.  Models with sliding-window
-layers run a left-padded batch on a growing ``DynamicCache`` (:mod:`cyb.generation.decoders`).
+prompt at once, and on CUDA every decoding step is a CUDA graph.  ``decoder="eager"`` runs
+left-padded batches on a growing ``DynamicCache`` instead (:mod:`cyb.generation.decoders`).
 Every decoder makes the same decisions, greedy or sampled: prompt ``i`` of a call draws its
 random numbers from its own stream (from ``seed`` and ``i``), so its text does not depend on
 the other prompts, the batch or the decoder.  Pause ids are never produced as tokens.  Decoding

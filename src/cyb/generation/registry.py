@@ -9,15 +9,14 @@ prompt drawing from its own random stream); they differ in speed and in the mode
 support:
 
 * ``graph``: the engine (:mod:`cyb.engine`): rows that advance on their own and come and go,
-  on a preallocated KV cache, each decoding step replayed as a CUDA graph; CUDA only,
-  full-attention models with sdpa or eager attention, every pause layout.
+  on a preallocated KV cache, each decoding step replayed as a CUDA graph; CUDA only, models
+  with sdpa or eager attention, every pause layout, sliding windows included.
 * ``static``: the engine with its steps run eagerly; any device, the same models.
-* ``eager``: a batch of prompts on a growing ``DynamicCache`` (:mod:`cyb.generation.decoders`,
-  :mod:`cyb.generation.private`); every model (sliding windows included), every device; gated
-  pauses recompute the whole row every step.
+* ``eager``: batches of prompts on a growing ``DynamicCache`` (:mod:`cyb.generation.decoders`,
+  :mod:`cyb.generation.private`); every model and device; gated pauses recompute the whole row
+  every step.
 * ``auto`` (the default of every caller, :data:`DEFAULT`): the first of :data:`AUTO_ORDER` that
-  can run the model -- ``graph`` on CUDA, ``static`` elsewhere, ``eager`` for models with
-  sliding-window layers.
+  can run the model -- ``graph`` on CUDA, ``static`` elsewhere.
 
 Within the eager decoder the mode picks the class.  Fixed mode has one; adaptive mode feeds
 either whole blocks (the token and its ``M - 1`` pauses, the steps after the stop step masked
@@ -76,7 +75,7 @@ def _eager(model, ids, mask, readout, *, mode, one_position=None):
 #: the decoders by name, in the order help texts list them
 REGISTRY: dict[str, Decoder] = {d.name: d for d in (
     Decoder("graph", "the engine: continuous batching on a preallocated KV cache, each step a CUDA graph "
-                     "(CUDA, full-attention models)", engine=True, needs_cuda=True,
+                     "(CUDA)", engine=True, needs_cuda=True,
             instead="use 'auto', 'static' (the engine without graphs) or 'eager'"),
     Decoder("static", "the engine without CUDA graphs (any device)", engine=True),
     Decoder("eager", "a batch on a growing DynamicCache (any model, any device)", build=_eager),
@@ -95,7 +94,7 @@ MODES = ("fixed", "adaptive")
 def describe() -> str:
     """The decoders in one line, for help texts."""
     parts = [f"{d.name} = {d.summary}" for d in REGISTRY.values()]
-    return "; ".join(parts + [f"{AUTO} = graph on CUDA, static elsewhere, eager where the engine cannot run"])
+    return "; ".join(parts + [f"{AUTO} = graph on CUDA, else static"])
 
 
 def _check_name(choice: str) -> None:
@@ -122,7 +121,7 @@ def resolve_decoder(model, choice: str) -> str:
 
     ``auto``: the first of :data:`AUTO_ORDER` that can run the model; any other name is
     returned as it is when it can run the model, else a ``ValueError`` says why (``graph`` needs
-    CUDA; ``graph`` and ``static`` need a full-attention model).
+    CUDA; the engine needs sdpa or eager attention).
     """
     _check_name(choice)
     if choice == AUTO:
