@@ -184,9 +184,12 @@ class DataConfig:
     """Blocks per shuffle window when data.shuffle is buffer (>= 2)."""
     task: str | None = None
     """A synthetic task instead of text: addition, multiplication, 3sum, parity or lookup
-    (data.task_kwargs sets its size)."""
+    (data.task_kwargs sets its size), or reasoning-gym:NAME, a generator of the reasoning-gym
+    package (the reasoning extra) written as text: question as the prompt, answer as the
+    completion; it needs a pretrained model's tokenizer or data.tokenizer."""
     task_kwargs: dict = field(default_factory=dict)
-    """Size parameters of the synthetic task (e.g. {digits: 4})."""
+    """Size parameters of the synthetic task (e.g. {digits: 4}), or a reasoning-gym
+    generator's own settings (e.g. {min_terms: 2, max_terms: 4} for chain_sum)."""
     num_train_examples: int = 20000
     """Synthetic task: training examples."""
     num_valid_examples: int = 500
@@ -304,6 +307,10 @@ class RunConfig:
         _need(self.model.attn_implementation != "eager" or self.method.pause_visibility != "gated",
               "method.pause_visibility", "gated pauses need model.attn_implementation sdpa")
         _validate_data(self.data)
+        if self.data.task and self.data.task.startswith("reasoning-gym:"):
+            _need(bool(self.model.name_or_path or self.data.tokenizer), "data.task",
+                  f"{self.data.task} is written as text: set model.name_or_path (a pretrained model and its "
+                  "tokenizer) or data.tokenizer")
         _validate_optim(self.optim)
         _validate_train(self.train)
         self._valid_state = state
@@ -494,10 +501,16 @@ def _validate_data(d: DataConfig) -> None:
     if d.task is None:
         _need(bool(d.source.strip()), "data.source", "must name the training text (or set data.task)")
     else:
-        from .data.synthetic import make_task  # the data layer (below this one) knows the tasks and sizes
+        from .data import reasoning_gym  # the data layer (below this one) knows the tasks and sizes
+        from .data.synthetic import make_task
 
         try:
-            make_task(d.task, **d.task_kwargs)
+            if reasoning_gym.is_reasoning_gym(d.task):
+                reasoning_gym.check_task(d.task, d.task_kwargs)
+            else:
+                make_task(d.task, **d.task_kwargs)
+        except extras.MissingPackage as e:
+            raise ConfigError(f"data.task ({d.task}): {e}") from None
         except (ValueError, TypeError) as e:
             raise ConfigError(f"data.task / data.task_kwargs: {e}") from None
     _need(d.block_len >= 2, "data.block_len", f"must be >= 2, got {d.block_len}")

@@ -1,7 +1,7 @@
 """Optional packages: import one, or say in one line how to install it.
 
 cyb's optional dependencies are the extras of its ``pyproject.toml`` (``lora``, ``data``,
-``eval``, ``tensorboard``, ``kernels``, ``gguf``, ``trainer``, ``trl``, ``wandb``).  cyb is
+``eval``, ``tensorboard``, ``kernels``, ``gguf``, ``trainer``, ``trl``, ``wandb``, ``reasoning``, ``serve``).  cyb is
 installed from a clone (``scripts/setup.sh`` makes ``.venv``), so the install command is pip's
 editable install of the clone with the extra.
 """
@@ -14,7 +14,8 @@ import importlib.util
 #: The extra of pyproject.toml that brings each optional package.
 EXTRA_OF = {"peft": "lora", "datasets": "data", "pyarrow": "data", "lm_eval": "eval",
             "tensorboard": "tensorboard", "triton": "kernels", "gguf": "gguf",
-            "accelerate": "trainer", "trl": "trl", "wandb": "wandb"}
+            "accelerate": "trainer", "trl": "trl", "wandb": "wandb", "reasoning_gym": "reasoning",
+            "starlette": "serve", "uvicorn": "serve"}
 
 
 class MissingPackage(ImportError):

@@ -146,10 +146,15 @@ class TensorRows:
 
 def synthetic_sets(cfg: RunConfig, tokenizer=None):
     """The run's synthetic train and held-out data sets: character rows, or text rows when
-    ``tokenizer`` is a pretrained model's (:mod:`cyb.data.synthetic.text_task`)."""
+    ``tokenizer`` is a pretrained model's (:mod:`cyb.data.synthetic.text_task`); for a
+    ``reasoning-gym:NAME`` task the generator's questions and answers
+    (:mod:`cyb.data.reasoning_gym`)."""
+    from .data import reasoning_gym
     from .data.synthetic import CharTokenizer, SyntheticDataset, make_task
     from .data.synthetic.text_task import is_char_tokenizer
 
+    if reasoning_gym.is_reasoning_gym(cfg.data.task):  # questions and answers of a generator, as text
+        return reasoning_gym.dataset_sets(cfg, tokenizer)
     if not is_char_tokenizer(tokenizer):
         return text_task_sets(cfg, tokenizer)
 

@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a task run: also generate the answers to the first N held-out prompts, "
                         "free-running, in fixed and adaptive mode, and report their exact match "
                         "and positions per token (default: 0, the teacher-forced readout only)")
+    p.add_argument("--answer-mode", default="adaptive", choices=("adaptive", "fixed"),
+                   help="a reasoning-gym task run (data.task: reasoning-gym:NAME): generate the answers to "
+                        "the held-out questions in this mode and score them with the task's own verifier "
+                        "(mean score, exact share, reasoning_gym.jsonl per question)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -72,7 +76,7 @@ def run(args) -> int:
                        impl=args.impl, dtype=args.dtype, block_len=args.block_len, num_passages=args.passages,
                        passage_tokens=args.passage_tokens, min_count=args.min_count, top_k=args.top_k,
                        attribution=args.attribution, progress=not args.no_progress, command=command,
-                       generate=args.generate)
+                       generate=args.generate, answer_mode=args.answer_mode)
     print(format_summary(metrics))
     return 0
 

@@ -151,7 +151,7 @@ def decoding_cost(model, dataset, *, limit: int = 512, batch_size: int = 128) ->
         seconds = time.perf_counter() - t0
         tokens = sum(len(r.steps) for r in results)
         used = sum(len(r.steps) * model.num_steps if mode == "fixed" else sum(r.steps) for r in results)
-        right = sum(r.text.strip() == a for r, a in zip(results, answers))
+        right = sum(r.text.strip() == a.strip() for r, a in zip(results, answers))
         out[mode] = {"exact_match": right / max(len(results), 1), "positions_per_token": used / max(tokens, 1),
                      "seconds": seconds}
     return out

@@ -126,9 +126,13 @@ def resolve_data(config: RunConfig | None, data: str | None = None, *, block_len
         if cfg.data.task != name:
             cfg.data.task_kwargs = {}
         cfg.data.task = name
+        from ..data import reasoning_gym
         from ..data.synthetic import make_task
 
-        make_task(name, **cfg.data.task_kwargs)  # fail early on an unknown task
+        if reasoning_gym.is_reasoning_gym(name):  # fail early on an unknown task
+            reasoning_gym.check_task(name, cfg.data.task_kwargs)
+        else:
+            make_task(name, **cfg.data.task_kwargs)
         return EvalData("synthetic", f"test set of task {name!r} ({cfg.data.num_valid_examples} examples)", cfg)
     if config is not None and config.data.task:
         raise ValueError(f"the run was trained on synthetic task {config.data.task!r}; evaluate it with "

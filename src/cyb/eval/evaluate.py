@@ -272,9 +272,11 @@ def reference_perplexity(reference: str | os.PathLike, data: EvalData, *, batch_
 # ------------------------------------------------------------------------------ outputs
 
 
-def write_outputs(metrics: dict, records: TokenRecords, tokenizer, out_dir: str | os.PathLike) -> dict:
-    """Write ``metrics.json``, figures, ``shaded.html``, ``pause_stats.md`` and ``summary.txt``;
-    returns ``{kind: file name}`` (also stored in ``metrics["files"]``)."""
+def write_outputs(metrics: dict, records: TokenRecords, tokenizer, out_dir: str | os.PathLike, *,
+                  answer_rows: list[dict] | None = None) -> dict:
+    """Write ``metrics.json``, figures, ``shaded.html``, ``pause_stats.md`` and ``summary.txt``
+    (and, given ``answer_rows``, the scored answers of a reasoning-gym task, one JSON line
+    each); returns ``{kind: file name}`` (also stored in ``metrics["files"]``)."""
     from ..report import html, plots, tables
 
     out = Path(out_dir)
@@ -298,6 +300,10 @@ def write_outputs(metrics: dict, records: TokenRecords, tokenizer, out_dir: str 
               f"{tables.token_stats_table(ps['lowest_median'])}")
         write_text_atomic(out / "pause_stats.md", md)
         files["pause_stats"] = "pause_stats.md"
+    if answer_rows is not None:
+        from .reasoning_scores import write_rows
+
+        files["reasoning_gym"] = write_rows({"rows": answer_rows}, out)
     files["summary"] = "summary.txt"
     files["metrics"] = "metrics.json"
     metrics["files"] = files
@@ -335,6 +341,10 @@ def format_summary(metrics: dict) -> str:
         from .task_scores import format_task
 
         lines.append(format_task(metrics["task"]))
+    if metrics.get("reasoning_gym"):
+        from .reasoning_scores import format_reasoning
+
+        lines.append(format_reasoning(metrics["reasoning_gym"]))
     lat = metrics.get("latency")
     if lat:
         lines.append(f"latency: mean E[S] {lat['mean_steps']:.3f} steps ({lat['mean_pauses']:.3f} pauses); "
@@ -382,6 +392,7 @@ def evaluate(
     write: bool = True,
     command: str | None = None,
     generate: int = 0,
+    answer_mode: str = "adaptive",
 ) -> dict:
     """Evaluate a run or saved model on held-out data; returns the metrics (also written as
     ``metrics.json`` with figures into ``out_dir``, default ``PATH/eval``, unless ``write`` is
@@ -405,6 +416,9 @@ def evaluate(
         command: the command line, stored in ``metrics.json``.
         generate: a task run: also generate the answers to the first ``generate`` held-out
             prompts in fixed and adaptive mode (:func:`cyb.eval.task_scores.score_task`).
+        answer_mode: a reasoning-gym task run: the mode its answers to every scored held-out
+            question are generated in, ``adaptive`` or ``fixed``, before the task's verifier
+            scores them (:func:`cyb.eval.reasoning_scores.score_reasoning`).
     """
     if max_tokens is not None and max_tokens != RUN_ROWS and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"max_tokens (--tokens) must be >= 1, None or {RUN_ROWS!r}, got {max_tokens!r}")
@@ -412,6 +426,8 @@ def evaluate(
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {batch_size}")
     if generate < 0:
         raise ValueError(f"generate (--generate) must be >= 0, got {generate}")
+    if answer_mode not in ("adaptive", "fixed"):
+        raise ValueError(f"answer_mode (--answer-mode) must be adaptive or fixed, got {answer_mode!r}")
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
     target = resolve_target(path)
@@ -457,6 +473,13 @@ def evaluate(
 
         metrics["task"] = score_task(model, spec.config, tokenizer, max_rows=spec.max_rows,
                                      generate=generate)
+    answer_rows = None
+    if spec.kind == "synthetic" and spec.config.data.task.startswith("reasoning-gym:"):  # the task's verifier
+        from .reasoning_scores import score_reasoning
+
+        judged = score_reasoning(model, spec.config, tokenizer, max_rows=spec.max_rows, mode=answer_mode)
+        answer_rows = judged.pop("rows")
+        metrics["reasoning_gym"] = judged
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -470,5 +493,5 @@ def evaluate(
     if write:
         out = Path(out_dir) if out_dir is not None else default_out_dir(target)
         metrics["out_dir"] = str(out)
-        write_outputs(metrics, records, tokenizer, out)
+        write_outputs(metrics, records, tokenizer, out, answer_rows=answer_rows)
     return metrics

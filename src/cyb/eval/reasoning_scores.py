@@ -1,0 +1,110 @@
+"""Generated answers judged by the task's own verifier (``cyb eval`` of a ``reasoning-gym:NAME`` run).
+
+The model generates an answer to each held-out question (the prompt exactly as training wrote
+it, greedy, through :func:`cyb.generation.generate`: the engine, at most ``max_batch`` rows at
+once) in adaptive mode (a pause only after ``<don't know>``; models without dk read out at step
+``M`` as always) or fixed mode, and reasoning-gym's ``score_answer(answer, entry)`` scores the
+text, stripped of surrounding white space.  Reported: the mean score, the share of answers
+scored 1 (``exact``), the steps per generated token (the end-of-sequence token included), the
+positions that went through the network per generated token, and the measured wall time of the
+decoding (after a warm-up on CUDA), in total and per answer.  Every row goes to
+``reasoning_gym.jsonl`` beside ``metrics.json``.
+
+Answers may be at most as long as the longest held-out answer, plus the end-of-sequence token:
+a model that runs on past its answer is cut there, and the verifier judges what it wrote.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+#: Per-row file of ``cyb eval``'s output folder.
+ROWS_FILE = "reasoning_gym.jsonl"
+MODES = ("adaptive", "fixed")
+#: Rows decoding at once (the engine's slots).
+MAX_BATCH = 256
+
+
+def _warm_up(model, prompts: list[list[int]], mode: str, max_new_tokens: int, max_batch: int) -> None:
+    """One short decoding before the timed one on CUDA (kernels, graphs and allocations)."""
+    from ..generation import generate
+
+    if model.device.type == "cuda":
+        generate(model, prompts[:min(8, len(prompts))], mode=mode, max_new_tokens=min(2, max_new_tokens),
+                 max_batch=max_batch)
+        torch.cuda.synchronize()
+
+
+def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mode: str = "adaptive",
+                    max_batch: int = MAX_BATCH) -> dict:
+    """Generate and score the answers to the held-out questions of ``config``'s reasoning-gym
+    task (the first ``max_rows``).
+
+    Returns ``{"task", "settings", "mode", "num_examples", "mean_score", "exact",
+    "mean_steps", "positions_per_token", "tokens", "seconds", "seconds_per_answer",
+    "max_new_tokens", "max_batch", "device", "rows"}``: ``mean_steps`` the steps per generated
+    token (1..M), ``seconds`` the wall time of the whole decoding, ``rows`` one dict per
+    question (``index``, ``question``, ``answer``: the reference, ``generated``, ``score``,
+    ``exact``, ``tokens``, ``steps``, ``positions``, ``stop_reason``)."""
+    from ..generation import generate
+    from ..run_data import synthetic_sets
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    cfg = copy.deepcopy(config)
+    if max_rows is not None:  # the first rows of a longer draw are the rows of a shorter one
+        cfg.data.num_valid_examples = max(1, min(cfg.data.num_valid_examples, int(max_rows)))
+    _, valid = synthetic_sets(cfg, tokenizer)
+    prompts = [valid.prompt_ids(i) for i in range(valid.num_examples)]
+    longest = int((valid.lengths - valid.answer_start).max())  # the completion and end-of-sequence
+    was_training = model.training
+    model.eval()
+    _warm_up(model, prompts, mode, longest, max_batch)
+    t0 = time.perf_counter()
+    results = generate(model, prompts, mode=mode, max_new_tokens=longest, max_batch=max_batch)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    model.train(was_training)
+    rows = []
+    for i, r in enumerate(results):
+        text = (r.text or "").strip()
+        score = valid.score(i, text)
+        rows.append({"index": i, "question": valid.entries[i]["question"], "answer": valid.entries[i]["answer"],
+                     "generated": text, "score": score, "exact": score == 1.0, "tokens": len(r.token_ids),
+                     "steps": list(r.steps), "positions": r.positions, "stop_reason": r.stop_reason})
+    tokens = sum(len(r.steps) for r in results)
+    used = sum(len(r.steps) * model.num_steps if mode == "fixed" else sum(r.steps) for r in results)
+    n = len(rows)
+    return {"task": valid.task, "settings": dict(valid.settings), "mode": mode, "num_examples": n,
+            "mean_score": sum(r["score"] for r in rows) / n, "exact": sum(r["exact"] for r in rows) / n,
+            "mean_steps": sum(sum(r.steps) for r in results) / max(tokens, 1),
+            "positions_per_token": used / max(tokens, 1), "tokens": tokens, "seconds": seconds,
+            "seconds_per_answer": seconds / n, "max_new_tokens": longest, "max_batch": max_batch,
+            "device": str(model.device), "rows": rows}
+
+
+def write_rows(scores: dict, out_dir) -> str:
+    """Write ``scores["rows"]`` as JSON lines into ``out_dir`` (atomically); returns the file name."""
+    import json
+
+    from ..files import write_text_atomic
+
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in scores["rows"])
+    write_text_atomic(Path(out_dir) / ROWS_FILE, text)
+    return ROWS_FILE
+
+
+def format_reasoning(scores: dict) -> str:
+    """One summary line."""
+    return (f"{scores['task']}: mean score {scores['mean_score']:.3f}, exact {scores['exact']:.1%} on "
+            f"{scores['num_examples']} held-out questions ({scores['mode']} decoding, {scores['mean_steps']:.2f} "
+            f"steps per answer token, {scores['seconds_per_answer'] * 1e3:.1f} ms per answer at "
+            f"{min(scores['max_batch'], scores['num_examples'])} rows at once on {scores['device']})")
+
+
+__all__ = ["MODES", "ROWS_FILE", "format_reasoning", "score_reasoning", "write_rows"]
