@@ -7,7 +7,7 @@ the library modules it imports inside ``run``.
 
 import argparse
 
-NAMES = ("train", "eval", "generate", "merge", "fetch", "demo", "bench", "report")
+NAMES = ("train", "eval", "generate", "serve", "merge", "fetch", "demo", "bench", "report")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

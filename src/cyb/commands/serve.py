@@ -1,0 +1,122 @@
+"""``cyb serve MODEL [--host 127.0.0.1] [--port 8000] [...]``: an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HELP = "serve a model over HTTP with the OpenAI API (completions, chat, streaming, echo + logprobs), on the engine"
+
+KEY_ENV = "CYB_API_KEY"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL",
+                   help="a saved cyb model folder, a run folder of cyb train (its final/ model) or one of its "
+                        "checkpoints; a plain model folder, a .gguf file or a known model's name (smollm2-135m) "
+                        "runs as a no-pause baseline")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: a free one, printed at start)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${KEY_ENV} "
+                        "when set, else no key)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the name clients send as model (default: MODEL as given)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="real tokens a request may fill, prompt and max_tokens together (default: the model's "
+                        "position limit, at most 2048)")
+    p.add_argument("--slots", type=int, default=None, metavar="N",
+                   help="requests that decode at once; more wait in the engine's queue (default: 256 on CUDA, "
+                        "64 elsewhere; cut to what the cache memory holds)")
+    p.add_argument("--cache-memory", type=float, default=None, metavar="GIB",
+                   help="GiB for the KV cache (default: 60%% of the free memory on CUDA, 2 GiB elsewhere)")
+    p.add_argument("--mode", choices=("fixed", "adaptive"), default=None,
+                   help="mode of requests that do not choose one (default: adaptive for models with <don't know>, "
+                        "fixed for the others)")
+    p.add_argument("--max-concurrency", type=int, default=1024, metavar="N",
+                   help="requests handled at once; more are answered 503 (retry later)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20, metavar="N",
+                   help="largest request body accepted (larger: 413)")
+    p.add_argument("--max-choices", type=int, default=256, metavar="N",
+                   help="choices (prompts x n) one request may ask for")
+    p.add_argument("--grace-period", type=float, default=30.0, metavar="S",
+                   help="after SIGTERM or Ctrl-C, seconds that requests in flight get to finish before they are "
+                        "cancelled")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template file for /v1/chat/completions (default: the tokenizer's)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                   help="parameter dtype (default, or auto: as transformers loads the checkpoint)")
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                   help="uvicorn's log level")
+    p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+
+
+def _fail(message: str) -> int:
+    print(f"cyb serve: error: {message}", file=sys.stderr)
+    return 2
+
+
+def options_from(args):
+    """The :class:`cyb.serve.ServeOptions` of the command line (ValueError for bad values)."""
+    from ..serve.options import ServeOptions
+
+    template = None
+    if args.chat_template:
+        path = os.path.expanduser(args.chat_template)
+        if not os.path.isfile(path):
+            raise ValueError(f"--chat-template {args.chat_template}: no such file")
+        with open(path, encoding="utf-8") as f:
+            template = f.read()
+    cache = None
+    if args.cache_memory is not None:
+        if not args.cache_memory > 0:
+            raise ValueError(f"--cache-memory must be > 0 GiB, got {args.cache_memory}")
+        cache = int(args.cache_memory * 2**30)
+    key = args.api_key if args.api_key is not None else (os.environ.get(KEY_ENV) or None)
+    return ServeOptions(host=args.host, port=args.port, api_key=key, model_name=args.served_model_name,
+                        max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache, mode=args.mode,
+                        max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency,
+                        max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template)
+
+
+def load(model_arg: str, options, *, device=None, dtype=None):
+    """The :class:`cyb.serve.served.ServedModel` of ``model_arg`` (as ``cyb generate`` reads it)."""
+    from ..engine import unsupported_reason
+    from ..model import PauseModel
+    from ..model.sources import plain_model_kwargs, plain_model_note, saved_model_folder
+    from ..runtime import resolve_device
+    from ..serve.served import ServedModel
+
+    folder = saved_model_folder(model_arg, "MODEL", allow_plain=True)
+    device = resolve_device(device, what="--device")
+    plain = plain_model_kwargs(folder)
+    if plain:
+        print(plain_model_note(model_arg, "is served"), file=sys.stderr)
+    model = PauseModel.from_pretrained(folder, torch_dtype=dtype, **plain).to(device).eval()
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"the engine cannot run this model: {reason}")
+    return ServedModel(model, options.model_name or model_arg, max_model_len=options.max_model_len,
+                       mode=options.mode, chat_template=options.chat_template,
+                       aliases=(str(folder), os.path.abspath(str(folder))))
+
+
+def run(args) -> int:
+    from ..extras import require
+
+    require("starlette", "cyb serve")
+    require("uvicorn", "cyb serve")
+    try:
+        options = options_from(args)
+        served = load(args.model, options, device=args.device, dtype=args.dtype)
+    except ValueError as e:
+        return _fail(str(e))
+    from ..serve.server import serve
+
+    try:
+        return serve(served, options, log_level=args.log_level, access_log=args.access_log)
+    except ValueError as e:
+        return _fail(str(e))

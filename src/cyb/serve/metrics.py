@@ -1,0 +1,120 @@
+"""The server's counters and gauges, rendered as Prometheus text (``GET /metrics``).
+
+Counters are updated on the event loop's thread; the engine's gauges come from the worker's
+last snapshot.  Names start with ``cyb_``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+
+#: upper bounds of the time-to-first-token histogram, in seconds
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: seconds over which tokens per second is measured
+RATE_WINDOW_S = 10.0
+
+
+class Metrics:
+    """What the server counts (see :meth:`render` for the names)."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self.responses: Counter = Counter()  # (route, status) -> count
+        self.in_flight = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.steps = 0
+        self.finish: Counter = Counter()
+        self.rejected: Counter = Counter()  # reason -> count
+        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
+        self.ttft_sum = 0.0
+        self._recent: deque = deque()  # (time, tokens)
+
+    def response(self, route: str, status: int) -> None:
+        self.responses[(route, status)] += 1
+
+    def tokens(self, count: int, steps: int) -> None:
+        self.completion_tokens += count
+        self.steps += steps
+        now = time.monotonic()
+        self._recent.append((now, count))
+        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft_sum += seconds
+        for i, bound in enumerate(TTFT_BUCKETS):
+            if seconds <= bound:
+                self.ttft_counts[i] += 1
+                return
+        self.ttft_counts[-1] += 1
+
+    def choice_finished(self, reason: str) -> None:
+        self.finish[reason] += 1
+
+    def tokens_per_second(self) -> float:
+        """New tokens per second over the last :data:`RATE_WINDOW_S` seconds."""
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+        span = min(RATE_WINDOW_S, max(now - self._t0, 1e-9))
+        return sum(n for _, n in self._recent) / span
+
+    def render(self, worker, slots: int, draining: bool) -> str:
+        """Prometheus text exposition of everything counted, with the engine's gauges."""
+        in_use, queued, steps, decode_pos, prefill_pos = worker.snapshot
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, text: str, samples) -> None:
+            lines.append(f"# HELP {name} {text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                label = "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""
+                lines.append(f"{name}{label} {_num(value)}")
+
+        metric("cyb_requests_total", "counter", "HTTP responses by route and status code.",
+               [((("route", r), ("code", str(c))), n) for (r, c), n in sorted(self.responses.items())])
+        metric("cyb_requests_in_flight", "gauge", "Requests being handled now.", [((), self.in_flight)])
+        metric("cyb_requests_rejected_total", "counter", "Requests refused before any work, by reason.",
+               [((("reason", r),), n) for r, n in sorted(self.rejected.items())])
+        metric("cyb_slots", "gauge", "Engine slots (requests that decode at once).", [((), slots)])
+        metric("cyb_slots_in_use", "gauge", "Engine slots holding a request.", [((), in_use)])
+        metric("cyb_queue_length", "gauge", "Engine requests waiting for a slot.", [((), queued)])
+        metric("cyb_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", [((), self.prompt_tokens)])
+        metric("cyb_completion_tokens_total", "counter", "New tokens generated.", [((), self.completion_tokens)])
+        metric("cyb_token_steps_total", "counter", "Steps of the new tokens (1 + pauses each).", [((), self.steps)])
+        mean = self.steps / self.completion_tokens if self.completion_tokens else 0.0
+        metric("cyb_mean_steps_per_token", "gauge", "Mean steps per new token since the start (1: no pause).",
+               [((), mean)])
+        metric("cyb_tokens_per_second", "gauge", f"New tokens per second over the last {RATE_WINDOW_S:g} s.",
+               [((), self.tokens_per_second())])
+        metric("cyb_engine_steps_total", "counter", "Engine decoding steps.", [((), steps)])
+        metric("cyb_positions_total", "counter", "Positions through the network, by phase.",
+               [((("phase", "prefill"),), prefill_pos), ((("phase", "decode"),), decode_pos)])
+        metric("cyb_choices_finished_total", "counter", "Choices finished, by finish reason.",
+               [((("reason", r),), n) for r, n in sorted(self.finish.items())])
+        lines.append("# HELP cyb_time_to_first_token_seconds Time from a request's start to its first token.")
+        lines.append("# TYPE cyb_time_to_first_token_seconds histogram")
+        total = 0
+        for bound, n in zip((*TTFT_BUCKETS, float("inf")), self.ttft_counts):
+            total += n
+            le = "+Inf" if bound == float("inf") else f"{bound:g}"
+            lines.append(f'cyb_time_to_first_token_seconds_bucket{{le="{le}"}} {total}')
+        lines.append(f"cyb_time_to_first_token_seconds_sum {_num(self.ttft_sum)}")
+        lines.append(f"cyb_time_to_first_token_seconds_count {total}")
+        metric("cyb_engine_failures_total", "counter", "Engine failures (each answered its requests with 500).",
+               [((), worker.failures)])
+        metric("cyb_draining", "gauge", "1 after SIGTERM: no new requests are accepted.", [((), int(draining))])
+        metric("cyb_uptime_seconds", "gauge", "Seconds since the server started.", [((), time.time() - self.started)])
+        return "\n".join(lines) + "\n"
+
+
+def _num(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+__all__ = ["Metrics", "RATE_WINDOW_S", "TTFT_BUCKETS"]

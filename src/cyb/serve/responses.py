@@ -1,0 +1,122 @@
+"""The JSON of the OpenAI API: completions, chat completions, their stream chunks, errors,
+``logprobs`` objects; with the pause fields (``steps``, ``token_ids``, the usage's
+``positions``, ``real_tokens`` and ``mean_steps``)."""
+
+from __future__ import annotations
+
+import json
+
+from .jobs import Delta, Generation
+
+
+def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """``{"error": {...}}`` as the OpenAI API writes it (``message`` is one line)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _extras(params, choice, target: dict) -> dict:
+    if params.return_steps:
+        target["steps"] = list(choice.steps)
+    if params.return_token_ids:
+        target["token_ids"] = list(choice.token_ids)
+    return target
+
+
+def completion(gen: Generation, model: str, texts: list[str], logprobs: list[dict | None]) -> dict:
+    """The body of a finished ``/v1/completions`` request (``texts``: each choice's text,
+    echo included)."""
+    params = gen.params
+    choices = []
+    for c, text, lp in zip(gen.choices, texts, logprobs):
+        item = {"index": c.index, "text": text, "logprobs": lp,
+                "finish_reason": c.finish_reason or ("length" if params.max_tokens == 0 else None)}
+        choices.append(_extras(params, c, item))
+    return {"id": gen.id, "object": "text_completion", "created": gen.created, "model": model,
+            "choices": choices, "usage": gen.usage()}
+
+
+def chat_completion(gen: Generation, model: str) -> dict:
+    """The body of a finished ``/v1/chat/completions`` request."""
+    params = gen.params
+    choices = []
+    for c in gen.choices:
+        item = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": None, "finish_reason": c.finish_reason}
+        choices.append(_extras(params, c, item))
+    return {"id": gen.id, "object": "chat.completion", "created": gen.created, "model": model,
+            "choices": choices, "usage": gen.usage()}
+
+
+def sse(payload) -> bytes:
+    """One server-sent event carrying ``payload`` (JSON, or the literal ``[DONE]``)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def chunk(gen: Generation, model: str, delta: Delta) -> dict:
+    """The stream chunk of one :class:`~cyb.serve.jobs.Delta`."""
+    params = gen.params
+    if params.chat:
+        item = {"index": delta.choice, "delta": {"content": delta.text}, "logprobs": None,
+                "finish_reason": delta.finish_reason}
+        obj = "chat.completion.chunk"
+    else:
+        item = {"index": delta.choice, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
+        obj = "text_completion"
+    if params.return_steps:
+        item["steps"] = delta.steps
+    if params.return_token_ids:
+        item["token_ids"] = delta.tokens
+    return {"id": gen.id, "object": obj, "created": gen.created, "model": model, "choices": [item]}
+
+
+def role_chunk(gen: Generation, model: str) -> bytes:
+    """The first chunks of a chat stream: the assistant role of every choice."""
+    return b"".join(sse({"id": gen.id, "object": "chat.completion.chunk", "created": gen.created, "model": model,
+                         "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None}]})
+                    for i in range(gen.params.choices))
+
+
+def usage_chunk(gen: Generation, model: str) -> bytes:
+    """The last chunk of a stream with ``include_usage``: no choices, the usage."""
+    obj = "chat.completion.chunk" if gen.params.chat else "text_completion"
+    return sse({"id": gen.id, "object": obj, "created": gen.created, "model": model, "choices": [],
+                "usage": gen.usage()})
+
+
+def logprobs_object(served, ids: list[int], scores, first: int, *, top: int) -> dict:
+    """The ``logprobs`` of a completions choice for tokens ``ids[first:]``.
+
+    ``scores`` is the :class:`cyb.integrations.scoring.TokenScores` of all of ``ids`` (entry
+    ``k - 1`` is about token ``k``); the first token of the sequence has no log-probability
+    (``null``, as its ``top_logprobs``).  ``top_logprobs`` hold, per token, the
+    token the greedy sequential readout picks there, then the most likely others, ``top`` in
+    all (greedy decoding would give the token exactly where its log-probability is the
+    greatest of those listed when ``top`` is 1, as lm-evaluation-harness checks)."""
+    tokens = [served.token_string(t) for t in ids[first:]]
+    token_logprobs, top_logprobs = [], []
+    for k in range(first, len(ids)):
+        if k == 0:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
+        token_logprobs.append(scores.log_likelihood[k - 1])
+        alternatives: dict[str, float] = {}
+        if top:
+            alternatives[served.token_string(scores.greedy[k - 1])] = scores.greedy_log_likelihood[k - 1]
+            for tok, value in scores.top[k - 1]:
+                if len(alternatives) >= top:
+                    break
+                alternatives.setdefault(served.token_string(tok), value)
+        top_logprobs.append(alternatives)
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+
+
+__all__ = ["chat_completion", "chunk", "completion", "error_body", "logprobs_object", "role_chunk", "sse",
+           "usage_chunk"]

@@ -1,0 +1,204 @@
+"""Running the server: the model, the engine's thread, the socket, uvicorn, and shutdown.
+
+:func:`serve` is ``cyb serve`` (in the foreground, SIGTERM and Ctrl-C handled);
+:func:`start_background` runs the same server in a thread of the calling process (tests,
+notebooks) and returns a handle with its URL.
+
+**Shutdown.**  On SIGTERM (or Ctrl-C) the server stops accepting: the listening socket closes,
+idle connections close, and a request that still arrives on an open connection is answered 503.
+Requests in flight get ``grace_s`` seconds to finish; those still running then are cancelled
+(a non-streamed one is answered 503, a stream ends with an ``error`` event), their rows aborted
+in the engine.  Standard error says which finished and which were cancelled.  A second Ctrl-C
+quits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import threading
+import time
+
+from ..extras import require
+
+require("uvicorn", "cyb serve")
+import uvicorn  # noqa: E402
+
+from .app import ServerState, create_app  # noqa: E402
+from .metrics import Metrics  # noqa: E402
+from .worker import EngineWorker  # noqa: E402
+
+
+def say(message: str) -> None:
+    """One line on standard error, prefixed ``cyb serve:``."""
+    print(f"cyb serve: {message}", file=sys.stderr, flush=True)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def default_slots(device) -> int:
+    return 256 if getattr(device, "type", str(device)) == "cuda" else 64
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server whose SIGTERM / Ctrl-C start the drain of :func:`drain` and do not
+    re-raise the signal at the end (the process exits with status 0 after a clean drain)."""
+
+    def __init__(self, config, state: ServerState) -> None:
+        super().__init__(config)
+        self.cyb_state = state
+        self.drained: asyncio.Future | None = None
+
+    def handle_exit(self, sig, frame) -> None:  # noqa: D401 - uvicorn's hook
+        if self.should_exit:
+            if sig == signal.SIGINT:
+                self.force_exit = True
+            return
+        name = signal.Signals(sig).name if sig else "stop"
+        self.should_exit = True
+        loop = self.cyb_state.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._start_drain, name)
+
+    def _start_drain(self, why: str) -> None:
+        if self.drained is None:
+            self.drained = asyncio.ensure_future(drain(self.cyb_state, why))
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:  # stop accepting before the grace period
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle keep-alive connections close, busy ones after their response
+        self._start_drain("stop")
+        await asyncio.shield(self.drained)
+        await super().shutdown(sockets=sockets)
+
+
+async def drain(state: ServerState, why: str) -> tuple[list[str], list[str]]:
+    """Stop taking requests, give those in flight ``grace_s`` to finish, cancel the rest;
+    says which finished and which were cancelled.  Returns ``(finished ids, cancelled ids)``."""
+    state.draining = True
+    grace = state.options.grace_s
+    pending = list(state.in_flight)
+    if pending:
+        say(f"{why}: no new requests; {len(pending)} in flight get {grace:g} s to finish: {', '.join(pending)}")
+    else:
+        say(f"{why}: no request in flight; stopping")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while state.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    cancelled = []
+    for gen_id, gen in list(state.in_flight.items()):
+        if gen.cancel(f"the server is shutting down: the request was cancelled after the {grace:g} s grace period",
+                      503):
+            cancelled.append(gen_id)
+    t0 = loop.time()
+    while state.in_flight and loop.time() < t0 + 5:  # their handlers send the cancellation
+        await asyncio.sleep(0.02)
+    finished = [g for g in pending if g not in cancelled]
+    if pending:
+        say(f"{len(finished)} finished in the grace period ({', '.join(finished) or 'none'}), "
+            f"{len(cancelled)} cancelled ({', '.join(cancelled) or 'none'})")
+    return finished, cancelled
+
+
+def build(served, options, *, log_level: str = "warning", access_log: bool = False):
+    """The worker (started: the engine is built in its thread), the state and the uvicorn
+    server of ``served`` under ``options``."""
+    metrics = Metrics()
+    state = ServerState(served, None, options, metrics)
+    slots = options.slots or default_slots(served.model.device)
+    state.worker = EngineWorker(served, slots=slots, cache_bytes=options.cache_bytes,
+                                deliver=state.deliver).start()
+    config = uvicorn.Config(create_app(state), log_level=log_level, access_log=access_log, lifespan="on",
+                            timeout_graceful_shutdown=int(options.grace_s) + 10, timeout_keep_alive=30)
+    return state, _Uvicorn(config, state)
+
+
+def describe(state: ServerState, url: str) -> str:
+    """The line printed once the server listens."""
+    served, worker = state.served, state.worker
+    key = ", API key required" if state.options.api_key else ""
+    return (f"{served.name} on {url} (M = {served.num_steps}, default mode {served.default_mode}; "
+            f"{worker.slots} slots of {served.max_model_len} tokens{key})")
+
+
+def serve(served, options, *, log_level: str = "warning", access_log: bool = False) -> int:
+    """Run the server in the foreground until SIGTERM or Ctrl-C (see the module docstring)."""
+    sock = bind(options.host, options.port)
+    state, server = build(served, options, log_level=log_level, access_log=access_log)
+    try:
+        say("listening: " + describe(state, url_of(sock)))
+        server.run(sockets=[sock])
+    finally:
+        state.worker.stop()
+        sock.close()
+    say("stopped")
+    return 0
+
+
+class BackgroundServer:
+    """A server running in a thread of this process (:func:`start_background`)."""
+
+    def __init__(self, state: ServerState, server: _Uvicorn, sock: socket.socket, thread: threading.Thread) -> None:
+        self.state, self.server, self.sock, self.thread = state, server, sock, thread
+        self.url = url_of(sock)
+
+    @property
+    def worker(self) -> EngineWorker:
+        return self.state.worker
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Drain as on SIGTERM (the options' grace period), then stop the thread and the engine."""
+        if self.thread.is_alive():
+            self.server.handle_exit(0, None)
+            self.thread.join(timeout)
+        self.state.worker.stop()
+        self.sock.close()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_background(served, options, *, timeout: float = 60.0) -> BackgroundServer:
+    """Start the server of ``served`` in a daemon thread; returns once it accepts connections."""
+    sock = bind(options.host, options.port)
+    state, server = build(served, options)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="cyb-serve", daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() - t0 > timeout:
+            state.worker.stop()
+            sock.close()
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    return BackgroundServer(state, server, sock, thread)
+
+
+__all__ = ["BackgroundServer", "bind", "build", "describe", "drain", "serve", "start_background", "url_of"]

@@ -1,0 +1,274 @@
+"""The engine's thread: it owns the model and one :class:`cyb.engine.Engine`.
+
+The engine is not thread-safe, so everything that touches the model happens here: handlers on
+the event loop send commands through a queue (:meth:`EngineWorker.submit`,
+:meth:`~EngineWorker.abort`, :meth:`~EngineWorker.score`), and the worker sends each step's
+tokens back in one call of ``deliver`` (the server makes that a ``call_soon_threadsafe`` onto
+its loop).  Between engine steps it runs the scoring forwards of ``echo`` / ``logprobs``
+requests, a bounded batch at a time, so that decoding rows are never stalled for long.
+
+A job (what :meth:`~EngineWorker.submit` takes) has ``requests`` (one
+:class:`cyb.engine.Request` per choice) and a ``cancelled`` flag; the worker gives it ``rids``.
+``deliver`` receives ``[(job, items), ...]`` where ``items`` is a list of ``(choice index,
+Emitted)`` or a :class:`WorkerFailure`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import traceback
+from collections import deque
+from typing import Callable
+
+from ..engine import Engine, EngineOptions
+
+log = logging.getLogger("cyb.serve")
+
+#: expanded positions (rows x longest x M) of one scoring forward at most
+SCORE_POSITIONS = 16384
+
+
+class WorkerFailure:
+    """A job that cannot go on: its ``message`` (one line) and HTTP ``status``."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        self.message, self.status = message, status
+
+
+def _settle(future: concurrent.futures.Future, *, result=None, exception=None) -> None:
+    """Set a future's outcome unless its caller has cancelled it meanwhile."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+class _Scoring:
+    def __init__(self, future, sequences, top) -> None:
+        self.future, self.sequences, self.top = future, list(sequences), top
+        self.results: list = []
+
+
+class EngineWorker:
+    """One engine in a thread of its own (see the module docstring).
+
+    Args:
+        served: the :class:`~cyb.serve.served.ServedModel`.
+        slots: rows that decode at once (cut by the engine to the cache memory).
+        cache_bytes: the engine's cache memory (None: its default).
+        deliver: called from the worker thread with each step's ``[(job, items)]``.
+    """
+
+    def __init__(self, served, *, slots: int, cache_bytes: int | None = None,
+                 deliver: Callable[[list], None]) -> None:
+        self.served = served
+        self._slots_wanted = slots
+        self._cache_bytes = cache_bytes
+        self._deliver = deliver
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._owners: dict[int, tuple[object, int]] = {}
+        self._scores: deque[_Scoring] = deque()
+        self._thread = threading.Thread(target=self._run, name="cyb-engine", daemon=True)
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self.engine: Engine | None = None
+        self.failures = 0
+        #: ``(slots in use, requests queued, engine steps, decode positions, prefill positions)``
+        self.snapshot = (0, 0, 0, 0, 0)
+        self.alive = False
+
+    # ------------------------------------------------------------------ from other threads
+    def start(self) -> "EngineWorker":
+        """Start the thread and build the engine there; raises what building it raised."""
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the thread: running jobs get a failure, pending scores are cancelled."""
+        if self._thread.is_alive():
+            self._inbox.put(("stop",))
+            self._thread.join(timeout)
+
+    @property
+    def slots(self) -> int:
+        return self.engine.slots if self.engine is not None else 0
+
+    @property
+    def columns(self) -> int:
+        """Cache columns of a row (what a request may fill, the engine's slack included)."""
+        return self.engine.capacity if self.engine is not None else 0
+
+    def submit(self, job) -> None:
+        """Queue ``job``'s requests (its tokens come back through ``deliver``)."""
+        self._inbox.put(("submit", job))
+
+    def abort(self, job, choices=None) -> None:
+        """End ``job``'s requests (only ``choices``, indices, when given); their slots are freed
+        at the next step."""
+        self._inbox.put(("abort", job, None if choices is None else tuple(choices)))
+
+    def score(self, sequences, top: int = 0) -> concurrent.futures.Future:
+        """A future of :func:`cyb.integrations.scoring.score_tokens` of ``sequences``."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("score", _Scoring(future, sequences, top)))
+        return future
+
+    # ------------------------------------------------------------------ the thread
+    def _build(self) -> Engine:
+        served = self.served
+        options = EngineOptions(max_slots=self._slots_wanted, cache_bytes=self._cache_bytes, refill=1)
+        return Engine(served.model, capacity=served.columns, slots=self._slots_wanted, positions=1,
+                      options=options)
+
+    def _run(self) -> None:
+        try:
+            self.engine = self._build()
+        except BaseException as e:  # noqa: BLE001 - handed to start()
+            self._start_error = e
+            self._ready.set()
+            return
+        self.alive = True
+        self._ready.set()
+        try:
+            while True:
+                busy = self.engine.busy or bool(self._scores)
+                for cmd in self._commands(block=not busy):
+                    if cmd[0] == "stop":
+                        self._shutdown()
+                        return
+                    self._handle(cmd)
+                if self._scores:
+                    self._score_some()
+                if self.engine.busy:
+                    self._step()
+                e = self.engine
+                self.snapshot = (e.slots_in_use, e.queued, e.stats["steps"], e.stats["decode_positions"],
+                                 e.stats["prefill_positions"])
+        finally:
+            self.alive = False
+
+    def _commands(self, block: bool) -> list:
+        cmds = [self._inbox.get()] if block else []
+        while True:
+            try:
+                cmds.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return cmds
+
+    def _handle(self, cmd) -> None:
+        kind = cmd[0]
+        if kind == "submit":
+            self._submit(cmd[1])
+        elif kind == "abort":
+            job, choices = cmd[1], cmd[2]
+            rids = getattr(job, "rids", None) or []
+            for i, rid in enumerate(rids):
+                if (choices is None or i in choices) and rid in self._owners:
+                    del self._owners[rid]
+                    self.engine.abort(rid, "abort")
+        elif kind == "score":
+            self._scores.append(cmd[1])
+
+    def _submit(self, job) -> None:
+        job.rids = []
+        if getattr(job, "cancelled", False):
+            return
+        for i, request in enumerate(job.requests):
+            try:
+                rid = self.engine.submit(request)
+            except ValueError as e:
+                for done in job.rids:
+                    self._owners.pop(done, None)
+                    self.engine.abort(done, "abort")
+                self._deliver([(job, WorkerFailure(str(e), 400))])
+                return
+            job.rids.append(rid)
+            self._owners[rid] = (job, i)
+
+    def _step(self) -> None:
+        try:
+            events = self.engine.step()
+        except Exception as e:  # noqa: BLE001 - the server keeps serving with a fresh engine
+            self._engine_failed(e)
+            return
+        if not events:
+            return
+        owners = self._owners
+        out: dict = {}
+        for e in events:
+            owner = owners.get(e.request)
+            if owner is None:
+                continue
+            job, i = owner
+            items = out.get(job)
+            if items is None:
+                items = out[job] = []
+            items.append((i, e))
+            if e.finished is not None:
+                del owners[e.request]
+        if out:
+            self._deliver(list(out.items()))
+
+    def _engine_failed(self, error: BaseException) -> None:
+        self.failures += 1
+        log.error("cyb serve: the engine failed; its requests are answered with an error and a new engine "
+                  "takes over:\n%s", "".join(traceback.format_exception(error)))
+        message = f"internal error in the engine: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        jobs = {job for job, _ in self._owners.values()}
+        self._owners.clear()
+        if jobs:
+            self._deliver([(job, WorkerFailure(message.rstrip(": "), 500)) for job in jobs])
+        try:
+            self.engine = self._build()
+        except BaseException as e:  # noqa: BLE001
+            log.error("cyb serve: no new engine could be built: %s", e)
+            raise
+
+    def _score_some(self) -> None:
+        """One scoring forward: the next sequences of the first pending job, within
+        :data:`SCORE_POSITIONS` expanded positions (at least one sequence)."""
+        from ..integrations.scoring import score_tokens
+
+        item = self._scores[0]
+        if item.future.cancelled():
+            self._scores.popleft()
+            return
+        start = len(item.results)
+        m = self.served.num_steps
+        end, longest = start, 0
+        while end < len(item.sequences):
+            longest = max(longest, len(item.sequences[end]))
+            if end > start and (end - start + 1) * longest * m > SCORE_POSITIONS:
+                break
+            end += 1
+        try:
+            item.results += score_tokens(self.served.model, item.sequences[start:end], top=item.top)
+        except Exception as e:  # noqa: BLE001 - this job fails, the others go on
+            log.error("cyb serve: a scoring forward failed:\n%s", "".join(traceback.format_exception(e)))
+            self._scores.popleft()
+            _settle(item.future, exception=e)
+            return
+        if len(item.results) == len(item.sequences):
+            self._scores.popleft()
+            _settle(item.future, result=item.results)
+
+    def _shutdown(self) -> None:
+        jobs = {job for job, _ in self._owners.values()}
+        self._owners.clear()
+        if jobs:
+            self._deliver([(job, WorkerFailure("the server stopped", 503)) for job in jobs])
+        while self._scores:
+            item = self._scores.popleft()
+            item.future.cancel()
+
+
+__all__ = ["EngineWorker", "SCORE_POSITIONS", "WorkerFailure"]
