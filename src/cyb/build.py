@@ -216,9 +216,11 @@ def hf_config_for(cfg: RunConfig, vocab_size: int, tokenizer=None):
 
 def build_model(cfg: RunConfig, tokenizer):
     """A :class:`~cyb.model.PauseModel` for the run's method (pretrained or from scratch), with
-    LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.model.lora.apply_lora`;
-    before any DDP/FSDP wrapping, which must see the final set of trainable parameters)."""
-    from .model import gates
+    LoRA adapters and trainable pause rows when ``lora.rank > 0`` (:func:`cyb.model.lora.apply_lora`)
+    and pause-step adapters when ``method.pause_adapter_rank > 0``
+    (:mod:`cyb.model.pause_adapters`; a frozen base with ``method.pause_adapter_base: freeze``);
+    before any DDP/FSDP wrapping, which must see the final set of trainable parameters."""
+    from .model import gates, pause_adapters
     from .model.lora import apply_lora, is_lora
 
     model = _load_model(cfg, tokenizer)
@@ -239,6 +241,10 @@ def build_model(cfg: RunConfig, tokenizer):
                 p.requires_grad_(False)
     if cfg.lora.rank > 0:
         apply_lora(model, cfg.lora)
+    if cfg.method.pause_adapter_rank > 0:  # after LoRA: on peft's base layers, trainable
+        pause_adapters.add_pause_adapters(model, pause_adapters.PauseAdapterSpec.of_method(cfg.method))
+    if cfg.method.pause_adapter_base == "freeze":
+        pause_adapters.freeze_base(model)
     return model
 
 

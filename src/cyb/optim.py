@@ -10,6 +10,7 @@ import torch
 
 from .config import RunConfig
 from .model import gates
+from .model.pause_adapters import NO_DECAY_ATTR
 
 
 def peak_lr(cfg: RunConfig, d_model: int) -> float:
@@ -31,14 +32,16 @@ def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float, device: torch.device):
-    """AdamW with decoupled weight decay on matrices only (fused kernels on CUDA); the gates of
-    a gated pause layout (:mod:`cyb.model.gates`) in a group of their own at
-    ``method.pause_gate_lr``."""
+    """AdamW with decoupled weight decay on matrices only (fused kernels on CUDA; not on the
+    embedding of a frozen base, :func:`cyb.model.pause_adapters.freeze_base`, whose other rows
+    must stay as they are); the gates of a gated pause layout (:mod:`cyb.model.gates`) in a group
+    of their own at ``method.pause_gate_lr``."""
     gate_ids = {id(p) for p in gates.gate_parameters(model)}
     decay, no_decay, gate = [], [], []
     for p in model.parameters():
         if p.requires_grad:
-            (gate if id(p) in gate_ids else decay if p.dim() >= 2 else no_decay).append(p)
+            matrix = p.dim() >= 2 and not getattr(p, NO_DECAY_ATTR, False)  # a frozen base's embedding: rows only
+            (gate if id(p) in gate_ids else decay if matrix else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if gate:

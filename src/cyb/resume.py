@@ -53,7 +53,8 @@ def check_resumable(saved: dict, cfg: RunConfig, where: Path) -> None:
     for section, names in _RESUME_FIELDS.items():
         keys = names if names is not None else [k for k in now[section] if k not in _RESUME_FREE.get(section, ())]
         for key in keys:
-            before = saved.get(section, {}).get(key) if section in saved else defaults[section][key]
+            # a section or field the checkpoint's version did not have yet: its default
+            before = saved[section].get(key, defaults[section][key]) if section in saved else defaults[section][key]
             after = now[section][key]
             if before != after:
                 raise CannotResume(

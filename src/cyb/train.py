@@ -36,7 +36,7 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
-from .model import gates
+from .model import gates, pause_adapters
 from .optim import build_optimizer, lr_factor, peak_lr
 from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .run_card import write_run_card
@@ -442,10 +442,15 @@ class Trainer:
             rows = " and the pause/dk rows" if trainable_token_ids(self.model.settings) else ""
             sizes = (f"{params / 1e6:.2f}M parameters, {trainable:,} trainable ({100 * trainable / params:.2g}%: "
                      f"LoRA rank {lo.rank} on {', '.join(lo.target_modules)}{rows})")
+        elif self.cfg.method.pause_adapter_base == "freeze":
+            sizes = (f"{params / 1e6:.2f}M parameters, the base frozen: only the pause adapters and the "
+                     f"pause/dk embedding rows train")
         elif trainable < params:
             sizes = f"{params / 1e6:.2f}M parameters, all trainable but {params - trainable:,} (gates on a schedule)"
         else:
             sizes = f"{params / 1e6:.2f}M parameters, all trainable"
+        if pause_adapters.has_pause_adapters(self.model):
+            sizes += f" ({pause_adapters.describe(self.model)})"
         progress.write(
             f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {sizes}, "
             f"{self.device} x {self.info.world_size} process(es)"

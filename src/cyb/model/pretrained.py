@@ -19,7 +19,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from ..checkpoint import DamagedFileError, _short
-from . import gates, hf
+from . import gates, hf, pause_adapters
 from .loading import MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice
 from .lora import check_lora_folder, load_adapter_model, lora_folder
 from .settings import SETTINGS_FILE, PauseSettings, settings_to_load
@@ -59,7 +59,7 @@ def load_pretrained(cls, name_or_path, *, num_steps, use_dk, psi_dk, position_sc
                              "it with other pause settings")
         hf_model = load_adapter_model(adapter, saved, torch_dtype=torch_dtype,
                                       attn_implementation=attn_implementation, **hf_kwargs)
-        return cls(hf_model, saved, tokenizer).eval()
+        return _with_pause_adapters(cls(hf_model, saved, tokenizer), adapter).eval()
     try:
         with gates.quiet_load(saved is not None and saved.pause_visibility == "gated"):
             hf_model = AutoModelForCausalLM.from_pretrained(
@@ -73,10 +73,17 @@ def load_pretrained(cls, name_or_path, *, num_steps, use_dk, psi_dk, position_sc
         model = cls(hf_model, saved, tokenizer)
         if saved.pause_visibility == "gated":
             model.gates_loaded = gates.load_gates(hf_model, name_or_path) > 0
-        return model.eval()
+        return _with_pause_adapters(model, Path(str(name_or_path)) / (hf_kwargs.get("subfolder") or "")).eval()
     return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
                        position_scheme=position_scheme, method=method,
                        pause_visibility=pause_visibility, reuse_unused=reuse_unused).eval()
+
+
+def _with_pause_adapters(model, folder):
+    """``model`` with the pause-step adapters saved in ``folder`` put in, if it has any."""
+    if pause_adapters.saved_in(folder):
+        pause_adapters.load_pause_adapters(model, folder)
+    return model
 
 
 __all__ = ["load_pretrained"]

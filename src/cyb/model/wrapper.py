@@ -15,7 +15,7 @@ import torch
 from ..layout import IGNORE_INDEX, Expanded, PauseVocab, collapse, expand
 from ..readout import readout
 from ..visibility import BlockSteps, inverse_order, reorder
-from . import attention, gates, hf
+from . import attention, gates, hf, pause_adapters
 from .loading import save_tokenizer
 from .lora import is_lora, save_adapter
 from .settings import DEFAULT, PauseSettings, resolve_arguments
@@ -258,18 +258,23 @@ class PauseModel(torch.nn.Module):
         The folder loads with :meth:`from_pretrained` and with plain
         ``AutoModelForCausalLM.from_pretrained``.  A model with LoRA adapters writes its
         adapter folder instead (:func:`cyb.model.lora.save_adapter`: adapters, pause rows, the base
-        model's name), which :meth:`from_pretrained` loads too.  ``state_dict`` (Hugging Face
+        model's name), which :meth:`from_pretrained` loads too.  Pause-step adapters go beside
+        the weights (:mod:`cyb.model.pause_adapters`).  ``state_dict`` (Hugging Face
         keys, e.g. gathered under FSDP) replaces the module's own; ``hf_kwargs`` go to the
         model's ``save_pretrained``.  The settings file is written last.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        adapters = pause_adapters.has_pause_adapters(self.hf_model)
         if is_lora(self.hf_model):
             save_adapter(self, directory, state_dict=state_dict)
         else:
-            if state_dict is not None:
-                hf_kwargs["state_dict"] = state_dict
+            if state_dict is not None or adapters:  # the weights file holds the base model alone
+                full = state_dict if state_dict is not None else self.hf_model.state_dict()
+                hf_kwargs["state_dict"] = pause_adapters.without_adapters(full)
             self.hf_model.save_pretrained(str(directory), **hf_kwargs)
+        if adapters:  # beside the weights (cyb.model.pause_adapters)
+            pause_adapters.save_pause_adapters(self, directory, state_dict=state_dict)
         if self._tokenizer is not None:
             save_tokenizer(self._tokenizer, directory)
         self._settings.save(directory)
