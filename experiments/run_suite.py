@@ -42,6 +42,14 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
   written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared, private
   and gated and CYB-decoupled private and gated, scored by exact match three ways (``experiments/task_decoding.py``).
+* ``reasoning-pilot`` and ``reasoning`` (``--scale smollm2-reasoning``; prepared, not run yet):
+  SmolLM2-135M fine-tuned on reasoning-gym tasks (the ``reasoning`` extra) and scored by each
+  task's own verifier on answers generated in adaptive mode, with the measured decode time per
+  answer at 256 rows at once. The pilot runs the baseline on every candidate task and keeps
+  three on which it lands between 20% and 80% (``OUT/reasoning-choice.json``); the suite runs
+  baseline, the baseline with 4x the steps (compute-matched), TBYS 3 private, CYB 3 private and
+  gated, CYB-decoupled 3 private and CYB 3 private with pause-step adapters on them
+  (``experiments/reasoning_suite.py``; ``bash experiments/reasoning_gpu.sh`` runs both).
 * ``stability``: the ``pretrain`` suite's baseline and CYB 3 over five seeds (``--seeds
   0,1,2,3,4``), beside CYB with private pauses, with 400 warmup steps instead of 100, with peak
   lr 5e-4, and the baseline with 400 warmup steps: what narrows CYB's spread between seeds.
@@ -78,6 +86,8 @@ import yaml
 from cyb import methods
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the repository root holds experiments/
+    sys.path.insert(0, str(REPO))
 SPLIT_DOC = 3500  # documents [0, SPLIT_DOC) pretrain the fine-tuning base; the rest fine-tune it
 
 SCALES = {
@@ -93,6 +103,13 @@ SCALES = {
     # SmolLM2-135M fine-tuned on 5-digit addition written as text (suite smollm2-arith)
     "smollm2-arith": dict(task="addition", digits=5, batch=64, ft_steps=1500, eval_every=500, warmup=50,
                           lr=1e-4, train_examples=100000, valid_examples=500, pre_steps=0, vocab=0, compile=0),
+    # SmolLM2-135M fine-tuned on reasoning-gym tasks (suites reasoning-pilot and reasoning): 600 steps of
+    # 64 questions (one epoch of 38,400), 256 held-out questions decoded at once; checkpointed to resume
+    "smollm2-reasoning": dict(batch=64, ft_steps=600, eval_every=300, warmup=30, lr=1e-4, train_examples=38400,
+                              valid_examples=256, save_every=200, pre_steps=0, vocab=0, compile=0),
+    # the same rows on a tiny model in seconds (the CPU smoke test: CYB_SMOLLM2 names the model)
+    "reasoning-quick": dict(batch=4, ft_steps=2, eval_every=0, warmup=1, lr=1e-2, train_examples=16,
+                            valid_examples=4, save_every=0, pre_steps=0, vocab=0, compile=0),
     # a small model on a 2-core CPU: minutes per run
     "cpu": dict(hidden=128, layers=4, heads=4, block_len=64, batch=16, pre_steps=600, epochs_steps=1200,
                 base_steps=600, ft_steps=200, vocab=2048, eval_every=100, warmup=30),
@@ -121,6 +138,7 @@ class Job:
     first: bool = False  # start before every other job (others wait for it)
     priority: int = 0  # higher starts first (before cost decides)
     task: bool = False  # scored by exact match on its task (no held-out text to read)
+    reasoning: bool = False  # a reasoning-gym task: cyb eval scores its generated answers
     row: dict = field(default_factory=dict)
 
 
@@ -299,6 +317,27 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
     return jobs
 
 
+def reasoning_jobs(seed: int, s: dict, out: Path, *, pilot: bool = False) -> list[Job]:
+    """SmolLM2-135M fine-tuned on reasoning-gym tasks (``experiments/reasoning_suite.py``): every
+    row on the tasks of ``s["tasks"]``, or with ``pilot`` the seed-0 baseline on every candidate."""
+    from experiments import reasoning_suite as rs
+
+    tasks = list(rs.TASKS) if pilot else s["tasks"]
+    jobs = []
+    for task in tasks:
+        for rank, (label, short, m, cost, times) in enumerate(rs.rows()):
+            if pilot and short != "baseline":
+                continue
+            name = rs.run_name(task, short, seed)
+            scaled = dict(s, ft_steps=s["ft_steps"] * times, eval_every=s["eval_every"] * times,
+                          save_every=s["save_every"] * times)
+            cfg = smollm2_config(scaled, out / name, seed, method(**m), rs.task_config(task, s), lr=s["lr"],
+                                 save_every=scaled["save_every"], log_every=50)
+            jobs.append(Job(name, "reasoning-pilot" if pilot else "reasoning", f"{label} [{task}]", seed, cfg,
+                            cost=cost, priority=-rank, reasoning=True, row={"task": task}))
+    return jobs
+
+
 def stability_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
     """CYB pretrained from scratch as in ``pretrain``, beside the baseline, with the candidates
     that hold up its early pauses: private pauses and a four times longer warmup (and a lower
@@ -324,6 +363,8 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
         return smollm2_jobs(seed, s, files, out)
     if suite == "smollm2-arith":
         return arithmetic_jobs(seed, s, out)
+    if suite in ("reasoning", "reasoning-pilot"):
+        return reasoning_jobs(seed, s, out, pilot=suite == "reasoning-pilot")
     if suite == "stability":
         return stability_jobs(seed, s, files, out)
     if suite in ("pretrain", "epochs"):
@@ -388,19 +429,22 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
 # ----------------------------------------------------------------------------------- running
 
 
-def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | None = None) -> str:
+def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | None = None,
+                  task: str | None = None) -> str:
     """The command that reruns one row from a fresh clone (given techdocs in ``$CYB_DATA`` or
     ``../shared/data/techdocs``): this script with ``--only`` the row, which writes the data
-    splits first and trains the row's base first when it fine-tunes one."""
+    splits first and trains the row's base first when it fine-tunes one (``--tasks`` the
+    reasoning-gym task of a ``reasoning`` row)."""
     scale_arg = "" if scale == "gpu" else f" --scale {scale}"
+    task_arg = f" --tasks {task}" if task and suite == "reasoning" else ""
     return (f"python experiments/run_suite.py {suite} --seeds {seed} --only {name} "
-            f"--out {out or f'outputs/{suite}'}{scale_arg}")
+            f"--out {out or f'outputs/{suite}'}{scale_arg}{task_arg}")
 
 
 def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
     run = out / job.name
     row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
-           "command": rerun_command(job.suite, job.name, job.seed, scale, str(out)),
+           "command": rerun_command(job.suite, job.name, job.seed, scale, str(out), job.row.get("task")),
            "config": f"{out / job.suite / 'configs' / job.name}.yaml"}
     if (run / "final_metrics.json").is_file():
         row["final"] = json.loads((run / "final_metrics.json").read_text())
@@ -413,6 +457,11 @@ def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
                         for r in lines if r.get("split") == "valid"]
         if (run / "task.json").is_file():
             row["task"] = json.loads((run / "task.json").read_text())
+        judged = run / "eval" / "metrics.json"
+        if job.reasoning and judged.is_file():  # the verifier's scores of the generated answers
+            metrics = json.loads(judged.read_text())
+            row["reasoning_gym"] = metrics.get("reasoning_gym")
+            row["task"] = metrics.get("task")
         whole = run / "eval-whole-file" / "metrics.json"
         if whole.is_file():
             w = json.loads(whole.read_text())["perplexity"]
@@ -435,6 +484,8 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
     script = f"{sys.executable} -m cyb train {cfg_path}"
     if job.task:  # exact match, teacher-forced and free-running
         script += f" && {sys.executable} experiments/task_decoding.py {out / job.name}"
+    elif job.reasoning:  # answers generated adaptively, scored by the task's verifier, timed
+        script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress --passages 0"
     else:
         if job.analyse:  # figures and analyses on the run's own held-out rows
             script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
@@ -529,7 +580,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suites", nargs="+", choices=("pretrain", "finetune", "hparams", "epochs", "recipes",
                                                  "visibility", "smollm2", "smollm2-arith",
-                                                 "stability"))
+                                                 "stability", "reasoning-pilot", "reasoning"))
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--scale", default="gpu", choices=sorted(SCALES))
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
@@ -543,6 +594,9 @@ def main() -> int:
     p.add_argument("--pack", type=Path, default=None, help="write a .tar.gz of the results after every run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scale parameter, e.g. --set pre_steps=800")
+    p.add_argument("--tasks", default=None, metavar="A,B,C",
+                   help="reasoning: the reasoning-gym tasks (candidates of experiments/reasoning_suite.py); "
+                        "default: the pilot's choice in OUT/reasoning-choice.json")
     p.add_argument("--only", nargs="+", default=None, metavar="PART",
                    help="run only the jobs whose name contains one of these parts (and the bases "
                         "they fine-tune), e.g. --only rc-cyb-p3 ponder_cost-0.02")
@@ -553,7 +607,13 @@ def main() -> int:
         s[k] = type(s[k])(v)
     out = Path(os.path.relpath(args.out.resolve()))
     out.mkdir(parents=True, exist_ok=True)
-    files = prepare_data(out, s, args.scale)
+    if {"reasoning", "reasoning-pilot"} & set(args.suites):  # SmolLM2 on generated tasks: no text data
+        from experiments import reasoning_suite
+
+        files = {}
+        s["tasks"] = reasoning_suite.tasks_of(out, args.tasks)
+    else:
+        files = prepare_data(out, s, args.scale)
     seeds = [int(x) for x in args.seeds.split(",")]
     jobs = [j for suite in args.suites for seed in (seeds[:1] if suite == "epochs" else seeds)
             for j in suite_jobs(suite, seed, s, files, out)]  # two epochs: the first seed shows the trend
@@ -564,7 +624,12 @@ def main() -> int:
     slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
-    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files["valid"], args.scale)
+    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files.get("valid", ""), args.scale)
+    if "reasoning-pilot" in args.suites:
+        from experiments import reasoning_suite
+
+        choice = reasoning_suite.write_choice(out, rows)
+        print(f"pilot: {json.dumps(choice)}" if choice else "pilot: not every candidate has a score yet")
     asked = {j.name for j in jobs}
     ok = len({r["name"] for r in rows if "final" in r and r["name"] in asked})
     print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")

@@ -1,0 +1,91 @@
+"""The reasoning-gym suites of experiments/run_suite.py (prepared for a GPU run): their rows, the
+pilot's choice of tasks, and a CPU smoke test that trains one row of the suite for a few steps on
+a tiny model and scores it with the task's verifier, as the GPU job does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from cyb.config import RunConfig  # noqa: E402
+from experiments import reasoning_suite as rs  # noqa: E402
+from experiments import run_suite  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def jobs(suite: str, seeds=(0, 1, 2), scale="smollm2-reasoning", tasks=("chain_sum", "leg_counting", "gcd"), out=None):
+    s = dict(run_suite.SCALES[scale], tasks=list(tasks))
+    from pathlib import Path
+
+    return [j for seed in seeds for j in run_suite.suite_jobs(suite, seed, s, {}, Path(out or "outputs/reasoning"))]
+
+
+def test_the_suite_holds_every_row_three_seeds_and_the_compute_matched_baseline():
+    suite = jobs("reasoning")
+    assert len(suite) == 3 * 7 * 3 and len({j.name for j in suite}) == len(suite)
+    labels = {j.label.split(" [")[0] for j in suite}
+    assert labels == {"Baseline", "Baseline, 4x the steps (compute-matched)", "TBYS 3 pauses, private",
+                      "CYB 3 pauses, private", "CYB 3 pauses, gated", "CYB-decoupled 3 pauses, private",
+                      "CYB 3 pauses, private, pause adapters r16"}
+    by_name = {j.name: j for j in suite}
+    base, matched = by_name["rg-gcd-baseline-s1"].cfg, by_name["rg-gcd-baseline-4xsteps-s1"].cfg
+    assert matched["train"]["steps"] == 4 * base["train"]["steps"] == 2400
+    assert matched["data"] == base["data"]  # the same questions, four passes over them
+    adapters = by_name["rg-chain_sum-cyb-p3-private-adapters16-s2"].cfg
+    assert adapters["method"]["pause_adapter_rank"] == 16 and adapters["method"]["pause_visibility"] == "private"
+    for j in suite[:7]:  # every row's configuration is one cyb train accepts (the task and its settings too)
+        cfg = RunConfig.from_dict(j.cfg).validate()
+        assert cfg.data.task == "reasoning-gym:chain_sum" and cfg.data.num_valid_examples == 256
+    row = run_suite.final_row(by_name["rg-gcd-cyb-p3-gated-s1"], run_suite.Path("outputs/reasoning"),
+                              "smollm2-reasoning")
+    assert row["command"].endswith("--scale smollm2-reasoning --tasks gcd") and "--only rg-gcd-cyb-p3-gated-s1" in row["command"]
+    pilot = jobs("reasoning-pilot", seeds=(0,))
+    assert [j.name for j in pilot] == [rs.run_name(t, "baseline", 0) for t in rs.TASKS]
+    assert {j.name for j in pilot} & {j.name for j in suite} == {"rg-chain_sum-baseline-s0", "rg-leg_counting-baseline-s0",
+                                                                "rg-gcd-baseline-s0"}  # run once
+
+
+def test_the_pilot_keeps_three_tasks_between_20_and_80_percent(tmp_path):
+    scores = {"chain_sum": 0.9, "basic_arithmetic": 0.35, "leg_counting": 0.1, "products": 0.6, "gcd": 0.75,
+              "count_bits": 0.5}
+    summary = [{"name": rs.run_name(t, "baseline", 0), "reasoning_gym": {"exact": x}} for t, x in scores.items()]
+    assert rs.write_choice(tmp_path, summary[:-1]) is None  # not every candidate scored yet
+    choice = rs.write_choice(tmp_path, summary)
+    assert choice["chosen"] == ["basic_arithmetic", "products", "gcd"]
+    assert rs.tasks_of(tmp_path, None) == choice["chosen"] and rs.tasks_of(tmp_path, "gcd") == ["gcd"]
+    low = [{"name": rs.run_name(t, "baseline", 0), "reasoning_gym": {"exact": x}}
+           for t, x in zip(rs.TASKS, (0.95, 0.5, 0.05, 0.99, 0.0, 0.9))]
+    fallback = rs.choose(low)
+    assert fallback["chosen"][0] == "basic_arithmetic" and len(fallback["chosen"]) == 3
+    assert "only 1 did" in fallback["rule"]
+    with pytest.raises(ValueError, match="not candidates"):
+        rs.tasks_of(tmp_path, "sudoku")
+
+
+def test_one_row_trains_on_a_cpu_and_is_scored_by_the_verifier(tmp_path, monkeypatch):
+    """The smoke test of the prepared suite: its pause-adapter row on chain_sum at scale
+    reasoning-quick, a tiny 'pretrained' model in place of SmolLM2."""
+    from cyb.data import reasoning_gym as R
+    from cyb.eval import evaluate
+    from cyb.train import train
+    from test_reasoning_gym import tiny_pretrained
+
+    docs = [R.prompt_of(e) + R.completion_of(e)
+            for e in R.draw_entries("reasoning-gym:chain_sum", rs.TASKS["chain_sum"], 200, 0, "train")]
+    model, _ = tiny_pretrained(tmp_path, docs)
+    monkeypatch.setenv("CYB_SMOLLM2", str(model))
+    out = tmp_path / "outputs"
+    [job] = [j for j in jobs("reasoning", seeds=(0,), scale="reasoning-quick", tasks=("chain_sum",), out=out)
+             if j.name == "rg-chain_sum-cyb-p3-private-adapters16-s0"]
+    train(RunConfig.from_dict(job.cfg).validate())
+    evaluate(out / job.name, progress=False, num_passages=0)  # what the job runs after training
+    row = run_suite.final_row(job, out, "reasoning-quick")
+    judged = row["reasoning_gym"]
+    assert row["final"]["ppl"] > 0 and judged["task"] == "reasoning-gym:chain_sum" and judged["num_examples"] == 4
+    assert 0.0 <= judged["mean_score"] <= 1.0 and judged["seconds_per_answer"] > 0
+    saved = json.loads((out / job.name / "final" / "pause_adapters.json").read_text())
+    assert saved["rank"] == 16
