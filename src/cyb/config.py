@@ -92,20 +92,17 @@ class MethodConfig:
     bias rising linearly from pause_gate_init to 0 (the shared layout) over this many optimiser
     steps."""
     pause_adapter_rank: int = 0
-    """Pause-step adapters: rank r of low-rank weights on pause_adapter_targets that act only at
-    positions whose input is a pause (steps 2..M), zero at the start (the model computes what
-    it did; under private pauses the real tokens stay the base model's); 0 = none."""
+    """Pause-step adapters: rank r of low-rank weights on pause_adapter_targets that act only where
+    the input is a pause, zero at the start (under private pauses real tokens stay the base's); 0 = none."""
     pause_adapter_alpha: float = 16.0
     """Pause-step adapters: their delta is scaled by alpha / pause_adapter_rank (> 0)."""
     pause_adapter_dropout: float = 0.0
     """Pause-step adapters: dropout on their input, in [0, 1)."""
     pause_adapter_targets: list[str] = field(default_factory=lambda: list(families.PROJECTIONS))
-    """Pause-step adapters: the projections that get them, by name (matched at the end of each
-    module's path): the attention and MLP projections of Llama, Mistral, Qwen and Gemma."""
+    """Pause-step adapters: the projections that get them (matched at the end of each module's path)."""
     pause_adapter_base: str = "train"
-    """Pause-step adapters: what the rest of the model does: train (every weight, or LoRA
-    adapters with lora.rank > 0) or freeze (the base stays as loaded; only the pause adapters and
-    the embedding rows of the pause and dk tokens train; needs model.name_or_path)."""
+    """Pause-step adapters: the rest of the model trains (train: every weight, or LoRA with lora.rank > 0)
+    or stays as loaded (freeze: only the adapters and the pause/dk embedding rows train)."""
     omega: list[float] | None = None
     """World stop distribution over steps 1..M (ratios); None = one-hot on M."""
     gamma: list[float] | None = None
@@ -321,18 +318,10 @@ class RunConfig:
               "gated pauses train their gates with the whole model: set lora.rank = 0, or use shared or private")
         _need(self.model.attn_implementation != "eager" or self.method.pause_visibility != "gated",
               "method.pause_visibility", "gated pauses need model.attn_implementation sdpa")
-        if self.method.pause_adapter_base == "freeze":
-            _need(self.model.name_or_path is not None, "method.pause_adapter_base",
-                  "freeze keeps a pretrained model as loaded: set model.name_or_path (a random model would "
-                  "keep its random weights), or use train")
-            _need(not self.lora.rank, "method.pause_adapter_base",
-                  "freeze trains the pause-step adapters alone, LoRA trains adapters of the base: set lora.rank = 0, "
-                  "or method.pause_adapter_base = train (the base then trains through LoRA)")
+        _validate_pause_adapters(self)
         _validate_data(self.data)
-        if self.data.task and self.data.task.startswith("reasoning-gym:"):
-            _need(bool(self.model.name_or_path or self.data.tokenizer), "data.task",
-                  f"{self.data.task} is written as text: set model.name_or_path (a pretrained model and its "
-                  "tokenizer) or data.tokenizer")
+        _need(not (self.data.task or "").startswith("reasoning-gym:") or bool(self.model.name_or_path or self.data.tokenizer),
+              "data.task", f"{self.data.task} is written as text: set model.name_or_path (a pretrained model and its tokenizer) or data.tokenizer")
         _validate_optim(self.optim)
         _validate_train(self.train)
         self._valid_state = state
@@ -460,7 +449,6 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
     _need(math.isfinite(me.pause_gate_init), "method.pause_gate_init", f"must be finite, got {me.pause_gate_init}")
     _need(me.pause_gate_anneal_steps >= 0, "method.pause_gate_anneal_steps",
           f"must be >= 0, got {me.pause_gate_anneal_steps}")
-    _validate_pause_adapters(me)
     for name in ("omega", "rho", "gamma"):
         vec = getattr(me, name)
         if vec is not None:
@@ -504,22 +492,13 @@ def _validate_method(me: MethodConfig, d: DataConfig) -> None:
               "text has no prompt: use random")
 
 
-def _validate_pause_adapters(me: MethodConfig) -> None:
-    _need(me.pause_adapter_rank >= 0, "method.pause_adapter_rank", f"must be >= 0 (0 = none), got {me.pause_adapter_rank}")
-    _need(math.isfinite(me.pause_adapter_alpha) and me.pause_adapter_alpha > 0, "method.pause_adapter_alpha",
-          f"must be finite and > 0, got {me.pause_adapter_alpha}")
-    _need(0.0 <= me.pause_adapter_dropout < 1.0, "method.pause_adapter_dropout",
-          f"must lie in [0, 1), got {me.pause_adapter_dropout}")
-    _need(bool(me.pause_adapter_targets) and all(isinstance(t, str) and t.strip() for t in me.pause_adapter_targets),
-          "method.pause_adapter_targets", f"must list module names (e.g. {', '.join(families.PROJECTIONS[:2])}), "
-          f"got {me.pause_adapter_targets!r}")
-    _one_of(me.pause_adapter_base, ("train", "freeze"), "method.pause_adapter_base")
-    if me.pause_adapter_rank:
-        _need(me.spec.uses_pauses, "method.pause_adapter_rank",
-              f"{me.name} has no pauses for the adapters to act on: use a method with pauses or set it to 0")
-    elif me.pause_adapter_base == "freeze":
-        _need(False, "method.pause_adapter_base", "freeze trains the pause-step adapters alone: set "
-              "method.pause_adapter_rank >= 1, or use train")
+def _validate_pause_adapters(cfg: "RunConfig") -> None:
+    from .model.pause_adapters import check_settings  # the fields' rules live with the adapters
+
+    try:
+        check_settings(cfg.method, cfg.model, cfg.lora)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _validate_lora(lo: LoraConfig, m: ModelConfig) -> None:

@@ -107,6 +107,29 @@ class PauseAdapterSpec:
                    dropout=float(method.pause_adapter_dropout), targets=tuple(method.pause_adapter_targets))
 
 
+def check_settings(method, model, lora) -> None:
+    """Check the ``method.pause_adapter_*`` fields of a run configuration (its ``method``,
+    ``model`` and ``lora`` sections); ValueError in one line naming the field."""
+    def need(ok: bool, field: str, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"method.{field}: {msg}")
+
+    need(method.pause_adapter_rank >= 0, "pause_adapter_rank", f"must be >= 0 (0 = none), got {method.pause_adapter_rank}")
+    need(method.pause_adapter_base in BASES, "pause_adapter_base",
+         f"must be one of {', '.join(BASES)}; got {method.pause_adapter_base!r}")
+    if method.pause_adapter_rank:
+        PauseAdapterSpec.of_method(method)  # alpha, dropout and targets, each error naming its field
+        need(method.spec.uses_pauses, "pause_adapter_rank",
+             f"{method.name} has no pauses for the adapters to act on: use a method with pauses or set it to 0")
+    if method.pause_adapter_base == "freeze":
+        need(method.pause_adapter_rank > 0, "pause_adapter_base",
+             "freeze trains the pause-step adapters alone: set method.pause_adapter_rank >= 1, or use train")
+        need(model.name_or_path is not None, "pause_adapter_base", "freeze keeps a pretrained model as loaded: set "
+             "model.name_or_path (a random model would keep its random weights), or use train")
+        need(not lora.rank, "pause_adapter_base", "freeze trains the pause-step adapters alone, LoRA trains adapters "
+             "of the base: set lora.rank = 0, or method.pause_adapter_base = train (the base then trains through LoRA)")
+
+
 class _State:
     """One model's adapters: the spec, the adapted modules by canonical name, the hook handles
     and the pause mask of the decoder's latest call."""
@@ -362,7 +385,7 @@ def describe(model) -> str:
 
 
 __all__ = ["A_NAME", "B_NAME", "BASES", "CONFIG_FILE", "NO_DECAY_ATTR", "PauseAdapterSpec", "WEIGHTS_FILE",
-           "adapter_parameters", "adapter_state", "add_pause_adapters", "describe", "freeze_base",
+           "adapter_parameters", "adapter_state", "add_pause_adapters", "check_settings", "describe", "freeze_base",
            "has_pause_adapters", "is_adapter_key", "load_pause_adapters", "remove_pause_adapters", "saved_in",
            "spec_of", "state_of", "without_adapters"]
 
