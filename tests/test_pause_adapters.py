@@ -250,3 +250,21 @@ def test_decoding_with_adapters_equals_the_no_cache_reference(visibility, scheme
     for i in range(len(prompts)):
         assert_same(got[i], want[i])
         assert_same((eager[i].token_ids, eager[i].steps, eager[i].d), want[i])
+
+
+@pytest.mark.parametrize("method,kind,scheme", [
+    ({"name": "cyb", "num_steps": 3, "recipe": 2, "omega": [1.0, 1.0, 1.0]}, "cyb", "shared"),
+    ({"name": "tbys_original", "num_steps": 3, "random_pause_fraction": 0.5}, "tbys", "advance")],
+    ids=["recipe2", "inserted"])
+def test_the_pauses_of_every_training_layout_are_found(method, kind, scheme):
+    """Recipe 2's variable blocks and the original TBYS's inserted pauses: the adapters act
+    exactly at the steps after the first of each block."""
+    from cyb.config import MethodConfig
+    from cyb.objective import Objective
+
+    pm = build("llama", kind, init=0.3, num_steps=3, scheme=scheme, psi_dk=0.5 if kind == "cyb" else None)
+    P.add_pause_adapters(pm, P.PauseAdapterSpec(rank=2))
+    prep = Objective(MethodConfig(**method), pm.vocab, pm.dk_bias, "naive").prepare({"ids": IDS}, seeds=[1, 2])
+    pm.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask, steps=prep.steps)
+    mask = P.state_of(pm).mask
+    assert mask.any() and torch.equal(mask, (prep.steps.step > 0).expand_as(mask) & prep.steps.valid.expand_as(mask))
