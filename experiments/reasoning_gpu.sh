@@ -41,3 +41,7 @@ if [ -f outputs/reasoning/reasoning-choice.json ] && [ "$left" -gt 60 ]; then
   python3 experiments/run_suite.py reasoning --seeds "$seeds" --deadline "$left" "${common[@]}" "${@:3}" 2>&1 \
     | tee -a "$out/driver.log"
 fi
+# the tables and the score-against-time figure of what finished so far (experiments/reasoning_report.py)
+if python3 experiments/reasoning_report.py outputs/reasoning 2>&1 | tee -a "$out/driver.log" | grep -q wrote; then
+  cp outputs/reasoning/tables.md outputs/reasoning/score_time.png "$out/" 2>/dev/null
+fi

@@ -89,3 +89,29 @@ def test_one_row_trains_on_a_cpu_and_is_scored_by_the_verifier(tmp_path, monkeyp
     assert 0.0 <= judged["mean_score"] <= 1.0 and judged["seconds_per_answer"] > 0
     saved = json.loads((out / job.name / "final" / "pause_adapters.json").read_text())
     assert saved["rank"] == 16
+
+
+def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
+    from experiments import reasoning_report
+
+    summary = []
+    for task in ("chain_sum", "gcd"):
+        for label, short, *_ in rs.rows():
+            for seed in (0, 1, 2):
+                exact = 0.4 + 0.1 * (short != "baseline") + 0.01 * seed
+                summary.append({"name": rs.run_name(task, short, seed), "label": f"{label} [{task}]", "seed": seed,
+                                "command": run_suite.rerun_command("reasoning", rs.run_name(task, short, seed), seed,
+                                                                   "smollm2-reasoning", "outputs/reasoning", task),
+                                "final": {"ppl": 2.0},
+                                "reasoning_gym": {"task": f"reasoning-gym:{task}", "exact": exact, "mean_score": exact,
+                                                  "mean_steps": 1.2, "seconds_per_answer": 0.004 + 0.001 * seed}})
+    (tmp_path / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in summary))
+    rs.write_choice(tmp_path, [r for r in summary if r["name"].endswith("baseline-s0")] + [
+        {"name": rs.run_name(t, "baseline", 0), "reasoning_gym": {"exact": 0.9}}
+        for t in rs.TASKS if t not in ("chain_sum", "gcd")])
+    assert reasoning_report.main([str(tmp_path)]) == 0
+    text = (tmp_path / "tables.md").read_text()
+    assert text.startswith("Pilot (") and "### chain_sum" in text and "### gcd" in text
+    assert "| Baseline | 41.0 ± 1.0 | 40.0%, 41.0%, 42.0% | --- |" in text
+    assert "| CYB 3 pauses, private, pause adapters r16 | 51.0 ± 1.0 | 50.0%, 51.0%, 52.0% | 10.0 ± 0.0 |" in text
+    assert "--only rg-gcd-cyb-p3-gated-sN" in text and (tmp_path / "score_time.png").stat().st_size > 0

@@ -1,0 +1,133 @@
+"""The table and the figure of the reasoning-gym suite from its ``summary.jsonl``.
+
+    python experiments/reasoning_report.py outputs/reasoning      # or results/experiments/reasoning
+
+Writes ``tables.md`` (one table per task: each row's exact share and mean verifier score, mean
+and standard deviation over seeds, every seed, its gain over the baseline in points, steps per
+answer token, the measured decode time per answer and the command) and ``score_time.png`` (exact
+share against measured decode time per answer, one point per row and seed, one panel per task)
+into the folder.  The pilot's choice (``reasoning-choice.json``) heads the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
+if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/
+    sys.path.insert(0, REPO_ROOT)
+
+
+def load(folder: Path) -> list[dict]:
+    """The finished rows of the ``reasoning`` suite that carry the verifier's scores (the newest
+    row per run)."""
+    rows: dict[str, dict] = {}
+    for line in (Path(folder) / "summary.jsonl").read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if r.get("reasoning_gym") and r["name"].startswith("rg-"):
+                rows[r["name"]] = r
+    return list(rows.values())
+
+
+def _task(row: dict) -> str:
+    return row["reasoning_gym"]["task"].split(":", 1)[-1]
+
+
+def _label(row: dict) -> str:
+    return row["label"].split(" [")[0]
+
+
+def _mean_sd(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0] * scale:.{digits}f} (1 seed)"
+    return f"{statistics.mean(values) * scale:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+
+
+def tables(rows: list[dict]) -> str:
+    """One Markdown table per task, rows in the suite's order."""
+    from experiments import reasoning_suite as rs
+
+    order = [label for label, *_ in rs.rows()]
+    out = []
+    for task in sorted({_task(r) for r in rows}):
+        mine = [r for r in rows if _task(r) == task]
+        base = {r["seed"]: r["reasoning_gym"]["exact"] for r in mine if _label(r) == "Baseline"}
+        out.append(f"### {task}\n\n| method | exact % | per seed | vs Baseline (points) | mean score | steps per "
+                   "answer token | ms per answer | command |\n|---|---:|---|---:|---:|---:|---:|---|")
+        for label in order:
+            runs = sorted((r for r in mine if _label(r) == label), key=lambda r: r["seed"])
+            if not runs:
+                continue
+            g = [r["reasoning_gym"] for r in runs]
+            exact = [x["exact"] for x in g]
+            gain = [r["reasoning_gym"]["exact"] - base[r["seed"]] for r in runs if r["seed"] in base]
+            per_seed = ", ".join(f"{100 * x:.1f}%" for x in exact)
+            command = runs[0]["command"].replace(f"--seeds {runs[0]['seed']}", "--seeds N").replace(
+                f"-s{runs[0]['seed']} ", "-sN ")
+            out.append(f"| {label} | {_mean_sd(exact)} | {per_seed} | "
+                       f"{'---' if label == 'Baseline' else _mean_sd(gain)} | "
+                       f"{_mean_sd([x['mean_score'] for x in g], 1.0, 3)} | "
+                       f"{_mean_sd([x['mean_steps'] for x in g], 1.0, 2)} | "
+                       f"{_mean_sd([x['seconds_per_answer'] for x in g], 1e3, 2)} | `{command}` |")
+        out.append("")
+    return "\n".join(out)
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    """Exact share against decode time per answer, one point per run, a panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({_task(r) for r in rows})
+    labels = sorted({_label(r) for r in rows})
+    colours = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for r in rows:
+            if _task(r) == task:
+                g = r["reasoning_gym"]
+                ax.scatter(g["seconds_per_answer"] * 1e3, 100 * g["exact"], color=colours[_label(r)], s=18,
+                           label=_label(r))
+        ax.set_title(task)
+        ax.set_xlabel("measured decode time per answer (ms, 256 at once)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("exact answers (%)")
+    handles = {}
+    for ax in axes[0]:
+        for h in ax.collections:
+            handles.setdefault(h.get_label(), h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    folder = Path(args[0] if args else "outputs/reasoning")
+    rows = load(folder)
+    if not rows:
+        print(f"{folder / 'summary.jsonl'} holds no scored run of the reasoning suite yet", file=sys.stderr)
+        return 1
+    head = ""
+    choice = folder / "reasoning-choice.json"
+    if choice.is_file():
+        c = json.loads(choice.read_text())
+        head = (f"Pilot ({c['rule']}): chosen {', '.join(c['chosen'])}; baseline exact share per candidate: "
+                + ", ".join(f"{t} {100 * x:.1f}%" for t, x in c["exact"].items()) + "\n\n")
+    (folder / "tables.md").write_text(head + tables(rows))
+    figure(rows, folder / "score_time.png")
+    print(f"wrote {folder / 'tables.md'} and {folder / 'score_time.png'} ({len(rows)} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
