@@ -147,6 +147,16 @@ def test_a_run_on_a_task_is_scored_by_its_verifier(pretrained, tmp_path, capsys)
         assert row["score"] == R.score_answer(TASK, SETTINGS, row["generated"], entry)
         assert row["exact"] == (row["score"] == 1.0) and len(row["steps"]) == row["tokens"]
     assert judged["mean_score"] == pytest.approx(sum(r["score"] for r in rows) / 12)
+    from cyb.generation import generate
+    from cyb.model import PauseModel
+    from cyb.run_data import synthetic_sets
+
+    model = PauseModel.from_pretrained(tmp_path / "run" / "final")  # the answers are generate()'s
+    _, valid = synthetic_sets(RunConfig.load_run(tmp_path / "run"), model.tokenizer)
+    want = generate(model, [valid.prompt_ids(i) for i in range(12)], mode="adaptive",
+                    max_new_tokens=judged["max_new_tokens"])
+    assert [r["generated"] for r in rows] == [w.text.strip() for w in want]
+    assert [r["steps"] for r in rows] == [w.steps for w in want]
     assert metrics["task"]["num_examples"] == 12  # the teacher-forced readout too
     assert main(["eval", str(tmp_path / "run"), "--no-progress", "--passages", "0", "--answer-mode", "fixed",
                  "--out", str(tmp_path / "fixed")]) == 0

@@ -1,13 +1,15 @@
 """Generated answers judged by the task's own verifier (``cyb eval`` of a ``reasoning-gym:NAME`` run).
 
 The model generates an answer to each held-out question (the prompt exactly as training wrote
-it, greedy, through :func:`cyb.generation.generate`: the engine, at most ``max_batch`` rows at
-once) in adaptive mode (a pause only after ``<don't know>``; models without dk read out at step
+it, greedy, through one :class:`cyb.engine.Engine` of ``max_batch`` slots, CUDA graphs on CUDA)
+in adaptive mode (a pause only after ``<don't know>``; models without dk read out at step
 ``M`` as always) or fixed mode, and reasoning-gym's ``score_answer(answer, entry)`` scores the
 text, stripped of surrounding white space.  Reported: the mean score, the share of answers
 scored 1 (``exact``), the steps per generated token (the end-of-sequence token included), the
 positions that went through the network per generated token, and the measured wall time of the
-decoding (after a warm-up on CUDA), in total and per answer.  Every row goes to
+decoding, in total and per answer: from the engine's set-up to the last token, the first
+capture of each CUDA graph taken out (as ``cyb bench decode`` does; reported apart), after a
+short warm-up decoding on CUDA.  Every row goes to
 ``reasoning_gym.jsonl`` beside ``metrics.json``.
 
 Answers may be at most as long as the longest held-out answer, plus the end-of-sequence token:
@@ -29,14 +31,31 @@ MODES = ("adaptive", "fixed")
 MAX_BATCH = 256
 
 
-def _warm_up(model, prompts: list[list[int]], mode: str, max_new_tokens: int, max_batch: int) -> None:
-    """One short decoding before the timed one on CUDA (kernels, graphs and allocations)."""
-    from ..generation import generate
+def _decode(model, prompts: list[list[int]], mode: str, max_new_tokens: int, max_batch: int) -> dict:
+    """Greedy answers to ``prompts`` through one engine (``max_batch`` slots, CUDA graphs on
+    CUDA): ``{"rows", "seconds", "capture_seconds"}``, ``rows`` per prompt ``{"tokens", "steps",
+    "positions", "stop"}`` (the generated ids, EOS included, the steps of each, the positions of
+    the row, prompt included, and ``"eos"`` or ``"length"``), then the wall time of the whole
+    decoding and of the CUDA-graph captures in it."""
+    from ..engine import Engine, EngineOptions, Request
+    from ..generation.api import default_eos_ids
 
-    if model.device.type == "cuda":
-        generate(model, prompts[:min(8, len(prompts))], mode=mode, max_new_tokens=min(2, max_new_tokens),
-                 max_batch=max_batch)
+    eos = frozenset(default_eos_ids(model))
+    requests = [Request(tuple(p), max_new_tokens, mode=mode, eos=eos) for p in prompts]
+    cuda = model.device.type == "cuda"
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        engine = Engine.sized_for(model, requests, options=EngineOptions(max_slots=max_batch, cuda_graph=cuda))
+    index = {engine.submit(r): i for i, r in enumerate(requests)}
+    rows = [{"tokens": [], "steps": [], "positions": 0, "stop": None} for _ in prompts]
+    for e in engine.run():
+        row = rows[index[e.request]]
+        row["tokens"].append(int(e.token))
+        row["steps"].append(int(e.steps))
+        row["positions"], row["stop"] = int(e.positions), e.finished or row["stop"]
+    if cuda:
         torch.cuda.synchronize()
+    return {"rows": rows, "seconds": time.perf_counter() - t0, "capture_seconds": engine.runner.capture_ms / 1e3}
 
 
 def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mode: str = "adaptive",
@@ -46,11 +65,12 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
 
     Returns ``{"task", "settings", "mode", "num_examples", "mean_score", "exact",
     "mean_steps", "positions_per_token", "tokens", "seconds", "seconds_per_answer",
-    "max_new_tokens", "max_batch", "device", "rows"}``: ``mean_steps`` the steps per generated
-    token (1..M), ``seconds`` the wall time of the whole decoding, ``rows`` one dict per
+    "capture_seconds", "max_new_tokens", "max_batch", "device", "rows"}``: ``mean_steps`` the
+    steps per generated token (1..M), ``seconds`` the wall time of the whole decoding without
+    the CUDA-graph captures (``capture_seconds``), ``rows`` one dict per
     question (``index``, ``question``, ``answer``: the reference, ``generated``, ``score``,
     ``exact``, ``tokens``, ``steps``, ``positions``, ``stop_reason``)."""
-    from ..generation import generate
+    from ..generation.text import decode_fn
     from ..run_data import synthetic_sets
 
     if mode not in MODES:
@@ -63,29 +83,28 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
     longest = int((valid.lengths - valid.answer_start).max())  # the completion and end-of-sequence
     was_training = model.training
     model.eval()
-    _warm_up(model, prompts, mode, longest, max_batch)
-    t0 = time.perf_counter()
-    results = generate(model, prompts, mode=mode, max_new_tokens=longest, max_batch=max_batch)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    if model.device.type == "cuda":  # kernels, allocations and the first graphs: not timed
+        _decode(model, prompts, mode, min(2, longest), max_batch)
+    out = _decode(model, prompts, mode, longest, max_batch)
     model.train(was_training)
+    decode = decode_fn(tokenizer or model.tokenizer)
     rows = []
-    for i, r in enumerate(results):
-        text = (r.text or "").strip()
+    for i, r in enumerate(out["rows"]):
+        text = decode(r["tokens"]).strip()
         score = valid.score(i, text)
         rows.append({"index": i, "question": valid.entries[i]["question"], "answer": valid.entries[i]["answer"],
-                     "generated": text, "score": score, "exact": score == 1.0, "tokens": len(r.token_ids),
-                     "steps": list(r.steps), "positions": r.positions, "stop_reason": r.stop_reason})
-    tokens = sum(len(r.steps) for r in results)
-    used = sum(len(r.steps) * model.num_steps if mode == "fixed" else sum(r.steps) for r in results)
+                     "generated": text, "score": score, "exact": score == 1.0, "tokens": len(r["tokens"]),
+                     "steps": r["steps"], "positions": r["positions"], "stop_reason": r["stop"]})
+    tokens = sum(len(r["steps"]) for r in rows)
+    used = sum(len(r["steps"]) * model.num_steps if mode == "fixed" else sum(r["steps"]) for r in rows)
     n = len(rows)
+    decoding = out["seconds"] - out["capture_seconds"]
     return {"task": valid.task, "settings": dict(valid.settings), "mode": mode, "num_examples": n,
             "mean_score": sum(r["score"] for r in rows) / n, "exact": sum(r["exact"] for r in rows) / n,
-            "mean_steps": sum(sum(r.steps) for r in results) / max(tokens, 1),
-            "positions_per_token": used / max(tokens, 1), "tokens": tokens, "seconds": seconds,
-            "seconds_per_answer": seconds / n, "max_new_tokens": longest, "max_batch": max_batch,
-            "device": str(model.device), "rows": rows}
+            "mean_steps": sum(sum(r["steps"]) for r in rows) / max(tokens, 1),
+            "positions_per_token": used / max(tokens, 1), "tokens": tokens, "seconds": decoding,
+            "seconds_per_answer": decoding / n, "capture_seconds": out["capture_seconds"],
+            "max_new_tokens": longest, "max_batch": max_batch, "device": str(model.device), "rows": rows}
 
 
 def write_rows(scores: dict, out_dir) -> str:
