@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 
 from ..extras import require
 
@@ -28,6 +29,8 @@ from starlette.routing import Route  # noqa: E402
 from . import responses as R  # noqa: E402
 from .jobs import Generation  # noqa: E402
 from .protocol import RequestError, parse_chat, parse_completion  # noqa: E402
+
+log = logging.getLogger("cyb.serve")
 
 #: bodies over the limit are still read (and dropped) up to this size, so that the client
 #: reads the 413 instead of a reset connection
@@ -98,6 +101,7 @@ class Guard:
                 metrics.response(route, message["status"])
             await send(message)
 
+        scope["cyb.send"] = send  # the uncounted send, for event streams (they count themselves)
         if self._expected is not None and path != "/health":
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
@@ -278,6 +282,7 @@ class EventStream(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         gen, state = self.gen, self.state
+        send = scope.get("cyb.send", send)  # past the middleware's wrappers: one call per event
         model = state.served.name
         gone = asyncio.Event()
         watcher = asyncio.ensure_future(_watch_disconnect(receive, gen, gone))
@@ -285,11 +290,13 @@ class EventStream(Response):
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                     (b"cache-control", b"no-cache"), (b"x-request-id", gen.id.encode())]})
+            state.metrics.response(scope.get("path", ""), 200)
             gen.start()
             if gen.params.chat:
                 await send({"type": "http.response.body", "body": R.role_chunk(gen, model), "more_body": True})
+            prefix = R.chunk_prefix(gen, model)
             async for deltas in gen.deltas():
-                payload = b"".join(R.sse(R.chunk(gen, model, d)) for d in deltas)
+                payload = "".join(R.chunk_event(prefix, gen, d) for d in deltas).encode()
                 await send({"type": "http.response.body", "body": payload, "more_body": True})
             if gone.is_set():
                 return
@@ -301,6 +308,9 @@ class EventStream(Response):
             await send({"type": "http.response.body", "body": tail, "more_body": False})
         except OSError:  # the client went away while we wrote
             gen.cancel("the client disconnected", 499)
+        except Exception:  # noqa: BLE001 - the response has started: end the stream, keep serving
+            log.exception("cyb serve: a stream failed")
+            gen.cancel("internal error", 500)
         finally:
             watcher.cancel()
             if not gen.finished:

@@ -30,7 +30,9 @@ class Delta(NamedTuple):
 
 
 class ChoiceState:
-    """One choice: its ids, steps, positions, released text and finish reason."""
+    """One choice: its ids, steps, positions, released text and finish reason.  Tokens wait in
+    :attr:`pending` (``(token, steps, positions, engine finish)``) until :meth:`take` turns
+    them into text."""
 
     def __init__(self, index: int, decode, stop) -> None:
         self.index = index
@@ -38,6 +40,8 @@ class ChoiceState:
         self.steps: list[int] = []
         self.positions = 0
         self.finish_reason: str | None = None
+        self.pending: list[tuple] = []
+        self.ended = False  # the engine reported its last token
         self._text = TextStream(decode, stop) if decode is not None else None
 
     @property
@@ -45,20 +49,33 @@ class ChoiceState:
         """The text so far (cut before a stop string)."""
         return self._text.text if self._text is not None else ""
 
-    def add(self, event) -> tuple[str, bool]:
-        """Take an :class:`cyb.engine.Emitted`; returns ``(released text, stop string hit)``
-        and sets :attr:`finish_reason` when the choice ends."""
-        self.token_ids.append(event.token)
-        self.steps.append(event.steps)
-        self.positions = event.positions
-        piece, hit = self._text.push(event.token) if self._text is not None else ("", False)
-        if hit or event.finished == "eos":
-            self.finish_reason = "stop"
-        elif event.finished is not None:
-            self.finish_reason = "length"
-        if self.finish_reason is not None and self._text is not None:
-            piece += self._text.flush()
-        return piece, hit
+    def take(self) -> tuple[Delta | None, bool]:
+        """The pending tokens as a :class:`Delta` (None when none count), and whether a stop
+        string ended the choice (the engine must abort it).  Tokens after the end are dropped."""
+        if not self.pending or self.finish_reason is not None:
+            self.pending = []
+            return None, False
+        pieces, tokens, steps, hit = [], [], [], False
+        stream = self._text
+        for token, n, positions, finished in self.pending:
+            self.token_ids.append(token)
+            self.steps.append(n)
+            tokens.append(token)
+            steps.append(n)
+            self.positions = positions
+            if stream is not None:
+                piece, hit = stream.push(token)
+                pieces.append(piece)
+            if hit or finished == "eos":
+                self.finish_reason = "stop"
+            elif finished is not None:
+                self.finish_reason = "length"
+            if self.finish_reason is not None:
+                if stream is not None:
+                    pieces.append(stream.flush())
+                break
+        self.pending = []
+        return Delta(self.index, "".join(pieces), tokens, steps, self.finish_reason), hit
 
 
 class Generation:
@@ -82,17 +99,19 @@ class Generation:
         self.cancelled = False
         self.failure: WorkerFailure | None = None
         self._worker, self._metrics = worker, metrics
-        self._open = len(self.requests)
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._done = asyncio.Event()
+        self._open = len(self.requests)  # choices not finished
+        self._dirty: list[ChoiceState] = []
+        self._ready = asyncio.Event()
+        self._ended = not self.requests  # no more tokens will come
         self.started = time.monotonic()
         self.first_token_s: float | None = None
-        if not self.requests:
-            self._finish()
+        if self._ended:
+            self._ready.set()
 
     @property
     def finished(self) -> bool:
-        return self._done.is_set()
+        """Every choice finished, or the request failed or was cancelled."""
+        return self._ended and (self.failure is not None or not self._dirty)
 
     def start(self) -> "Generation":
         if self.requests:
@@ -101,81 +120,86 @@ class Generation:
 
     # ------------------------------------------------------------------ on the loop's thread
     def feed(self, items) -> None:
-        """A step's ``(choice, Emitted)`` items, or a :class:`WorkerFailure`."""
-        if self._done.is_set():
+        """A step's ``(choice, Emitted)`` items, or a :class:`WorkerFailure`.  Cheap: the
+        tokens wait in their choices until the handler takes them (:meth:`deltas`)."""
+        if self._ended:
             return
         if isinstance(items, WorkerFailure):
             self.failure = items
-            self._finish()
+            self._end()
             return
-        deltas, aborts, steps = [], [], 0
+        choices, dirty, steps = self.choices, self._dirty, 0
         for i, event in items:
-            c = self.choices[i]
-            if c.finish_reason is not None:
-                continue  # tokens decided after a stop string, before the abort took effect
-            piece, hit = c.add(event)
+            c = choices[i]
+            if c.ended:
+                continue
+            if not c.pending:
+                dirty.append(c)
+            c.pending.append((event.token, event.steps, event.positions, event.finished))
             steps += event.steps
-            deltas.append(Delta(i, piece, [event.token], [event.steps], c.finish_reason))
-            if hit and event.finished is None:
-                aborts.append(i)
-            if c.finish_reason is not None:
-                self._open -= 1
-                if self._metrics is not None:
-                    self._metrics.choice_finished(c.finish_reason)
-        if not deltas:
-            return
-        if self.first_token_s is None:
-            self.first_token_s = time.monotonic() - self.started
-            if self._metrics is not None:
-                self._metrics.first_token(self.first_token_s)
+            if event.finished is not None:
+                c.ended = True
         if self._metrics is not None:
-            self._metrics.tokens(len(deltas), steps)
-        if aborts:
-            self._worker.abort(self, aborts)
-        self._queue.put_nowait(deltas)
-        if self._open <= 0:
-            self._finish()
+            self._metrics.tokens(len(items), steps)
+            if self.first_token_s is None:
+                self.first_token_s = time.monotonic() - self.started
+                self._metrics.first_token(self.first_token_s)
+        self._ready.set()
 
     def cancel(self, message: str, status: int = 503) -> bool:
         """End the request now (the server shuts down, the client left): its rows are aborted
         and its handler sees :attr:`failure`.  False when it had already finished."""
-        if self._done.is_set():
+        if self._ended:
             return False
         self.cancelled = True
         self._worker.abort(self)
         self.failure = WorkerFailure(message, status)
-        self._finish()
+        self._end()
         return True
 
-    def _finish(self) -> None:
-        self._done.set()
-        self._queue.put_nowait(None)
+    def _end(self) -> None:
+        self._ended = True
+        self._ready.set()
+
+    def _take(self) -> list[Delta]:
+        """Everything that arrived since the last call, one :class:`Delta` per choice."""
+        deltas, aborts = [], []
+        dirty, self._dirty = self._dirty, []
+        for c in dirty:
+            delta, hit = c.take()
+            if delta is None:
+                continue
+            deltas.append(delta)
+            if delta.finish_reason is not None:
+                self._open -= 1
+                if hit and not c.ended:
+                    aborts.append(c.index)
+                    c.ended = True
+                if self._metrics is not None:
+                    self._metrics.choice_finished(delta.finish_reason)
+        if aborts:
+            self._worker.abort(self, aborts)
+        if self._open <= 0 and not self._ended:
+            self._end()
+        return deltas
+
+    async def deltas(self):
+        """Yield lists of :class:`Delta` (everything since the last list, one per choice) as
+        tokens come; ends when the request does."""
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            if self.failure is None:
+                deltas = self._take()
+                if deltas:
+                    yield deltas
+            if self.finished:
+                return
 
     async def wait(self) -> None:
         """Until every choice has finished (or the request failed / was cancelled)."""
-        await self._done.wait()
-
-    async def deltas(self):
-        """Yield lists of :class:`Delta`: everything that arrived since the last list, merged
-        per choice, in choice order of arrival; ends when the request does."""
-        while True:
-            first = await self._queue.get()
-            batch = [first]
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            end = batch[-1] is None
-            merged: dict[int, Delta] = {}
-            for deltas in batch:
-                if deltas is None:
-                    continue
-                for d in deltas:
-                    m = merged.get(d.choice)
-                    merged[d.choice] = d if m is None else Delta(
-                        d.choice, m.text + d.text, m.tokens + d.tokens, m.steps + d.steps, d.finish_reason)
-            if merged:
-                yield list(merged.values())
-            if end:
-                return
+        async for _ in self.deltas():
+            pass
 
     # ------------------------------------------------------------------ results
     def usage(self) -> dict:

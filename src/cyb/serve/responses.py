@@ -55,20 +55,31 @@ def sse(payload) -> bytes:
 
 
 def chunk(gen: Generation, model: str, delta: Delta) -> dict:
-    """The stream chunk of one :class:`~cyb.serve.jobs.Delta`."""
+    """The stream chunk of one :class:`~cyb.serve.jobs.Delta` (as :func:`chunk_event` writes it)."""
+    return json.loads(chunk_event(chunk_prefix(gen, model), gen, delta)[6:])
+
+
+def chunk_prefix(gen: Generation, model: str) -> str:
+    """The start of every stream event of ``gen``, up to its choice index (written once)."""
+    obj = "chat.completion.chunk" if gen.params.chat else "text_completion"
+    return (f'data: {{"id":"{gen.id}","object":"{obj}","created":{gen.created},'
+            f'"model":{json.dumps(model)},"choices":[{{"index":')
+
+
+def chunk_event(prefix: str, gen: Generation, delta: Delta) -> str:
+    """The server-sent event of one :class:`~cyb.serve.jobs.Delta`: a completion chunk
+    (``text``) or a chat chunk (``delta.content``), with ``steps`` / ``token_ids`` when asked;
+    built as a string (a stream writes one per choice per wake-up)."""
     params = gen.params
-    if params.chat:
-        item = {"index": delta.choice, "delta": {"content": delta.text}, "logprobs": None,
-                "finish_reason": delta.finish_reason}
-        obj = "chat.completion.chunk"
-    else:
-        item = {"index": delta.choice, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
-        obj = "text_completion"
+    text = json.dumps(delta.text)
+    body = f',"delta":{{"content":{text}}}' if params.chat else f',"text":{text}'
+    finish = "null" if delta.finish_reason is None else f'"{delta.finish_reason}"'
+    extra = ""
     if params.return_steps:
-        item["steps"] = delta.steps
+        extra += ',"steps":[' + ",".join(map(str, delta.steps)) + "]"
     if params.return_token_ids:
-        item["token_ids"] = delta.tokens
-    return {"id": gen.id, "object": obj, "created": gen.created, "model": model, "choices": [item]}
+        extra += ',"token_ids":[' + ",".join(map(str, delta.tokens)) + "]"
+    return f'{prefix}{delta.choice}{body},"logprobs":null,"finish_reason":{finish}{extra}}}]}}\n\n'
 
 
 def role_chunk(gen: Generation, model: str) -> bytes:
@@ -118,5 +129,5 @@ def logprobs_object(served, ids: list[int], scores, first: int, *, top: int) -> 
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
 
 
-__all__ = ["chat_completion", "chunk", "completion", "error_body", "logprobs_object", "role_chunk", "sse",
+__all__ = ["chat_completion", "chunk", "chunk_event", "chunk_prefix", "completion", "error_body", "logprobs_object", "role_chunk", "sse",
            "usage_chunk"]

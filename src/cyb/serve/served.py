@@ -51,6 +51,7 @@ class ServedModel:
         self.num_steps = model.vocab.num_steps
         self.has_dk = model.vocab.dk_id is not None
         self.eos = frozenset(default_eos_ids(model))
+        self._special = frozenset(model.vocab.special_ids)
         self.layout = RowLayout.of(model.vocab, model.pause_visibility)
         limit = position_limit(model)
         if max_model_len is None:
@@ -83,8 +84,10 @@ class ServedModel:
 
     # ------------------------------------------------------------------ prompts
     def check_ids(self, ids: list[int]) -> list[int]:
-        """``ids`` when every one is a real token of the vocabulary; else ValueError."""
-        self.vocab.check_real_ids(torch.tensor(ids, dtype=torch.long))
+        """``ids`` when every one is a real token of the vocabulary; else the ValueError of
+        :meth:`cyb.layout.PauseVocab.check_real_ids` (checked here without a tensor: cheap)."""
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab.vocab_size or not self._special.isdisjoint(ids)):
+            self.vocab.check_real_ids(torch.tensor(ids, dtype=torch.long))
         return ids
 
     def encode(self, prompt, index: int = 0) -> list[int]:

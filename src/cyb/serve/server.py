@@ -145,8 +145,15 @@ def describe(state: ServerState, url: str) -> str:
             f"{worker.slots} slots of {served.max_model_len} tokens{key})")
 
 
+#: the interpreter's thread switch interval in ``cyb serve``: the engine's thread waits at most
+#: this long for the lock the event loop holds (Python's default, 5 ms, stalls a decoding step
+#: behind the HTTP work; on a 2-core CPU a tiny model served 1.6x the tokens per second with it)
+SWITCH_INTERVAL_S = 0.0005
+
+
 def serve(served, options, *, log_level: str = "warning", access_log: bool = False) -> int:
     """Run the server in the foreground until SIGTERM or Ctrl-C (see the module docstring)."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     sock = bind(options.host, options.port)
     state, server = build(served, options, log_level=log_level, access_log=access_log)
     try:
