@@ -1,4 +1,4 @@
-"""``cyb bench loss|train|decode|memory [--quick] [--out FILE] [...]``."""
+"""``cyb bench loss|train|decode|memory|serve [--quick] [--out FILE] [...]``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import HelpFormatter
 
-HELP = "benchmark the loss, a training step, decoding or training memory (JSON results and a table)"
+HELP = "benchmark the loss, a training step, decoding, training memory or the server under load (JSON results and a table)"
 
 _FMT = HelpFormatter
 # Help texts that explain their own default end with this: it renders as nothing, and its
@@ -128,6 +128,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--prompts", metavar="FILE",
                         help="with --model: prompts, one per line (without it: random ids)")
 
+    from ..bench.serve import ARRIVALS, CASES, SERVERS
+
+    srv = sub.add_parser("serve", formatter_class=_FMT,
+                         help="cyb serve under load (concurrency 1 to 256, closed-loop or Poisson arrivals): "
+                              "throughput, time to first token and inter-token latency, against the engine offline "
+                              "and generate() in static batches on the same prompts",
+                         description="Each case (no pauses; shared or private pauses in fixed or adaptive mode) "
+                                     "runs cyb serve in a child process and a streaming load client here; then the "
+                                     "same prompts through the engine offline and generate() in static batches "
+                                     "(see cyb.bench.serve).")
+    _common(srv)
+    srv.add_argument("--cases", nargs="+", choices=CASES, metavar="CASE",
+                     help=f"cases: {' '.join(CASES)} (default: all)" + _OWN_DEFAULT)
+    srv.add_argument("--concurrency", type=int, nargs="+", metavar="C",
+                     help="requests in flight (default 1 16 64 256; 1 4 with --quick)" + _OWN_DEFAULT)
+    srv.add_argument("--requests", type=int, metavar="N",
+                     help="requests per concurrency (default max(2 C, 8))" + _OWN_DEFAULT)
+    srv.add_argument("--arrivals", choices=ARRIVALS, default=None,
+                     help="closed: C clients, each sending its next request when the last ends; poisson: "
+                          "arrivals at --rate per second, at most C in flight (default closed)" + _OWN_DEFAULT)
+    srv.add_argument("--rate", type=float, metavar="R", help="Poisson arrivals: requests per second")
+    srv.add_argument("--prompt-lengths", type=int, nargs=2, metavar=("LO", "HI"),
+                     help="prompt tokens, uniform in [LO, HI] (default 16 512)" + _OWN_DEFAULT)
+    srv.add_argument("--answer-lengths", type=int, nargs=2, metavar=("LO", "HI"),
+                     help="new tokens per request, uniform in [LO, HI] (default 8 256)" + _OWN_DEFAULT)
+    srv.add_argument("--pause-fraction", type=float, metavar="P",
+                     help="adaptive cases: share of step-1 decisions that say dk (default 0.1)" + _OWN_DEFAULT)
+    srv.add_argument("--num-steps", type=int, help="M of the pause models (default 4)" + _OWN_DEFAULT)
+    srv.add_argument("--vocab", type=int, help="vocabulary size (default 32768)" + _OWN_DEFAULT)
+    srv.add_argument("--dtype", help="bf16, fp16 or fp32 (default bf16)" + _OWN_DEFAULT)
+    srv.add_argument("--server", choices=SERVERS, default=None,
+                     help="process: cyb serve in a child process; thread: in a thread of this process "
+                          "(default process; thread with --quick)" + _OWN_DEFAULT)
+    srv.add_argument("--no-offline", dest="offline", action="store_false", default=None,
+                     help="skip the engine offline on the same prompts")
+    srv.add_argument("--no-static", dest="static", action="store_false", default=None,
+                     help="skip generate() in static batches")
+    srv.add_argument("--model", metavar="MODEL_OR_RUN",
+                     help="serve a saved pause model (its visibility's cases) instead of the random ones")
+    srv.add_argument("--seed", type=int, help="seed of the prompts and answer lengths (default 0)" + _OWN_DEFAULT)
+    srv.add_argument("--budget-s", type=float,
+                     help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
+
     from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
 
     mem = sub.add_parser("memory", formatter_class=_FMT,
@@ -202,7 +245,7 @@ def _given(args, names: dict) -> dict:
 
 def run(args) -> int:
     if args.bench is None:
-        print("cyb bench: choose what to benchmark: loss, train, decode or memory (see cyb bench --help)",
+        print("cyb bench: choose what to benchmark: loss, train, decode, memory or serve (see cyb bench --help)",
               file=sys.stderr)
         return 2
     from ..bench.markdown import table_for
@@ -212,6 +255,8 @@ def run(args) -> int:
     command = _command(args)
     if args.bench == "memory":
         return _run_memory(args, command)
+    if args.bench == "serve":
+        return _run_serve(args, command)
     if args.bench == "loss":
         from ..bench import loss
 
@@ -282,4 +327,34 @@ def _run_memory(args, command: str) -> int:
     for path in (None if args.from_jsonl else args.out, args.markdown, args.fill_doc):
         if path:
             print(f"wrote {path}")
+    return 0
+
+
+def _run_serve(args, command: str) -> int:
+    from ..bench import serve
+    from ..bench.targets import format_check
+    from ..bench.timing import write_json
+
+    kw = _given(args, {"cases": "cases", "concurrency": "concurrency", "requests": "requests",
+                       "arrivals": "arrivals", "rate": "rate", "prompt_lengths": "prompt_lengths",
+                       "answer_lengths": "answer_lengths", "pause_fraction": "pause_fraction",
+                       "num_steps": "num_steps", "vocab": "vocab", "dtype": "dtype", "server": "server",
+                       "offline": "offline", "static": "static", "model": "model", "seed": "seed",
+                       "budget_s": "budget_s", "device": "device"})
+    cfg = serve.ServeBenchConfig.quick(**kw) if args.quick else serve.ServeBenchConfig(**kw)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        print(f"cyb bench serve: {e}", file=sys.stderr)
+        return 2
+    print(f"# {command}")
+    result = serve.run(cfg, out=args.out)
+    result["command"] = command
+    write_json(args.out, result)
+    print()
+    print(serve.serve_table(result))
+    for c in result["targets"]:
+        print(format_check(c))
+    if args.out:
+        print(f"\nwrote {args.out}")
     return 0
