@@ -72,14 +72,14 @@ def run(args) -> int:
 
 def _vocab_size(cfg) -> int:
     """The tokenizer size of a from-scratch run, without training a tokenizer."""
+    if cfg.data.tokenizer:  # a task's rows too are written with it (a reasoning-gym task needs one)
+        from ..data.tokenizer import load_tokenizer
+
+        return len(load_tokenizer(cfg.data.tokenizer))
     if cfg.data.task:
         from ..data.synthetic import CharTokenizer
 
         return len(CharTokenizer().to_hf())
-    if cfg.data.tokenizer:
-        from ..data.tokenizer import load_tokenizer
-
-        return len(load_tokenizer(cfg.data.tokenizer))
     return cfg.data.bpe_vocab_size
 
 
