@@ -73,6 +73,9 @@ def test_errors_in_one_line():
         assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="freeze keeps a pretrained model"):
         RunConfig.from_dict({"method": {"pause_adapter_rank": 2, "pause_adapter_base": "freeze"}}).validate()
+    with pytest.raises(ConfigError, match="use train.distributed ddp or none"):
+        RunConfig.from_dict({**base, "train": {"distributed": "fsdp"},
+                             "method": {"pause_adapter_rank": 2, "pause_adapter_base": "freeze"}}).validate()
     with pytest.raises(ConfigError, match="set lora.rank = 0"):
         RunConfig.from_dict({**base, "lora": {"rank": 4}, "method": {"pause_adapter_rank": 2,
                                                                        "pause_adapter_base": "freeze"}}).validate()

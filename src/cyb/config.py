@@ -496,7 +496,7 @@ def _validate_pause_adapters(cfg: "RunConfig") -> None:
     from .model.pause_adapters import check_settings  # the fields' rules live with the adapters
 
     try:
-        check_settings(cfg.method, cfg.model, cfg.lora)
+        check_settings(cfg.method, cfg.model, cfg.lora, cfg.train)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

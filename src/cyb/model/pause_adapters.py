@@ -107,9 +107,9 @@ class PauseAdapterSpec:
                    dropout=float(method.pause_adapter_dropout), targets=tuple(method.pause_adapter_targets))
 
 
-def check_settings(method, model, lora) -> None:
+def check_settings(method, model, lora, train=None) -> None:
     """Check the ``method.pause_adapter_*`` fields of a run configuration (its ``method``,
-    ``model`` and ``lora`` sections); ValueError in one line naming the field."""
+    ``model``, ``lora`` and ``train`` sections); ValueError in one line naming the field."""
     def need(ok: bool, field: str, msg: str) -> None:
         if not ok:
             raise ValueError(f"method.{field}: {msg}")
@@ -128,6 +128,9 @@ def check_settings(method, model, lora) -> None:
              "model.name_or_path (a random model would keep its random weights), or use train")
         need(not lora.rank, "pause_adapter_base", "freeze trains the pause-step adapters alone, LoRA trains adapters "
              "of the base: set lora.rank = 0, or method.pause_adapter_base = train (the base then trains through LoRA)")
+        need(train is None or train.distributed not in ("fsdp", "hsdp"), "pause_adapter_base",
+             "freeze keeps the embedding's other rows by a gradient hook that FSDP's sharded parameters do not run: "
+             "use train.distributed ddp or none, or method.pause_adapter_base = train")
 
 
 class _State:
