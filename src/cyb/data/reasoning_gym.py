@@ -110,7 +110,7 @@ def check_task(task: str, settings: dict | None = None) -> str:
     if unknown:
         raise ValueError(f"reasoning-gym task {name!r} takes settings {', '.join(fields)}; got unknown "
                          f"{', '.join(unknown)}")
-    _generator(name, _frozen(settings), 0)  # the generator's own checks of the values
+    _generator(name, _frozen(settings), 0, 1)  # the generator's own checks of the values
     return name
 
 
@@ -130,10 +130,12 @@ def _thawed(frozen: tuple) -> dict:
 
 
 @lru_cache(maxsize=16)
-def _generator(name: str, frozen: tuple, seed: int):
+def _generator(name: str, frozen: tuple, seed: int, size: int = GENERATOR_SIZE):
+    """The generator of ``name`` with the settings ``frozen`` (size 1 to check settings or to
+    score: cheap also for the generators that plan their entries by size)."""
     rg = require()
     try:
-        return rg.create_dataset(name, size=GENERATOR_SIZE, seed=seed, **_thawed(frozen))
+        return rg.create_dataset(name, size=size, seed=seed, **_thawed(frozen))
     except (AssertionError, ValueError, TypeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"reasoning-gym task {name!r} refuses the settings {_thawed(frozen)} "
@@ -189,7 +191,7 @@ def completion_of(entry: dict) -> str:
 def score_answer(task: str, settings: dict | None, answer: str | None, entry: dict) -> float:
     """The task's own verifier on ``answer`` (text, stripped), in [0, 1]: reasoning-gym's
     ``score_answer(answer, entry)`` of the generator the entry came from."""
-    gen = _generator(task_name(task), _frozen(dict(settings or {})), 0)
+    gen = _generator(task_name(task), _frozen(dict(settings or {})), 0, 1)
     return float(gen.score_answer(answer, entry))
 
 
