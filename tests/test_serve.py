@@ -126,6 +126,16 @@ def test_streamed_completion_equals_the_whole_one(client):
     assert sum(len(c.choices[0].model_extra["steps"]) for c in chunks if c.choices) == whole.usage.completion_tokens
 
 
+def test_streamed_choices_are_the_whole_ones(client):
+    kw = dict(model=NAME, prompt=["The lazy", "Water"], max_tokens=6, n=2, seed=3, temperature=0.7)
+    whole = client.completions.create(**kw)
+    texts: dict[int, str] = {}
+    for ch in client.completions.create(**kw, stream=True):
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in whole.choices} and len(texts) == 4
+
+
 def test_chat_streamed_and_not(client, model, tok):
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 + 3?"}]
     r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
@@ -179,7 +189,10 @@ def test_echo_with_logprobs_gives_the_readout_of_the_lm_eval_model(client, model
     is_greedy = all(t == max(top.values()) for t, top in zip(lp.token_logprobs[len(context):-1],
                                                             lp.top_logprobs[len(context):-1]))
     assert is_greedy == greedy
-    assert r.choices[0].text.startswith("Water freezes at zero degrees")
+    text = r.choices[0].text
+    assert text.startswith("Water freezes at zero degrees")
+    assert lp.text_offset[0] == 0 and text[lp.text_offset[len(context)]:].startswith(" zero")
+    assert lp.text_offset == sorted(lp.text_offset)
     # the prompt alone: max_tokens 0 with echo scores without generating
     r0 = client.completions.create(model=NAME, prompt=ids, max_tokens=0, echo=True, logprobs=3)
     lp0 = r0.choices[0].logprobs

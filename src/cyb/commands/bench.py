@@ -128,6 +128,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     decode.add_argument("--prompts", metavar="FILE",
                         help="with --model: prompts, one per line (without it: random ids)")
 
+    from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
+
+    mem = sub.add_parser("memory", formatter_class=_FMT,
+                         help="peak GPU memory and tokens/s of fine-tuning 2-8 B shapes, full or LoRA, "
+                              "with or without gradient checkpointing, beside cyb.memory_estimate's estimate",
+                         description="Each (shape, configuration) runs a few optimiser steps of "
+                                     "cyb train (CYB, M = 4, 2048 real tokens, micro-batch 1, bf16) in "
+                                     "a fresh process on random weights, and records the peak memory "
+                                     "(allocated and reserved), real tokens/s and the estimate that "
+                                     "cyb train checks; a run out of memory is recorded as oom (see "
+                                     "cyb.bench.memory). Split the grid over GPUs with --shapes / "
+                                     "--configs and CUDA_VISIBLE_DEVICES (benchmarks/memory_plan.sh).")
+    mem.add_argument("--quick", action="store_true",
+                     help="the tiny shape on the CPU, one warm-up and one timed step (a smoke run)")
+    mem.add_argument("--out", default=None, metavar="FILE.jsonl",
+                     help="write one JSON line per configuration here")
+    mem.add_argument("--markdown", default=None, metavar="FILE.md", help="write the Markdown table here")
+    mem.add_argument("--device", default=None,
+                     help="cuda or cpu (default: cuda when available; cpu with --quick)" + _OWN_DEFAULT)
+    mem.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), metavar="SHAPE",
+                     help=f"model shapes: {' '.join(SHAPES)} (default: {' '.join(GPU_SHAPES)})" + _OWN_DEFAULT)
+    mem.add_argument("--configs", nargs="+", choices=tuple(CONFIGS), metavar="CONFIG",
+                     help=f"configurations: {' '.join(CONFIGS)} (default: all)" + _OWN_DEFAULT)
+    mem.add_argument("--real-tokens", type=int, help="real tokens per row (default 2048)" + _OWN_DEFAULT)
+    mem.add_argument("--num-steps", type=int, help="M (default 4)" + _OWN_DEFAULT)
+    mem.add_argument("--micro-batch", type=int, help="rows per micro-batch (default 1)" + _OWN_DEFAULT)
+    mem.add_argument("--warmup", type=int, help="untimed optimiser steps (default 3)" + _OWN_DEFAULT)
+    mem.add_argument("--steps", type=int, help="timed optimiser steps (default 3)" + _OWN_DEFAULT)
+    mem.add_argument("--timeout-s", type=float,
+                     help="limit per configuration in seconds (default 300)" + _OWN_DEFAULT)
+    mem.add_argument("--from", dest="from_jsonl", default=None, metavar="FILE.jsonl",
+                     help="measure nothing: read the rows of an earlier run (with --markdown / --fill-doc)")
+    mem.add_argument("--fill-doc", default=None, metavar="DOC.md",
+                     help="put the table between the <!-- table:memory --> and <!-- end table --> "
+                          "markers of this file (docs/training.md)")
+    mem.add_argument("--set", dest="extra", action="append", metavar="KEY=VALUE",
+                     help="a further configuration override for every row, e.g. --set "
+                          "train.loss_impl=naive" + _OWN_DEFAULT)
+
+
     from ..bench.serve import ARRIVALS, CASES, SERVERS
 
     srv = sub.add_parser("serve", formatter_class=_FMT,
@@ -170,46 +210,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--seed", type=int, help="seed of the prompts and answer lengths (default 0)" + _OWN_DEFAULT)
     srv.add_argument("--budget-s", type=float,
                      help="skip rows that would start after this many seconds" + _OWN_DEFAULT)
-
-    from ..bench.memory import CONFIGS, GPU_SHAPES, SHAPES
-
-    mem = sub.add_parser("memory", formatter_class=_FMT,
-                         help="peak GPU memory and tokens/s of fine-tuning 2-8 B shapes, full or LoRA, "
-                              "with or without gradient checkpointing, beside cyb.memory_estimate's estimate",
-                         description="Each (shape, configuration) runs a few optimiser steps of "
-                                     "cyb train (CYB, M = 4, 2048 real tokens, micro-batch 1, bf16) in "
-                                     "a fresh process on random weights, and records the peak memory "
-                                     "(allocated and reserved), real tokens/s and the estimate that "
-                                     "cyb train checks; a run out of memory is recorded as oom (see "
-                                     "cyb.bench.memory). Split the grid over GPUs with --shapes / "
-                                     "--configs and CUDA_VISIBLE_DEVICES (benchmarks/memory_plan.sh).")
-    mem.add_argument("--quick", action="store_true",
-                     help="the tiny shape on the CPU, one warm-up and one timed step (a smoke run)")
-    mem.add_argument("--out", default=None, metavar="FILE.jsonl",
-                     help="write one JSON line per configuration here")
-    mem.add_argument("--markdown", default=None, metavar="FILE.md", help="write the Markdown table here")
-    mem.add_argument("--device", default=None,
-                     help="cuda or cpu (default: cuda when available; cpu with --quick)" + _OWN_DEFAULT)
-    mem.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), metavar="SHAPE",
-                     help=f"model shapes: {' '.join(SHAPES)} (default: {' '.join(GPU_SHAPES)})" + _OWN_DEFAULT)
-    mem.add_argument("--configs", nargs="+", choices=tuple(CONFIGS), metavar="CONFIG",
-                     help=f"configurations: {' '.join(CONFIGS)} (default: all)" + _OWN_DEFAULT)
-    mem.add_argument("--real-tokens", type=int, help="real tokens per row (default 2048)" + _OWN_DEFAULT)
-    mem.add_argument("--num-steps", type=int, help="M (default 4)" + _OWN_DEFAULT)
-    mem.add_argument("--micro-batch", type=int, help="rows per micro-batch (default 1)" + _OWN_DEFAULT)
-    mem.add_argument("--warmup", type=int, help="untimed optimiser steps (default 3)" + _OWN_DEFAULT)
-    mem.add_argument("--steps", type=int, help="timed optimiser steps (default 3)" + _OWN_DEFAULT)
-    mem.add_argument("--timeout-s", type=float,
-                     help="limit per configuration in seconds (default 300)" + _OWN_DEFAULT)
-    mem.add_argument("--from", dest="from_jsonl", default=None, metavar="FILE.jsonl",
-                     help="measure nothing: read the rows of an earlier run (with --markdown / --fill-doc)")
-    mem.add_argument("--fill-doc", default=None, metavar="DOC.md",
-                     help="put the table between the <!-- table:memory --> and <!-- end table --> "
-                          "markers of this file (docs/training.md)")
-    mem.add_argument("--set", dest="extra", action="append", metavar="KEY=VALUE",
-                     help="a further configuration override for every row, e.g. --set "
-                          "train.loss_impl=naive" + _OWN_DEFAULT)
-
 
 def _command(args) -> str:
     """The command line that made the results (from sys.argv when run from a shell)."""

@@ -257,11 +257,12 @@ async def _score(state: ServerState, gen: Generation) -> list:
     except Exception as e:  # noqa: BLE001 - the scoring forward failed: a 500 for this request
         gen.failure = gen.failure or _failure(f"scoring failed: {type(e).__name__}: {e}")
         return [None] * len(sequences)
-    out = []
-    for i, seq in enumerate(sequences):
-        first = 0 if params.echo else len(params.prompt_of(i))
-        out.append(R.logprobs_object(served, seq, scores[i], first, top=params.logprobs))
-    return out
+
+    def build() -> list:  # decoding every prefix of long prompts: off the event loop
+        return [R.logprobs_object(served, seq, scores[i], len(params.prompt_of(i)), top=params.logprobs,
+                                  echo=params.echo) for i, seq in enumerate(sequences)]
+
+    return await asyncio.to_thread(build)
 
 
 def _failure(message: str):
@@ -381,7 +382,11 @@ async def tokenize(request: Request) -> Response:
         special = body.get("add_special_tokens", True)
         if not isinstance(special, bool):
             raise RequestError("add_special_tokens: must be true or false", param="add_special_tokens")
-        ids = list(tok(body["prompt"], add_special_tokens=special)["input_ids"])
+        try:
+            ids = list(tok(body["prompt"], add_special_tokens=special)["input_ids"])
+        except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode this text
+            raise RequestError(f"prompt: the tokenizer cannot encode it: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                               param="prompt") from None
     except RequestError as e:
         return _request_error(e)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.served.max_model_len})

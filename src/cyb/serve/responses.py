@@ -97,15 +97,19 @@ def usage_chunk(gen: Generation, model: str) -> bytes:
                 "usage": gen.usage()})
 
 
-def logprobs_object(served, ids: list[int], scores, first: int, *, top: int) -> dict:
-    """The ``logprobs`` of a completions choice for tokens ``ids[first:]``.
+def logprobs_object(served, ids: list[int], scores, prompt_len: int, *, top: int, echo: bool) -> dict:
+    """The ``logprobs`` of a completions choice whose prompt and completion are ``ids`` (the
+    first ``prompt_len`` the prompt): every token with ``echo``, else the completion's.
 
     ``scores`` is the :class:`cyb.integrations.scoring.TokenScores` of all of ``ids`` (entry
     ``k - 1`` is about token ``k``); the first token of the sequence has no log-probability
-    (``null``, as its ``top_logprobs``).  ``top_logprobs`` hold, per token, the
-    token the greedy sequential readout picks there, then the most likely others, ``top`` in
-    all (greedy decoding would give the token exactly where its log-probability is the
-    greatest of those listed when ``top`` is 1, as lm-evaluation-harness checks)."""
+    (``null``, as its ``top_logprobs``).  ``top_logprobs`` hold, per token, the token the greedy
+    sequential readout picks there, then the most likely others, ``top`` in all (tokens whose
+    strings coincide share one entry); with ``top`` 1 a token's log-probability is the greatest
+    listed exactly where greedy decoding would give it, as lm-evaluation-harness checks.
+    ``tokens`` are each token's string (special tokens shown); ``text_offset`` where each token
+    starts in the choice's ``text`` (special tokens are not in it)."""
+    first = 0 if echo else prompt_len
     tokens = [served.token_string(t) for t in ids[first:]]
     token_logprobs, top_logprobs = [], []
     for k in range(first, len(ids)):
@@ -122,10 +126,10 @@ def logprobs_object(served, ids: list[int], scores, first: int, *, top: int) -> 
                     break
                 alternatives.setdefault(served.token_string(tok), value)
         top_logprobs.append(alternatives)
-    offsets, at = [], 0
-    for t in tokens:
-        offsets.append(at)
-        at += len(t)
+    prompt, completion = ids[:prompt_len], ids[prompt_len:]
+    offsets = [len(served.text(prompt[:k])) for k in range(prompt_len)] if echo else []
+    base = len(served.text(prompt)) if echo else 0
+    offsets += [base + len(served.text(completion[:k])) for k in range(len(completion))]
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
 
 

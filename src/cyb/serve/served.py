@@ -96,7 +96,12 @@ class ServedModel:
         or ids that are not real tokens of the vocabulary."""
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError("the model has no tokenizer: send the prompt as a list of token ids")
-        ids = encode_prompt(self.tokenizer, prompt, index)
+        try:
+            ids = encode_prompt(self.tokenizer, prompt, index)
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode this text
+            raise ValueError(f"the tokenizer cannot encode prompt {index}: {_first_line(e)}") from None
         return self.check_ids(ids)
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
@@ -108,7 +113,10 @@ class ServedModel:
             raise ValueError("the model's tokenizer has no chat template: use /v1/completions, or start "
                              "the server with --chat-template FILE")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        try:
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"the tokenizer cannot encode the messages: {_first_line(e)}") from None
         if not ids:
             raise ValueError("the chat template gave an empty prompt")
         return self.check_ids(ids)
@@ -122,6 +130,11 @@ class ServedModel:
         if self.tokenizer is None:
             return f"<{token}>"
         return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "ServedModel", "position_limit"]

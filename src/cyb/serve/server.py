@@ -55,6 +55,15 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
 def default_slots(device) -> int:
     return 256 if getattr(device, "type", str(device)) == "cuda" else 64
 
@@ -156,6 +165,8 @@ def serve(served, options, *, log_level: str = "warning", access_log: bool = Fal
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     sock = bind(options.host, options.port)
     state, server = build(served, options, log_level=log_level, access_log=access_log)
+    if not options.api_key and not _loopback(options.host):
+        say(f"warning: listening on {options.host} without --api-key: anyone who reaches this port can use the model")
     try:
         say("listening: " + describe(state, url_of(sock)))
         server.run(sockets=[sock])
