@@ -228,6 +228,50 @@ def measure_table(ctx: Context) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+#: The README's calls of ``cyb serve`` (its port is the one the server printed).
+SERVE_CURL = ("curl -s {url}/v1/completions -H \"Content-Type: application/json\" "
+              "-d '{{\"prompt\": \"864+394=\", \"max_tokens\": 8, \"temperature\": 0, \"return_steps\": true}}'")
+SERVE_OPENAI = """from openai import OpenAI
+
+client = OpenAI(base_url="{url}/v1", api_key="none")
+r = client.completions.create(model="runs/demo/runs/cyb_decoupled", prompt=["864+394=", "123+456="],
+                              max_tokens=8, temperature=0, extra_body={{"return_steps": True}})
+for choice in r.choices:
+    print(choice.text, choice.model_extra["steps"], choice.finish_reason)
+print(r.usage.completion_tokens, r.usage.model_extra)
+"""
+#: What differs between two calls of the same request: its id and time.
+SERVE_VOLATILE = (re.compile(r'"id":"cmpl-\w+"'), re.compile(r'"created":\d+'))
+
+
+def serve_example(ctx: Context) -> dict:
+    """The README's ``cyb serve`` example: the server on the demo's cyb_decoupled model (on a free
+    port, stopped afterwards), then its curl and openai calls; what each printed."""
+    if "serve" not in ctx.outputs:
+        ctx.run("demo")
+        proc = subprocess.Popen(["cyb", "serve", "runs/demo/runs/cyb_decoupled", "--port", "0"], cwd=ctx.work,
+                                env=ctx.env, stderr=subprocess.PIPE, text=True)
+        try:
+            url = None
+            for line in proc.stderr:
+                found = re.search(r"listening: .* on (http://[\d.:]+) ", line)
+                if found:
+                    url = found.group(1)
+                    break
+            if url is None:
+                raise RuntimeError("cyb serve did not start")
+            curl = ctx.shell(SERVE_CURL.format(url=url))[0]
+            py = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", SERVE_OPENAI.format(url=url)],
+                                cwd=ctx.work, env=ctx.env, capture_output=True, text=True)
+            if py.returncode != 0:
+                raise RuntimeError(f"the openai example failed:\n{py.stderr[-2000:]}")
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        ctx.outputs["serve"] = {"curl": curl.strip() + "\n", "openai": py.stdout}
+    return ctx.outputs["serve"]
+
+
 @dataclass
 class Block:
     """A block a page marks ``<!-- check: NAME -->``: what makes it, and what is not compared."""
@@ -248,6 +292,8 @@ BLOCKS: dict[str, Block] = {
     "eval-demo-generate": Block(eval_demo_generate),
     "pause-stats-tinyfull": Block(pause_stats_tinyfull),
     "measure-table": Block(measure_table, (re.compile(r"\| [\d,?]+ \| [^|]+ \|$", re.M),)),
+    "serve-curl": Block(lambda ctx: serve_example(ctx)["curl"], SERVE_VOLATILE),
+    "serve-openai": Block(lambda ctx: serve_example(ctx)["openai"]),
 }
 
 
