@@ -166,7 +166,7 @@ def test_bench_loss_quick_writes_json(tmp_path, monkeypatch):
 
 def test_bench_needs_a_benchmark(capsys):
     assert main(["bench"]) == 2
-    assert "loss, train, decode or memory" in capsys.readouterr().err
+    assert "loss, train, decode, memory or serve" in capsys.readouterr().err
 
 
 def test_bench_train_budget_skips_rows(tmp_path):

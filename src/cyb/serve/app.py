@@ -53,12 +53,16 @@ class ServerState:
         """From the worker's thread: hand a step's ``[(job, items)]`` to the loop."""
         loop = self.loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(_feed, batch)
+            loop.call_soon_threadsafe(self._feed, batch)
 
-
-def _feed(batch) -> None:
-    for job, items in batch:
-        job.feed(items)
+    def _feed(self, batch) -> None:
+        tokens = steps = 0
+        for job, items in batch:
+            n, s = job.feed(items)
+            tokens += n
+            steps += s
+        if tokens:
+            self.metrics.tokens(tokens, steps)
 
 
 def error(status: int, message: str, *, kind: str | None = None, param: str | None = None,
@@ -171,6 +175,9 @@ class _Admission:
         if s.draining:
             s.metrics.rejected["shutting_down"] += 1
             raise RequestError("the server is shutting down and accepts no new requests", status=503)
+        if not s.worker.alive:
+            s.metrics.rejected["engine_stopped"] += 1
+            raise RequestError("the engine has stopped (see the server's log); restart cyb serve", status=503)
         if s.metrics.in_flight >= s.options.max_concurrency:
             s.metrics.rejected["concurrency"] += 1
             raise RequestError(f"the server is busy: {s.metrics.in_flight} requests in flight, the limit is "

@@ -119,15 +119,16 @@ class Generation:
         return self
 
     # ------------------------------------------------------------------ on the loop's thread
-    def feed(self, items) -> None:
-        """A step's ``(choice, Emitted)`` items, or a :class:`WorkerFailure`.  Cheap: the
-        tokens wait in their choices until the handler takes them (:meth:`deltas`)."""
+    def feed(self, items) -> tuple[int, int]:
+        """A step's ``(choice, Emitted)`` items, or a :class:`WorkerFailure`; returns the
+        tokens and their steps (for the metrics).  Cheap: the tokens wait in their choices
+        until the handler takes them (:meth:`deltas`)."""
         if self._ended:
-            return
+            return 0, 0
         if isinstance(items, WorkerFailure):
             self.failure = items
             self._end()
-            return
+            return 0, 0
         choices, dirty, steps = self.choices, self._dirty, 0
         for i, event in items:
             c = choices[i]
@@ -139,12 +140,12 @@ class Generation:
             steps += event.steps
             if event.finished is not None:
                 c.ended = True
-        if self._metrics is not None:
-            self._metrics.tokens(len(items), steps)
-            if self.first_token_s is None:
-                self.first_token_s = time.monotonic() - self.started
+        if self.first_token_s is None:
+            self.first_token_s = time.monotonic() - self.started
+            if self._metrics is not None:
                 self._metrics.first_token(self.first_token_s)
         self._ready.set()
+        return len(items), steps
 
     def cancel(self, message: str, status: int = 503) -> bool:
         """End the request now (the server shuts down, the client left): its rows are aborted

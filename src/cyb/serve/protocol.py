@@ -215,7 +215,7 @@ def _sampling(body: dict, served) -> dict:
     if opts is not None:
         if not stream:
             raise RequestError("stream_options: only allowed with stream: true", param="stream_options")
-        if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
+        if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
             raise RequestError(f"stream_options: must be an object with include_usage, got {_show(opts)}",
                                param="stream_options")
         include_usage = bool(opts.get("include_usage", False))
