@@ -121,7 +121,7 @@ def test_64_clients_x_20_requests_nothing_lost_no_slot_leaked(tmp_path_factory):
     clients = plan()
     with running(pm, max_concurrency=CLIENTS, slots=32) as srv:
         t0 = time.monotonic()
-        results = asyncio.run(_load(srv.url, clients))
+        results = asyncio.run(asyncio.wait_for(_load(srv.url, clients), 240))  # bounded whatever happens
         took = time.monotonic() - t0
         t1 = time.monotonic()
         while True:
