@@ -10,7 +10,7 @@
 #
 # The server needs starlette and uvicorn (the serve extra). On a machine without a package
 # index, put their wheels in .whl/ first; on a machine with one:
-#   pip download --no-deps -d .whl starlette uvicorn h11 click anyio sniffio idna typing_extensions
+#   python3 -m pip download --no-deps -d .whl starlette uvicorn h11 click anyio idna sniffio
 # (all pure Python; httptools and uvloop make uvicorn faster but are optional).
 #
 # Writes to $OUT (default outputs/serve_gpu): serve.json (every row, the targets), serve.log (what
