@@ -447,12 +447,14 @@ def format_row(row: dict) -> str:
     if row.get("status") != "ok":
         return f"{head} {row.get('status')} {row.get('reason', '')}".rstrip()
     s = row["serve"]
-    line = (f"{head} serve {_fmt(s['real_tokens_per_s'], ',.0f')} tok/s  TTFT p50/p99 {_fmt(s['ttft_ms_p50'], '.1f')}/"
-            f"{_fmt(s['ttft_ms_p99'], '.1f')} ms  ITL p50/p99 {_fmt(s['itl_ms_p50'], '.2f')}/{_fmt(s['itl_ms_p99'], '.2f')} ms"
-            f"  steps/token {_fmt(s['mean_steps'], '.2f')}  errors {s['errors']}")
+    line = (f"{head} serve {_fmt(s['real_tokens_per_s'], ',.0f')} tok/s  "
+            f"TTFT p50/p99 {_fmt(s['ttft_ms_p50'], '.1f')}/{_fmt(s['ttft_ms_p99'], '.1f')} ms  "
+            f"ITL p50/p99 {_fmt(s['itl_ms_p50'], '.2f')}/{_fmt(s['itl_ms_p99'], '.2f')} ms  "
+            f"steps/token {_fmt(s['mean_steps'], '.2f')}  errors {s['errors']}")
     off = row.get("offline_engine") or {}
     if off.get("status") == "ok":
-        line += f"  | offline engine {_fmt(off['real_tokens_per_s'], ',.0f')} tok/s ({_fmt(row.get('serve_vs_offline'), '.2f')}x)"
+        ratio = _fmt(row.get("serve_vs_offline"), ".2f")
+        line += f"  | offline engine {_fmt(off['real_tokens_per_s'], ',.0f')} tok/s ({ratio}x)"
     st = row.get("static_generate") or {}
     if st.get("status") == "ok":
         line += f"  | generate() static {_fmt(st['real_tokens_per_s'], ',.0f')} tok/s"
@@ -501,8 +503,8 @@ def serve_targets(result: dict) -> list[dict]:
                           "" if top.get("serve_vs_offline") is not None else "offline run missing"))
         ratio = s["itl_ms_p99"] / s["itl_ms_p50"] if s.get("itl_ms_p50") else None
         out.append(_check(f"p99 inter-token latency <= {ITL_RATIO} x p50 ({label})", ratio, "<=", ITL_RATIO))
-        out.append(_check(f"no failed request ({case})", sum(r["serve"]["errors"] for r in mine if r.get("status") == "ok"),
-                          "==", 0))
+        failed = sum(r["serve"]["errors"] for r in mine if r.get("status") == "ok")
+        out.append(_check(f"no failed request ({case})", failed, "==", 0))
     return out
 
 

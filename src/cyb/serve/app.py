@@ -28,7 +28,7 @@ from starlette.routing import Route  # noqa: E402
 
 from . import responses as R  # noqa: E402
 from .jobs import Generation  # noqa: E402
-from .protocol import RequestError, parse_chat, parse_completion  # noqa: E402
+from .protocol import RequestError, first_line, parse_chat, parse_completion  # noqa: E402
 
 log = logging.getLogger("cyb.serve")
 
@@ -310,7 +310,8 @@ class EventStream(Response):
                 return
             if gen.failure is not None:
                 f = gen.failure
-                tail = R.sse(R.error_body(f.message, kind="server_error" if f.status >= 500 else "invalid_request_error"))
+                kind = "server_error" if f.status >= 500 else "invalid_request_error"
+                tail = R.sse(R.error_body(f.message, kind=kind))
             else:
                 tail = (R.usage_chunk(gen, model) if gen.params.include_usage else b"") + R.sse("[DONE]")
             await send({"type": "http.response.body", "body": tail, "more_body": False})
@@ -392,8 +393,7 @@ async def tokenize(request: Request) -> Response:
         try:
             ids = list(tok(body["prompt"], add_special_tokens=special)["input_ids"])
         except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode this text
-            raise RequestError(f"prompt: the tokenizer cannot encode it: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
-                               param="prompt") from None
+            raise RequestError(f"prompt: the tokenizer cannot encode it: {first_line(e)}", param="prompt") from None
     except RequestError as e:
         return _request_error(e)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.served.max_model_len})
@@ -425,7 +425,7 @@ async def _not_found(request: Request, exc) -> Response:
 
 
 async def _server_error(request: Request, exc) -> Response:
-    return error(500, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    return error(500, f"internal error: {type(exc).__name__}: {first_line(exc)}")
 
 
 def create_app(state: ServerState):

@@ -28,6 +28,12 @@ MAX_N = 64
 MAX_LOGPROBS = 20
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class RequestError(Exception):
     """A request the server refuses: HTTP ``status`` with a one-line ``message``, the field
     it concerns (``param``) and the error type of the OpenAI API."""
@@ -359,8 +365,7 @@ def parse_chat(body, served, options) -> GenerationParams:
     except ValueError as e:
         raise RequestError(f"messages: {e}", param="messages") from None
     except Exception as e:  # a template that fails on these messages (e.g. roles it refuses)
-        raise RequestError(f"messages: the chat template failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                           param="messages") from None
+        raise RequestError(f"messages: the chat template failed: {first_line(e)}", param="messages") from None
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is not None:
         raise RequestError("max_tokens: give max_tokens or max_completion_tokens, not both", param="max_tokens")
@@ -382,4 +387,5 @@ def _check_text_fields(params: GenerationParams, served) -> None:
         raise RequestError("stop: stop strings need a tokenizer, and the model has none", param="stop")
 
 
-__all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "GenerationParams", "RequestError", "parse_chat", "parse_completion"]
+__all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "GenerationParams", "RequestError", "first_line", "parse_chat",
+           "parse_completion"]

@@ -133,5 +133,5 @@ def logprobs_object(served, ids: list[int], scores, prompt_len: int, *, top: int
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
 
 
-__all__ = ["chat_completion", "chunk", "chunk_event", "chunk_prefix", "completion", "error_body", "logprobs_object", "role_chunk", "sse",
-           "usage_chunk"]
+__all__ = ["chat_completion", "chunk", "chunk_event", "chunk_prefix", "completion", "error_body", "logprobs_object",
+           "role_chunk", "sse", "usage_chunk"]

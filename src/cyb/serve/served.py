@@ -9,6 +9,7 @@ from ..engine.layout import RowLayout
 from ..generation.api import default_eos_ids
 from ..generation.text import decode_fn, encode_prompt
 from ..model import hf as _hf
+from .protocol import first_line
 
 #: the context when neither the options nor a smaller position limit set one
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -101,7 +102,7 @@ class ServedModel:
         except ValueError:
             raise
         except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode this text
-            raise ValueError(f"the tokenizer cannot encode prompt {index}: {_first_line(e)}") from None
+            raise ValueError(f"the tokenizer cannot encode prompt {index}: {first_line(e)}") from None
         return self.check_ids(ids)
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
@@ -116,7 +117,7 @@ class ServedModel:
         try:
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"the tokenizer cannot encode the messages: {_first_line(e)}") from None
+            raise ValueError(f"the tokenizer cannot encode the messages: {first_line(e)}") from None
         if not ids:
             raise ValueError("the chat template gave an empty prompt")
         return self.check_ids(ids)
@@ -130,11 +131,6 @@ class ServedModel:
         if self.tokenizer is None:
             return f"<{token}>"
         return self.tokenizer.decode([token], skip_special_tokens=False)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "ServedModel", "position_limit"]

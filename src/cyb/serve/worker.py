@@ -24,6 +24,7 @@ from collections import deque
 from typing import Callable
 
 from ..engine import Engine, EngineOptions
+from .protocol import first_line
 
 log = logging.getLogger("cyb.serve")
 
@@ -222,11 +223,11 @@ class EngineWorker:
         self.failures += 1
         log.error("cyb serve: the engine failed; its requests are answered with an error and a new engine "
                   "takes over:\n%s", "".join(traceback.format_exception(error)))
-        message = f"internal error in the engine: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        message = f"internal error in the engine: {type(error).__name__}: {first_line(error)}"
         jobs = {job for job, _ in self._owners.values()}
         self._owners.clear()
         if jobs:
-            self._deliver([(job, WorkerFailure(message.rstrip(": "), 500)) for job in jobs])
+            self._deliver([(job, WorkerFailure(message, 500)) for job in jobs])
         try:
             self.engine = self._build()
         except BaseException as e:  # noqa: BLE001
