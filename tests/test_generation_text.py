@@ -61,3 +61,46 @@ def test_shade_marks_line_breaks_on_their_colour():
     assert two.count(NEWLINE_MARK) == 2 and two.count("\n") == 2
     assert shade("ab", 2, 4, truecolor=True).endswith("ab\x1b[0m")
     assert shade("a\nb", 2, 4, truecolor=True).split("\n")[0].endswith(NEWLINE_MARK + "\x1b[0m")
+
+
+def _trained_tokenizer(kind: str):
+    """A small Hugging Face tokenizer trained here: byte-level BPE (GPT-2 / SmolLM2 style) or
+    BPE with SentencePiece's metaspace (Llama / Gemma style)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    text = ["héllo wörld, the cat's ☃ sat. 日本語 テキスト!", "Return the value ; of x .", "naïve café — über"] * 20
+    tok = Tokenizer(models.BPE(unk_token="<unk>" if kind == "metaspace" else None))
+    if kind == "bytelevel":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        alphabet = []
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>"],
+                                                      initial_alphabet=alphabet))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>")
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_incremental_text_equals_decoding_the_whole_sequence(kind):
+    """Random ids (multi-byte characters cut between tokens, special tokens, leading spaces):
+    every prefix's streamed text is the decoding of all its ids, and the released pieces add up
+    to it."""
+    import torch
+
+    from cyb.generation.text import decode_fn
+
+    tok = _trained_tokenizer(kind)
+    decode = decode_fn(tok)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        ids = torch.randint(0, len(tok), (int(torch.randint(1, 60, (1,), generator=g)),), generator=g).tolist()
+        ts, released = TextStream(decode), ""
+        for k, t in enumerate(ids):
+            piece, hit = ts.push(t)
+            released += piece
+            assert not hit and ts.text == decode(ids[:k + 1])
+        assert released + ts.flush() == decode(ids)

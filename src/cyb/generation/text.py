@@ -63,6 +63,11 @@ def decode_fn(tokenizer) -> Callable[[list[int]], str] | None:
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
+#: settled tokens decoded again before new ones (the context a tokenizer's decoding of a word's
+#: first piece may depend on: a leading space, a clean-up of spaces before punctuation)
+CONTEXT_TOKENS = 4
+
+
 class TextStream:
     """The text of a growing list of generated ids, released piece by piece, with stop strings.
 
@@ -70,6 +75,13 @@ class TextStream:
     that could still be the start of a stop string, or that ends in an incomplete character
     (U+FFFD from a byte-level tokenizer), is held back until it is settled or :meth:`flush`.
     The released pieces concatenate to :attr:`text`, which ends before the first stop string.
+
+    Decoding is incremental: each push decodes only the tokens since the text was last settled
+    (a complete character), with :data:`CONTEXT_TOKENS` settled tokens before them as context, so
+    a token costs the same whatever the length of the text (decoding the whole text again made a
+    stream quadratic).
+    The text equals the decoding of all the ids wherever the tokenizer decodes a sequence as the
+    concatenation of its parts after such a context (byte-level BPE, SentencePiece, characters).
     """
 
     def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()) -> None:
@@ -77,6 +89,9 @@ class TextStream:
         self._stop = tuple(stop)
         self._longest = max((len(s) for s in self._stop), default=0)
         self._ids: list[int] = []
+        self._settled = ""  # the text of ids[:_read]
+        self._context = 0  # ids[_context:_read] decode to the end of _settled: the context
+        self._read = 0
         self._text = ""
         self._sent = 0  # characters released so far
         self._searched = 0  # stop strings cannot start before this index
@@ -90,7 +105,18 @@ class TextStream:
     def push(self, token_id: int) -> tuple[str, bool]:
         """Add a token; return ``(released text, stop string seen)``."""
         self._ids.append(int(token_id))
-        self._text = self._decode(self._ids)
+        context = self._decode(self._ids[self._context:self._read])
+        window = self._decode(self._ids[self._context:])
+        tail = window[len(context):] if window.startswith(context) else None
+        if tail is None or (not context and self._context < self._read):
+            # the tokenizer rewrote the context, or it decoded to nothing (special tokens only,
+            # which would let a leading space drop): decode everything once
+            self._settled, tail = "", self._decode(self._ids)
+            self._context = self._read = 0
+        self._text = self._settled + tail
+        if not tail.endswith("\ufffd"):  # a complete character: settle
+            self._settled, self._read = self._text, len(self._ids)
+            self._context = max(0, self._read - CONTEXT_TOKENS)
         hit = self._find_stop()
         if hit is not None:
             self.stop_at = hit
