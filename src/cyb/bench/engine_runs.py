@@ -17,8 +17,13 @@ import time
 
 import torch
 
-from ..engine import Engine, EngineOptions, Request
+from ..engine import Engine, EngineOptions, Request, choose_positions
 from ..engine.cache import bytes_per_column
+from ..engine.layout import RowLayout
+from ..generation.decoders import StepReadout
+from ..layout import left_pad
+from . import static_batches as sb
+from .static_batches import CAPACITY_MULTIPLE
 from .timing import sync
 
 
@@ -77,16 +82,12 @@ def offline_job(model, prompts: list[list[int]], answers: list[int], *, mode: st
     """Continuous batching of the whole job through one engine whose cache holds what ``batch``
     static rows of the job's longest prompt and answer hold (the previous release's memory for a
     batch of ``batch``): real tokens per second, wall time, slots used."""
-    from ..engine.layout import RowLayout
-
     layout = RowLayout.of(model.vocab, model.pause_visibility)
     cache_bytes = batch * static_row_columns(model, prompts, answers) * bytes_per_column(model)
     reqs = [Request(tuple(p), n, mode=mode) for p, n in zip(prompts, answers)]
     capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in reqs)
     opts = EngineOptions(positions=positions, cuda_graph=cuda_graph, cache_bytes=cache_bytes,
                          max_slots=4 * batch)
-    from ..engine.engine import choose_positions
-
     q = choose_positions(model, [mode], batch, positions)
     sync(model.device)
     t0 = time.perf_counter()
@@ -107,8 +108,6 @@ def offline_job(model, prompts: list[list[int]], answers: list[int], *, mode: st
 def static_row_columns(model, prompts: list[list[int]], answers: list[int]) -> int:
     """Columns of one row of the previous release's static cache for the job's longest prompt
     and answer (what :func:`offline_static` allocates per row at most)."""
-    from .static_batches import CAPACITY_MULTIPLE
-
     m, p, n = model.vocab.num_steps, max(len(x) for x in prompts), max(answers)
     if model.pause_visibility == "private":
         needed = p + m - 1 + n + m + 2
@@ -121,10 +120,6 @@ def offline_static(model, prompts: list[list[int]], answers: list[int], *, mode:
                    cuda_graph: bool | None = None) -> dict:
     """The same job in the previous release's static batches of ``batch`` prompts, in order:
     each batch left-padded, decoded until its longest answer, greedy (blocks in adaptive mode)."""
-    from ..generation.decoders import StepReadout
-    from ..layout import left_pad
-    from . import static_batches as sb
-
     readout = StepReadout(model.vocab, model.dk_bias)
     sync(model.device)
     t0 = time.perf_counter()

@@ -101,7 +101,7 @@ class Runner:
             self.col_pos[self.cache.row_index[:n].unsqueeze(1), cols] = pos
         extra = {}
         if self.tags is not None:
-            self.tags[torch.arange(n, device=self.device).unsqueeze(1), cols] = rows.is_pause_fed(n, q)
+            self.tags[self.cache.row_index[:n].unsqueeze(1), cols] = rows.is_pause_fed(n, q)
             earlier = self.columns[:limit].unsqueeze(0) < rows.real_col[:n].unsqueeze(1)
             extra["pause_foreign"] = (self.tags[:n, :limit] & earlier).view(n, 1, 1, limit).expand(n, 1, q, limit)
         hidden = self._forward(ids, pos, self._mask(cols, limit, pos), **extra)
