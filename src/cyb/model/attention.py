@@ -85,6 +85,9 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     which keys those are directly, for queries against a cache (:mod:`cyb.engine`)."""
     blocks = kwargs.pop("pause_blocks", None)
     foreign = kwargs.pop("pause_foreign", None)
+    split = kwargs.pop("pause_split", None)
+    if split is not None:
+        return _split_attention(module, query, key, value, split, dropout, scaling, kwargs), None
     block_mask_type = _block_mask_type()
     if block_mask_type is None or not isinstance(attention_mask, block_mask_type):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -118,6 +121,75 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
                  score_mod=score_mod, block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
                  kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _split_attention(module, query, key, value, split: tuple, dropout: float, scaling, kwargs):
+    """A Recipe 1 layout's attention as causal calls (:mod:`cyb.kernels.split_attention`);
+    ``split = (M, gated)``."""
+    from ..kernels.split_attention import split_attention
+
+    if dropout and module.training:
+        raise ValueError("the split pause attention has no attention dropout: set the model's "
+                         "attention_dropout to 0")
+    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
+        raise ValueError("the split pause attention has no logit softcap or sliding window")
+    num_steps, gated = split
+    gate = gates.required_gate(module) if gated else None
+    return split_attention(query, key, value, num_steps, scale=scaling, gate=gate)
+
+
+#: how a private or gated layout's attention runs (:func:`choose_kernel`)
+PAUSE_KERNELS = ("auto", "dense", "flex", "split")
+
+
+def choose_kernel(requested: str, visibility: str, steps: vis.BlockSteps, hf_model, *,
+                  half: bool, training: bool) -> str:
+    """``"dense"``, ``"flex"`` or ``"split"`` for a private or gated layout.
+
+    ``"auto"`` on CUDA: block-sparse FlexAttention for private pauses (it trained faster than
+    the split attention at 256 and 512 real tokens per row, docs/benchmarks.md); for gated
+    pauses the split attention (causal FlashAttention calls, :mod:`cyb.kernels.split_attention`)
+    where it runs (Recipe 1 layouts in bf16/fp16, ``half``), else the dense mask (also while
+    :func:`cyb.model.gates.foreign_attention` records); elsewhere the dense mask.  ``training``
+    with attention dropout rules out the split and flex kernels.
+    """
+    if requested not in PAUSE_KERNELS:
+        raise ValueError(f"pause_kernel must be one of {PAUSE_KERNELS}, got {requested!r}")
+    ours = hf.attention_of(hf_model) == PAUSE_ATTENTION
+    if requested in ("flex", "split") and not ours:
+        raise ValueError(f"pause_kernel={requested!r} needs sdpa attention and a torch with FlexAttention")
+    if requested == "split":
+        why = split_supported(steps, hf_model.config)
+        if why is not None:
+            raise ValueError(f"pause_kernel='split' cannot run this layout: {why}")
+    if requested != "auto":
+        return requested
+    dropout = training and bool(getattr(hf.text_config(hf_model.config), "attention_dropout", 0.0))
+    if steps.valid.device.type != "cuda" or not ours or dropout:
+        return "dense"
+    if visibility != "gated":
+        return "flex"
+    if half and not gates.recording() and split_supported(steps, hf_model.config) is None:
+        return "split"
+    return "dense"
+
+
+def split_supported(steps: vis.BlockSteps, config) -> str | None:
+    """Why a layout cannot run the split attention (:mod:`cyb.kernels.split_attention`), or None:
+    it needs Recipe 1's layout (blocks of ``M`` steps), full attention in every layer, no
+    attention logit softcap, and padding only at the start or the end of each row."""
+    if steps.layout_key is None or steps.layout_key[0] != "recipe1":
+        return "the layout is not Recipe 1's blocks of M steps"
+    if any(w is not None for w in layer_windows(config).values()):
+        return "the model has sliding-window layers"
+    if getattr(hf.text_config(config), "attn_logit_softcapping", None) is not None:
+        return "the model softcaps its attention logits"
+    lead = hf.leading_padding(steps.valid)
+    rolled = hf.roll_rows(steps.valid, lead)
+    prefix = torch.arange(rolled.shape[1], device=rolled.device) < rolled.sum(1, keepdim=True)
+    if not bool((rolled == prefix).all()):
+        return "a row has padding between its tokens"
+    return None
 
 
 def _gate_score_mod(module, token: torch.Tensor, step: torch.Tensor):
@@ -289,5 +361,5 @@ def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tenso
     return _pack(out)
 
 
-__all__ = ["PAUSE_ATTENTION", "dense_masks", "flex_available", "flex_layout", "flex_masks", "layer_windows",
+__all__ = ["PAUSE_ATTENTION", "PAUSE_KERNELS", "choose_kernel", "split_supported", "dense_masks", "flex_available", "flex_layout", "flex_masks", "layer_windows",
            "per_layer_masks", "use_pause_attention"]

@@ -205,12 +205,17 @@ def foreign_attention(hf_model):
         _RECORDER = None
 
 
+def recording() -> bool:
+    """Whether :func:`foreign_attention` is recording (its numbers come from the dense path)."""
+    return _RECORDER is not None
+
+
 def record_foreign_attention(module, query, key, bias, foreign, scaling) -> None:
     """Hand one gated layer's call to the recorder of :func:`foreign_attention`, if any."""
     if _RECORDER is not None:
         _RECORDER.add(module, query, key, bias, foreign, scaling)
 
 
-__all__ = ["GATE_INIT", "ForeignAttention", "foreign_attention", "record_foreign_attention", "GATE_NAME", "add_gates", "annealed_bias", "attention_modules", "fill_gates", "gate_of",
+__all__ = ["GATE_INIT", "ForeignAttention", "foreign_attention", "record_foreign_attention", "recording", "GATE_NAME", "add_gates", "annealed_bias", "attention_modules", "fill_gates", "gate_of",
            "gate_parameters", "gate_summary", "gate_values", "gated_attention_bias", "load_gates", "quiet_load",
            "required_gate"]

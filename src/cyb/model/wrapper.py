@@ -92,8 +92,8 @@ class PauseModel(torch.nn.Module):
                                  f"function), got {hf.attention_of(hf_model)!r}")
             gates.add_gates(hf_model)
         self.hf_model = hf_model
-        #: how masks other than shared pauses run: "auto" (block-sparse FlexAttention on CUDA for
-        #: private pauses, dense elsewhere), "dense" or "flex" (:mod:`cyb.model.attention`)
+        #: how private and gated layouts attend: "auto", "dense", "flex" or "split"
+        #: (:func:`cyb.model.attention.choose_kernel`)
         self.pause_kernel = "auto"
         self._settings = settings
         self._vocab = settings.vocab()
@@ -477,36 +477,43 @@ class PauseModel(torch.nn.Module):
 
     def _pause_masked(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                       steps: BlockSteps) -> torch.Tensor:
-        """Hidden states under private or gated pauses: block-sparse FlexAttention over the
-        real-first order on CUDA (private), a dense 4-D mask in the layout's order elsewhere (and
-        for eager attention and gated pauses)."""
+        """Hidden states under private or gated pauses, through the kernel that
+        :func:`cyb.model.attention.choose_kernel` picks: the split attention (Recipe 1 layouts
+        in bf16/fp16 on CUDA), block-sparse FlexAttention over the real-first order (other
+        private layouts on CUDA), or a dense 4-D mask in the layout's order."""
         visibility = self.pause_visibility
         steps = steps.to(input_ids.device)
-        if self.pause_kernel not in ("auto", "dense", "flex"):
-            raise ValueError(f"pause_kernel must be auto, dense or flex, got {self.pause_kernel!r}")
-        can_flex = hf.attention_of(self.hf_model) == hf.PAUSE_ATTENTION
-        if self.pause_kernel == "flex" and not can_flex:
-            raise ValueError("pause_kernel='flex' needs sdpa attention and a torch with FlexAttention")
-        # (gated layouts run dense unless asked: FlexAttention with the gate as a learned score
-        # bias trained 3-20x slower than private pauses on an H200, docs/method.md)
-        flex = can_flex and (self.pause_kernel == "flex"
-                             or (self.pause_kernel == "auto" and input_ids.device.type == "cuda"
-                                 and visibility != "gated"))
+        kernel = attention.choose_kernel(self.pause_kernel, visibility, steps, self.hf_model,
+                                         half=self._half_precision(input_ids.device), training=self.training)
         gated = visibility == "gated"
-        if not flex:
+        run = dict(use_cache=False, **{self._cache_arg: None})
+        if kernel == "split":  # padding moves to the end of each row, where causal calls never see it
+            lead = hf.leading_padding(steps.valid)
+            moved = bool(lead.any())
+            if moved:
+                input_ids, position_ids = (hf.roll_rows(x, lead) for x in (input_ids, position_ids))
+            out = self.decoder(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
+                               pause_split=(steps.layout_key[2], gated), **run).last_hidden_state
+            return hf.roll_rows(out, -lead) if moved else out
+        if kernel == "dense":
             additive = self.dtype if hf.is_eager(self.hf_model) else None
             mask = attention.dense_masks(steps, visibility, position_ids, self.config,
                                          additive_dtype=additive)
             extra = {"pause_blocks": (steps.token, steps.step)} if gated else {}
-            out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                               use_cache=False, **{self._cache_arg: None}, **extra)
-            return out.last_hidden_state
+            return self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                                **run, **extra).last_hidden_state
         order, mask = attention.flex_layout(steps, visibility, position_ids, self.config)
         extra = {"pause_blocks": (reorder(steps.token, order), reorder(steps.step, order))} if gated else {}
         out = self.decoder(input_ids=reorder(input_ids, order), attention_mask=mask,
-                           position_ids=reorder(position_ids, order), use_cache=False,
-                           **{self._cache_arg: None}, **extra)
+                           position_ids=reorder(position_ids, order), **run, **extra)
         return reorder(out.last_hidden_state, inverse_order(order))
+
+    def _half_precision(self, device: torch.device) -> bool:
+        """Whether the decoder computes in bf16/fp16 (its dtype, or autocast on ``device``)."""
+        half = (torch.bfloat16, torch.float16)
+        if self.dtype in half:
+            return True
+        return torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) in half
 
     def output_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(weight [V, H], bias [V] or None)`` such that
