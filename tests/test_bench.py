@@ -50,10 +50,11 @@ def test_bench_train_quick_writes_json(tmp_path, capsys):
     assert "--quick" in res["command"] and "--warmup 0" in res["command"]
     rows = {r["variant"]: r for r in res["results"]}
     assert set(rows) == {"baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused",
-                         "cyb_fused_lowmem", "cyb_private", "tbys_private"}
+                         "cyb_fused_lowmem", "cyb_private", "tbys_private", "cyb_private_split",
+                         "cyb_gated", "cyb_gated_dense"}
     assert rows["tbys_liger"]["status"] == "skipped"  # needs CUDA
     for name in ("baseline_hf", "tbys_hf", "cyb_naive", "cyb_fused", "cyb_fused_lowmem", "cyb_private",
-                 "tbys_private"):
+                 "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense"):
         r = rows[name]
         assert r["status"] == "ok", r
         assert r["ms"] > 0 and math.isfinite(r["first_loss"])
@@ -62,6 +63,9 @@ def test_bench_train_quick_writes_json(tmp_path, capsys):
     # same weights and batch: the fused and the naive CYB loss agree at the first step
     for name in ("cyb_fused", "cyb_fused_lowmem"):
         assert rows[name]["first_loss"] == pytest.approx(rows["cyb_naive"]["first_loss"], rel=1e-5)
+    # the kernels of one layout agree with each other
+    assert rows["cyb_gated"]["first_loss"] == pytest.approx(rows["cyb_gated_dense"]["first_loss"], rel=1e-5)
+    assert rows["cyb_private_split"]["first_loss"] == pytest.approx(rows["cyb_private"]["first_loss"], rel=1e-5)
     assert any("first-step loss" in c["target"] and c["met"] for c in res["targets"])
     assert "| cyb_fused |" in capsys.readouterr().out
 

@@ -91,15 +91,35 @@ def test_monotonic_in_micro_batch_and_sequence():
     assert est(cfg_of(method={"name": "baseline", "num_steps": 1})).positions == 2048
 
 
-def test_gated_pauses_add_one_mask_per_layer():
-    """A gated layout keeps a [B, heads, T, T] additive mask (and the bool of other tokens'
-    pauses) per layer for backward, and backward makes the mask's gradient."""
-    shared, gated = est(cfg_of(block_len=512)), est(cfg_of(block_len=512, method={"pause_visibility": "gated"}))
+def test_gated_pauses_add_one_mask_per_layer_where_the_split_attention_does_not_run():
+    """Through the dense path (here: Recipe 2 layouts) a gated layout keeps a [B, heads, T, T]
+    additive mask (and the bool of other tokens' pauses) per layer for backward, and backward
+    makes the mask's gradient."""
+    recipe2 = {"recipe": 2}
+    shared = est(cfg_of(block_len=512, method=recipe2))
+    gated = est(cfg_of(block_len=512, method={**recipe2, "pause_visibility": "gated"}))
     shape = memory.run_shape(cfg_of(block_len=512), 256000 - 4)
     mask = memory.gated_mask_bytes(1, shape.heads, 2048, 2)
     assert mask == 2048 * 2048 * (8 * 2 + 1)  # Gemma 2B: 8 heads, bf16
     assert gated.activations - shared.activations == shape.layers * mask
-    assert gated.peak > shared.peak and any("gated pauses" in n for n in gated.notes)
+    assert gated.peak > shared.peak and any("additive mask" in n for n in gated.notes)
+
+
+def test_gated_pauses_through_the_split_attention_keep_no_mask():
+    """On CUDA in bf16 with Recipe 1 blocks, a gated layer keeps the earlier pauses' attention
+    output and two log-sum-exps per query head: linear in the positions, not quadratic."""
+    shape = memory.run_shape(cfg_of(block_len=512), 256000 - 4)
+    growth = []
+    for block_len in (512, 2048):
+        shared = est(cfg_of(block_len=block_len))
+        gated = est(cfg_of(block_len=block_len, method={"pause_visibility": "gated"}))
+        kept, _ = memory.gated_split_bytes(block_len * 4, shape, 2)
+        assert gated.activations - shared.activations == shape.layers * kept
+        assert any("split attention" in n for n in gated.notes)
+        growth.append(gated.peak - shared.peak)
+    assert growth[1] < 5 * growth[0]  # 4x the positions: about 4x, not 16x
+    cpu = est(cfg_of(block_len=512, method={"pause_visibility": "gated"}), device_type="cpu")
+    assert any("additive mask" in n for n in cpu.notes)
 
 
 def test_gradient_checkpointing_reduces_activations():

@@ -314,6 +314,24 @@ def gated_mask_bytes(rows: int, heads: int, positions: int, compute_bytes: int) 
     return rows * positions * positions * (heads * compute_bytes + 1)
 
 
+def gated_split_runs(cfg, shape: ModelShape, device_type: str, compute_bytes: int) -> bool:
+    """Whether a gated model trains through the split attention
+    (:func:`cyb.model.attention.choose_kernel`): CUDA in bf16, Recipe 1 blocks, full attention."""
+    return (device_type == "cuda" and compute_bytes == 2 and cfg.method.recipe != 2
+            and cfg.method.spec.layout != "inserted" and shape.head_dim <= 256
+            and not (shape.sliding_window and shape.sliding_layers))
+
+
+def gated_split_bytes(tokens: int, shape: ModelShape, compute_bytes: int) -> tuple[int, int]:
+    """``(kept, workspace)``: what one gated layer through the split attention keeps for backward
+    beyond a shared one (the earlier pauses' attention output and two float32 log-sum-exps per
+    query head), and what its backward holds at once (float32 gradients of queries, keys and
+    values, and the step-head copies of the queries, outputs and their gradients)."""
+    kept = tokens * (shape.q_dim * compute_bytes + 8 * shape.heads)
+    workspace = tokens * (shape.q_dim * (4 + 3 * compute_bytes) + 8 * shape.kv_dim)
+    return kept, workspace
+
+
 def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = "cuda",
              trainable: int | None = None, params: int | None = None,
              triton: bool | None = None, shard_size: int | None = None) -> MemoryEstimate:
@@ -395,13 +413,21 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         notes.append(f"{shape.sliding_layers} sliding-window layers (window {shape.sliding_window} < "
                      f"{n_pos} positions): a {n_pos} x {n_pos} mask per row")
     gated_mask = 0
+    kept_layers = 1 if m.gradient_checkpointing else shape.layers
     if cfg.method.uses_pauses and cfg.method.pause_visibility == "gated":
-        # every layer builds its [B, heads, T, T] additive mask (the gates in it) and keeps it,
-        # with the bool mask of other tokens' pauses, for backward; backward makes its gradient
-        gated_mask = gated_mask_bytes(micro, shape.heads, n_pos, a)
-        activations += (1 if m.gradient_checkpointing else shape.layers) * gated_mask
-        notes.append(f"gated pauses: a [{micro}, {shape.heads}, {n_pos}, {n_pos}] additive mask per layer "
-                     f"({gated_mask / GIB:.2f} GiB each)")
+        if gated_split_runs(cfg, shape, device_type, a):
+            kept, gated_mask = gated_split_bytes(tokens, shape, a)
+            activations += kept_layers * kept
+            notes.append("gated pauses: the split attention (causal FlashAttention calls, no T x T mask), "
+                         f"{kept / GIB:.2f} GiB kept per layer")
+        else:
+            # every layer builds its [B, heads, T, T] additive mask (the gates in it) and keeps
+            # it, with the bool mask of other tokens' pauses, for backward; backward makes its
+            # gradient
+            gated_mask = gated_mask_bytes(micro, shape.heads, n_pos, a)
+            activations += kept_layers * gated_mask
+            notes.append(f"gated pauses: a [{micro}, {shape.heads}, {n_pos}, {n_pos}] additive mask per layer "
+                         f"({gated_mask / GIB:.2f} GiB each)")
     # outside the blocks: the final norm, the rotary tables (residual dtype) and the token ids
     final_norm = 8 if shape.family.float32_norms else 4 + p
     activations += tokens * (final_norm * shape.hidden + 2 * shape.head_dim * p + 12)

@@ -28,6 +28,7 @@ class ModelShape:
     heads: int
     intermediate: int
     tie_embeddings: bool = False
+    kv_heads: int | None = None  # None: as many as the query heads
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -36,6 +37,11 @@ class ModelShape:
 #: The "134 M" Llama of the benchmarks: hidden 768, 12 layers, MLP 2048, untied embeddings
 #: (134.1 M parameters at vocabulary 32000, 135.3 M at 32768).
 SHAPE_134M = ModelShape(hidden=768, layers=12, heads=12, intermediate=2048)
+#: SmolLM2-135M's decoder: hidden 576, 30 layers, 9 query heads sharing 3 key/value heads, MLP
+#: 1536, tied embeddings (vocabulary 49152).
+SHAPE_SMOLLM2 = ModelShape(hidden=576, layers=30, heads=9, intermediate=1536, tie_embeddings=True, kv_heads=3)
+#: The shapes ``cyb bench train --shape`` names.
+TRAIN_SHAPES = {"134m": SHAPE_134M, "smollm2": SHAPE_SMOLLM2}
 #: A tiny shape for CPU smoke runs.
 SHAPE_TINY = ModelShape(hidden=32, layers=2, heads=2, intermediate=64, tie_embeddings=True)
 
@@ -52,7 +58,7 @@ def build_hf_model(shape: ModelShape, vocab_size: int, *, dtype: torch.dtype, de
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-        num_key_value_heads=shape.heads, max_position_embeddings=max_positions,
+        num_key_value_heads=shape.kv_heads or shape.heads, max_position_embeddings=max_positions,
         tie_word_embeddings=shape.tie_embeddings, use_cache=False,
     )
     torch.manual_seed(seed)

@@ -13,7 +13,12 @@ Variants (rows of ``L`` real tokens, batch ``B``, ``M`` steps per token):
 * ``cyb_fused_lowmem``: ``cyb_fused`` with logits chunks of at most ``2**27`` elements (the
   default allows up to ``2**29``): less memory, more chunks (more host work per step).
 * ``cyb_private`` / ``tbys_private``: ``cyb_fused`` and TBYS (fused readout) with private
-  pauses (:mod:`cyb.visibility`): block-sparse FlexAttention on CUDA, a dense mask elsewhere.
+  pauses (:mod:`cyb.visibility`), through the kernel ``auto`` picks (block-sparse FlexAttention
+  on CUDA, a dense mask on the CPU); ``cyb_private_split``: the same through the split
+  attention (:mod:`cyb.kernels.split_attention`: causal FlashAttention calls on CUDA).
+* ``cyb_gated``: ``cyb_fused`` with gated pauses (the kernel ``auto`` picks: the split attention
+  on CUDA in bf16); ``cyb_gated_dense``: the same through the dense ``[B, heads, T, T]``
+  additive mask.
 
 Each in mode ``eager`` or ``compile`` (every decoder layer compiled with ``module.compile()``,
 as ``train.compile`` does).  A step is forward, backward, AdamW (fused on CUDA) and zeroing the
@@ -38,14 +43,23 @@ from .models import random_ids, real_ids_limit, wrap
 from .timing import Budget, device_name, environment, free_memory, guarded, time_calls, write_json
 
 VARIANTS = ("baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused", "cyb_fused_lowmem",
-            "cyb_private", "tbys_private")
+            "cyb_private", "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense")
 MODES = ("eager", "compile")
 PRECISIONS = ("autocast", "bf16", "fp32")
 _METHOD = {"baseline_hf": "baseline", "tbys_hf": "tbys", "tbys_liger": "tbys",
            "cyb_naive": "cyb", "cyb_fused": "cyb", "cyb_fused_lowmem": "cyb",
-           "cyb_private": "cyb_private", "tbys_private": "tbys_private"}
-#: the method of each model key (``*_private``: the method with private pauses)
-_BASE = {"baseline": "baseline", "tbys": "tbys", "cyb": "cyb", "cyb_private": "cyb", "tbys_private": "tbys"}
+           "cyb_private": "cyb_private", "tbys_private": "tbys_private", "cyb_private_split": "cyb_private_split",
+           "cyb_gated": "cyb_gated", "cyb_gated_dense": "cyb_gated_dense"}
+#: the method of each model key (its visibility and pause kernel: :func:`_model_kind`)
+_BASE = {"baseline": "baseline", "tbys": "tbys", "cyb": "cyb", "cyb_private": "cyb", "tbys_private": "tbys",
+         "cyb_private_split": "cyb", "cyb_gated": "cyb", "cyb_gated_dense": "cyb"}
+
+
+def _model_kind(key: str) -> tuple[str, str]:
+    """``(visibility, pause kernel)`` of a model key."""
+    visibility = "private" if "_private" in key else "gated" if "_gated" in key else "shared"
+    kernel = "split" if key.endswith("_split") else "dense" if key.endswith("_dense") else "auto"
+    return visibility, kernel
 #: Logits per chunk of ``cyb_fused_lowmem`` (bf16: 256 MiB).
 LOWMEM_CHUNK_ELEMENTS = 1 << 27
 # Seconds a compiled row is assumed to need at least (compilation); rows that would not fit in
@@ -178,9 +192,12 @@ class _Case:
                                        device=device, max_positions=max(8192, cfg.real_tokens * m),
                                        seed=cfg.seed)
         self.hf_model.train()
-        self.models = {key: wrap(self.hf_model, base, m,
-                                 "private" if key.endswith("_private") else "shared")
-                       for key, base in _BASE.items()}
+        keys = {_METHOD[v] for v in cfg.variants} | {"cyb"}
+        self.models = {}
+        for key in [k for k in _BASE if k in keys]:
+            visibility, kernel = _model_kind(key)
+            self.models[key] = wrap(self.hf_model, _BASE[key], m, visibility)
+            self.models[key].pause_kernel = kernel
         ids = random_ids(batch, cfg.real_tokens, real_ids_limit(vocab, m), seed=cfg.seed)
         self.preps = {}
         for key, model in self.models.items():
@@ -335,12 +352,13 @@ def _static_compile_settings():
 
 
 #: Run order of the variants: the target rows first, the one that compiles another shape last.
-PRIORITY = ("cyb_fused", "cyb_private", "tbys_liger", "tbys_private", "cyb_fused_lowmem", "cyb_naive",
-            "tbys_hf", "baseline_hf")
+PRIORITY = ("cyb_fused", "cyb_private", "cyb_gated", "tbys_liger", "tbys_private", "cyb_private_split",
+            "cyb_gated_dense", "cyb_fused_lowmem", "cyb_naive", "tbys_hf", "baseline_hf")
 
 
 #: Compiled rows of the targets run for every case before the other compiled rows.
-TARGET_VARIANTS = ("cyb_fused", "cyb_private", "tbys_liger", "tbys_private", "cyb_fused_lowmem")
+TARGET_VARIANTS = ("cyb_fused", "cyb_private", "cyb_gated", "tbys_liger", "tbys_private", "cyb_private_split",
+                   "cyb_gated_dense", "cyb_fused_lowmem")
 
 
 def _order(cfg: TrainBenchConfig):

@@ -68,8 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     train.add_argument("--case", dest="cases", type=_case, action="append", metavar="VOCAB:BATCH",
                        help="a (vocabulary, batch) case, repeatable (default: 32768:4 262144:8)"
                        + _OWN_DEFAULT)
-    train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive cyb_private tbys_private "
-                       "cyb_fused cyb_fused_lowmem (default: all)" + _OWN_DEFAULT)
+    train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive cyb_fused "
+                       "cyb_fused_lowmem cyb_private tbys_private cyb_private_split cyb_gated cyb_gated_dense "
+                       "(default: all)" + _OWN_DEFAULT)
+    train.add_argument("--shape", choices=("134m", "smollm2"),
+                       help="the Llama's shape: 134m (hidden 768, 12 layers) or smollm2 (SmolLM2-135M: "
+                       "hidden 576, 30 layers, 9 heads on 3 key/value heads, tied embeddings) "
+                       "(default: 134m)" + _OWN_DEFAULT)
     train.add_argument("--modes", nargs="+", help="eager and/or compile (default: both; eager "
                        "only with --quick)" + _OWN_DEFAULT)
     train.add_argument("--precision", help="bf16 (bf16 parameters), autocast (fp32 parameters "
@@ -273,6 +278,10 @@ def run(args) -> int:
                            "num_steps": "num_steps", "repeats": "repeats", "warmup": "warmup",
                            "compile_warmup": "compile_warmup", "budget_s": "budget_s",
                            "device": "device"})
+        if args.shape is not None:
+            from ..bench.models import TRAIN_SHAPES
+
+            kw["shape"] = TRAIN_SHAPES[args.shape]
         cfg = (train_step.TrainBenchConfig.quick(**kw) if args.quick
                else train_step.TrainBenchConfig(**kw))
         result = train_step.run(cfg, out=args.out)
