@@ -6,8 +6,9 @@ tokens per batch, M = 4::
 
 Rows: shared pauses (sdpa's causal kernel over all L*M positions), private pauses through
 FlexAttention over the real-first order (block mask) and through the split attention
-(cyb.kernels.split_attention: causal FlashAttention calls merged; eager and compiled), gated
-pauses through the split attention and through the dense [B, heads, T, T] additive mask (sdpa), with the gate's
+(cyb.kernels.split_attention: causal FlashAttention calls merged; eager and compiled; the own
+block and merge as tensor ops or as one Triton kernel per pass), gated pauses through the split
+attention and through the dense [B, heads, T, T] additive mask (sdpa), with the gate's
 gradient.  Milliseconds per call and peak memory above the inputs.
 """
 
@@ -83,6 +84,15 @@ def _rows(length: int, batch: int, m: int, heads: int = 12, dim: int = 64, profi
     def gated_split_compiled():
         compiled(q, k, v, m, gate=gate).sum().backward()
 
+    def private_split_triton():
+        split_attention(q, k, v, m, own_block="triton").sum().backward()
+
+    def private_split_triton_compiled():
+        compiled(q, k, v, m, own_block="triton").sum().backward()
+
+    def gated_split_triton_compiled():
+        compiled(q, k, v, m, gate=gate, own_block="triton").sum().backward()
+
     allowed = vis.visible(steps, "gated").unsqueeze(1)
     foreign = vis.foreign_pauses(steps.token, steps.step).unsqueeze(1)
 
@@ -93,7 +103,10 @@ def _rows(length: int, batch: int, m: int, heads: int = 12, dim: int = 64, profi
 
     for name, fn in (("shared sdpa causal", shared), ("private flex", private_flex),
                      ("private split", private_split), ("private split compiled", private_split_compiled),
+                     ("private split triton", private_split_triton),
+                     ("private split triton compiled", private_split_triton_compiled),
                      ("gated split", gated_split), ("gated split compiled", gated_split_compiled),
+                     ("gated split triton compiled", gated_split_triton_compiled),
                      ("gated dense", gated_dense)):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

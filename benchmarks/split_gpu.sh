@@ -48,7 +48,7 @@ check() {
     timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short tests/test_split_attention.py \
         2>&1 | tail -40
     echo "== one layer's attention"
-    timeout 200 python3 benchmarks/split_attention_bench.py --out "$OUT/attention.json" ${PROFILE:+--real-tokens 256 --profile "private split compiled" "gated split compiled"}
+    timeout 200 python3 benchmarks/split_attention_bench.py --out "$OUT/attention.json" ${PROFILE:+--real-tokens 256 --profile "private split compiled" "private split triton compiled" "gated split compiled"}
 }
 
 smollm2() {

@@ -102,10 +102,12 @@ def test_float32_math_kernel_and_bad_inputs():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("own_block", ["torch", "triton"])
 @pytest.mark.parametrize("visibility", ["private", "gated"])
 @pytest.mark.parametrize("case", [(2, 4, 4, 33, 4, 64), (1, 9, 3, 64, 3, 64), (1, 2, 2, 1, 4, 32)])
-def test_flash_split_matches_the_mask_on_cuda(case, visibility):
-    """FlashAttention's calls merged: bf16 values and gradients as the float32 reference's."""
+def test_flash_split_matches_the_mask_on_cuda(case, visibility, own_block):
+    """FlashAttention's calls merged (the own block by tensor ops or the Triton kernels): bf16
+    values and gradients as the float32 reference's."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     b, h, kv, length, m, d = case
@@ -113,7 +115,7 @@ def test_flash_split_matches_the_mask_on_cuda(case, visibility):
     gate = torch.linspace(-3.0, 2.0, h, device="cuda").requires_grad_() if visibility == "gated" else None
     half = [x.bfloat16().requires_grad_() for x in (q, k, v)]
     full = [x.clone().requires_grad_() for x in (q, k, v)]
-    got = split_attention(*half, m, gate=gate, kernel="flash")
+    got = split_attention(*half, m, gate=gate, kernel="flash", own_block=own_block)
     want = reference(*full, m, visibility, gate)
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
     extra = [gate] if gate is not None else []
@@ -255,3 +257,35 @@ def test_split_kernel_in_a_compiled_bf16_model_on_cuda(visibility):
     assert rel(split, ref) <= max(2e-2, 2 * rel(dense, ref))
     for s, d, r in zip(split_grads, dense_grads, ref_grads):
         assert rel(s, r) <= max(3e-2, 2 * rel(d, r)), (tuple(r.shape), rel(s, r), rel(d, r))
+
+
+# ----------------------------------------------------------------------------- triton own block
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("visibility", ["private", "gated"])
+def test_triton_own_block_matches_the_tensor_version(case, visibility):
+    """The own block and the merge in one Triton kernel per pass (the interpreter on the CPU)
+    give the tensor version's values and gradients."""
+    pytest.importorskip("triton")
+    from cyb.kernels import triton_available
+
+    if not triton_available():
+        pytest.skip("needs triton")
+    b, h, kv, length, m, d = case
+    q, k, v = _inputs(b, h, kv, length, m, d, dtype=torch.float32, seed=7)
+    gate = torch.linspace(-3.0, 2.0, h).requires_grad_() if visibility == "gated" else None
+    tensors = [q, k, v] + ([gate] if gate is not None else [])
+    want = split_attention(q, k, v, m, gate=gate, kernel="math")
+    got = split_attention(q, k, v, m, gate=gate, kernel="math", own_block="triton")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for g_got, g_want in zip(_grads(got, tensors), _grads(want, tensors)):
+        torch.testing.assert_close(g_got, g_want, atol=1e-5, rtol=1e-5)
+
+
+def test_own_block_choice_is_checked():
+    q, k, v = _inputs(1, 2, 2, 3, 2, 8)
+    with pytest.raises(ValueError, match="own_block must be"):
+        split_attention(q, k, v, 2, own_block="cuda")
+    with pytest.raises(TypeError, match="float64"):
+        split_attention(q, k, v, 2, own_block="triton")

@@ -198,9 +198,51 @@ def _earlier_pauses(kernel, q_heads, k5, v5, m: int, scale: float, ct):
     return _pad_first_token(out.to(q_heads.dtype), 0.0), _pad_first_token(lse, NEG_INF)
 
 
+def _own_block_merge(q5, k5, v5, out_a, lse_a, out_c, lse_c, scale: float, ct):
+    """``(out [B, L, M, H, dim], lse [B, L, H, M])``: part A (``out_a [B, L, H, M, dim]``,
+    ``lse_a [B, L, H, M]``), part C when given (the gate already in ``lse_c``) and the own
+    block's pauses merged, step by step with tensor ops (:mod:`cyb.kernels.triton_own_block`
+    does it in one kernel)."""
+    b, n, m, h, d = q5.shape
+    out = torch.empty((b, n, m, h, d), dtype=q5.dtype, device=q5.device)
+    lse = torch.empty((b, n, h, m), dtype=ct, device=q5.device)
+    for i in range(m):
+        parts = [lse_a[..., i]] + ([lse_c[..., i]] if out_c is not None else [])
+        own = _own_block_scores(q5, k5, i, scale, ct)
+        if len(parts) + len(own) == 1:  # a real token under private pauses: part A alone
+            out[:, :, i] = out_a[:, :, :, i]
+            lse[..., i] = lse_a[..., i]
+            continue
+        lse_i = torch.stack(parts + own).logsumexp(0)  # [B, L, H]
+        o = (lse_a[..., i] - lse_i).exp().unsqueeze(-1) * out_a[:, :, :, i].to(ct)
+        if out_c is not None:
+            o = o + (lse_c[..., i] - lse_i).exp().unsqueeze(-1) * out_c[:, :, :, i].to(ct)
+        for j, s in enumerate(own, start=1):
+            o = o + _weigh((s - lse_i).exp(), v5[:, :, j], ct)
+        out[:, :, i] = o.to(out.dtype)
+        lse[..., i] = lse_i
+    return out, lse
+
+
+def _own_block_grads_(q5, k5, v5, do5, lse, delta, dq, dk, dv, scale: float, ct) -> None:
+    """Add the own block's share of the gradients into ``dq [B, L, H, M, dim]``, ``dk`` and ``dv``
+    (``[B, L, M, kv_heads, dim]``), given the merged ``lse [B, L, H, M]`` and ``delta [B, L, M,
+    H]`` (the rows' sums of output times its gradient), with tensor ops."""
+    m, kv = q5.shape[2], k5.shape[3]
+    for i in range(1, m):
+        own = _own_block_scores(q5, k5, i, scale, ct)
+        do_i = do5[:, :, i].to(ct)
+        for j, s in enumerate(own, start=1):
+            p = (s - lse[..., i]).exp()
+            ds = p * (_dot(do_i, v5[:, :, j], ct) - delta[:, :, i])
+            dq[:, :, :, i] += _weigh(ds, k5[:, :, j], ct) * scale
+            dk[:, :, j] += _group_sum(ds.unsqueeze(-1) * q5[:, :, i].to(ct), kv) * scale
+            dv[:, :, j] += _group_sum(p.unsqueeze(-1) * do_i, kv)
+
+
 class _SplitAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, gate, num_steps, scale, kernel_name):
+    def forward(ctx, query, key, value, gate, num_steps, scale, kernel_name, own_block):
         m, kernel = num_steps, _KERNELS[kernel_name]
         q5, k5, v5 = _blocks(query, m), _blocks(key, m), _blocks(value, m)
         b, n, _, h, d = q5.shape
@@ -212,24 +254,15 @@ class _SplitAttention(torch.autograd.Function):
         if gate is not None and m > 1 and n > 1:
             out_c, lse_c = _earlier_pauses(kernel, q_heads, k5, v5, m, scale, ct)
             lse_gated = lse_c + gate.to(ct).view(h, 1)
-        out = torch.empty((b, n, m, h, d), dtype=query.dtype, device=query.device)
-        lse = torch.empty_like(lse_a)
-        for i in range(m):
-            parts = [lse_a[..., i]] + ([lse_gated[..., i]] if out_c is not None else [])
-            own = _own_block_scores(q5, k5, i, scale, ct)
-            if len(parts) + len(own) == 1:  # a real token under private pauses: part A alone
-                out[:, :, i] = out_a[:, :, :, i]
-                lse[..., i] = lse_a[..., i]
-                continue
-            lse_i = torch.stack(parts + own).logsumexp(0)  # [B, L, H]
-            o = (lse_a[..., i] - lse_i).exp().unsqueeze(-1) * out_a[:, :, :, i].to(ct)
-            if out_c is not None:
-                o = o + (lse_gated[..., i] - lse_i).exp().unsqueeze(-1) * out_c[:, :, :, i].to(ct)
-            for j, s in enumerate(own, start=1):
-                o = o + _weigh((s - lse_i).exp(), v5[:, :, j], ct)
-            out[:, :, i] = o.to(out.dtype)
-            lse[..., i] = lse_i
-        ctx.num_steps, ctx.scale, ctx.kernel = m, scale, kernel_name
+        if own_block == "triton":
+            from .triton_own_block import own_block_forward
+
+            out, lse = own_block_forward(q5, k5, v5, out_a, lse_a, out_c,
+                                         lse_gated if out_c is not None else None, scale)
+        else:
+            out, lse = _own_block_merge(q5, k5, v5, out_a, lse_a, out_c,
+                                        lse_gated if out_c is not None else None, scale, ct)
+        ctx.num_steps, ctx.scale, ctx.kernel, ctx.own_block = m, scale, kernel_name, own_block
         ctx.save_for_backward(query, key, value, gate, out, lse, out_c, lse_c)
         return out.view(b, n * m, h, d)
 
@@ -239,7 +272,6 @@ class _SplitAttention(torch.autograd.Function):
         m, scale, kernel = ctx.num_steps, ctx.scale, _KERNELS[ctx.kernel]
         q5, k5, v5 = _blocks(query, m), _blocks(key, m), _blocks(value, m)
         b, n, _, h, d = q5.shape
-        kv = k5.shape[3]
         ct = lse.dtype
         do5 = grad_out.reshape(b, n, m, h, d)
         q_heads, do_heads, o_heads = _step_heads(q5), _step_heads(do5), _step_heads(out)
@@ -252,15 +284,12 @@ class _SplitAttention(torch.autograd.Function):
         dq = _per_step(dq_a, m).to(ct)  # [B, L, H, M, dim]
         dk[:, :, 0] += dk_a.transpose(1, 2)
         dv[:, :, 0] += dv_a.transpose(1, 2)
-        for i in range(1, m):  # part B: the own block's pauses, in the queries' order
-            own = _own_block_scores(q5, k5, i, scale, ct)
-            do_i = do5[:, :, i].to(ct)
-            for j, s in enumerate(own, start=1):
-                p = (s - lse[..., i]).exp()
-                ds = p * (_dot(do_i, v5[:, :, j], ct) - delta[:, :, i])
-                dq[:, :, :, i] += _weigh(ds, k5[:, :, j], ct) * scale
-                dk[:, :, j] += _group_sum(ds.unsqueeze(-1) * q5[:, :, i].to(ct), kv) * scale
-                dv[:, :, j] += _group_sum(p.unsqueeze(-1) * do_i, kv)
+        if ctx.own_block == "triton":  # part B: the own block's pauses
+            from .triton_own_block import own_block_backward_
+
+            own_block_backward_(q5, k5, v5, do5, out, lse, dq, dk, dv, scale)
+        else:
+            _own_block_grads_(q5, k5, v5, do5, lse, delta, dq, dk, dv, scale, ct)
         dgate = torch.zeros_like(gate) if gate is not None and ctx.needs_input_grad[3] else None
         if out_c is not None:
             gate_heads = gate.to(ct).repeat_interleave(m).view(1, -1, 1)
@@ -280,12 +309,12 @@ class _SplitAttention(torch.autograd.Function):
 
         def back(g, like):
             return g.reshape(b, n * m, g.shape[3], d).transpose(1, 2).to(like.dtype)
-        return back(dq, query), back(dk, key), back(dv, value), dgate, None, None, None
+        return back(dq, query), back(dk, key), back(dv, value), dgate, None, None, None, None
 
 
 def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_steps: int, *,
                     scale: float | None = None, gate: torch.Tensor | None = None,
-                    kernel: str = "auto") -> torch.Tensor:
+                    kernel: str = "auto", own_block: str = "torch") -> torch.Tensor:
     """Attention of a Recipe 1 layout under private pauses (``gate`` None) or gated pauses
     (``gate [heads]``, added to the logits of earlier tokens' pauses).
 
@@ -295,6 +324,10 @@ def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         num_steps: ``M``, the steps of each block.
         scale: the logits' scale (default ``dim ** -0.5``).
         kernel: the causal calls' kernel (:func:`kernel_for`).
+        own_block: how the own block's pauses and the merge run: ``"torch"`` (tensor ops) or
+            ``"triton"`` (one kernel per pass, :mod:`cyb.kernels.triton_own_block`; CUDA, or
+            the CPU under ``TRITON_INTERPRET=1``; not float64).  Its speed on a GPU is not
+            measured yet.
 
     Returns:
         ``[B, T, heads, dim]`` in the query's dtype.  Rows must keep their padding last.
@@ -306,8 +339,15 @@ def split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         raise ValueError(f"{h} query heads cannot share {key.shape[1]} key heads")
     if gate is not None and gate.shape != (h,):
         raise ValueError(f"the gate must have one value per query head ({h}), got {tuple(gate.shape)}")
+    if own_block not in ("torch", "triton"):
+        raise ValueError(f"own_block must be torch or triton, got {own_block!r}")
+    if own_block == "triton":
+        from .chunk_ops import resolve_backend
+
+        resolve_backend("triton", query.device, query.dtype)  # (raises where it cannot run)
     scale = d ** -0.5 if scale is None else float(scale)
-    return _SplitAttention.apply(query, key, value, gate, int(num_steps), scale, kernel_for(query, kernel))
+    return _SplitAttention.apply(query, key, value, gate, int(num_steps), scale, kernel_for(query, kernel),
+                                 own_block)
 
 
 __all__ = ["FlashKernel", "MathKernel", "kernel_for", "split_attention"]
