@@ -14,12 +14,7 @@ PART=${PART:-check}
 BUDGET=${BUDGET:-250}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/split_gpu_$PART.log") 2>&1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+source benchmarks/gpu_env.sh
 VARIANTS="tbys_liger cyb_fused cyb_private cyb_private_split cyb_gated cyb_gated_dense"
 
 train_rows() {  # real tokens, batch, gpu

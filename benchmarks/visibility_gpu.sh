@@ -11,12 +11,7 @@ set -uo pipefail
 OUT=${OUT:-results/visibility-gpu}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/visibility_gpu.log") 2>&1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+source benchmarks/gpu_env.sh
 echo "== CUDA checks"
 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_visibility.py 2>&1 | tail -15
 VARIANTS="cyb_fused cyb_private tbys_private tbys_liger baseline_hf"

@@ -24,49 +24,55 @@ import triton.language as tl
 
 
 @triton.jit
+def _token_tile(L, H, G: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's row ``b`` and token ``t``, its head and dim offsets, their masks (heads;
+    heads x dim) and each head's key head."""
+    pid = tl.program_id(0)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hm = h < H
+    return pid // L, pid % L, h, d, hm, hm[:, None] & (d < D)[None, :], h // G
+
+
+@triton.jit
+def _tile(x, b, t, step, heads, d, mask, s_b, s_l, s_m, s_h):
+    """The float32 ``[heads, dim]`` tile of step ``step`` of token ``(b, t)`` of a tensor with
+    strides ``s_b, s_l, s_m, s_h`` (row, token, step, head) and a unit last one."""
+    return tl.load(x + b * s_b + t * s_l + step * s_m + heads[:, None] * s_h + d[None, :], mask=mask,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _own_block_fwd(q, k, v, oa, la, oc, lc, out, lse, L, H, scale,
                    sq_b, sq_l, sq_m, sq_h, sk_b, sk_l, sk_m, sk_h, sv_b, sv_l, sv_m, sv_h,
                    soa_b, soa_l, soa_h, soa_m, sla_b, sla_l, sla_h, sla_m,
                    soc_b, soc_l, soc_h, soc_m, slc_b, slc_l, slc_h, slc_m,
                    M: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
                    BLOCK_D: tl.constexpr, HAS_C: tl.constexpr):
-    pid = tl.program_id(0)
-    b = pid // L
-    t = pid % L
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    hm = h < H
-    hd = hm[:, None] & (d < D)[None, :]
-    kvh = h // G
+    b, t, h, d, hm, hd, kvh = _token_tile(L, H, G, D, BLOCK_H, BLOCK_D)
     for i in tl.static_range(M):
-        o = tl.load(oa + b * soa_b + t * soa_l + h[:, None] * soa_h + i * soa_m + d[None, :],
-                    mask=hd, other=0.0).to(tl.float32)
+        o = _tile(oa, b, t, i, h, d, hd, soa_b, soa_l, soa_m, soa_h)
         lse_a = tl.load(la + b * sla_b + t * sla_l + h * sla_h + i * sla_m, mask=hm, other=0.0).to(tl.float32)
         top = lse_a
         if HAS_C:
             lse_c = tl.load(lc + b * slc_b + t * slc_l + h * slc_h + i * slc_m, mask=hm,
                             other=float("-inf")).to(tl.float32)
             top = tl.maximum(top, lse_c)
-        qi = tl.load(q + b * sq_b + t * sq_l + i * sq_m + h[:, None] * sq_h + d[None, :], mask=hd,
-                     other=0.0).to(tl.float32)
+        qi = _tile(q, b, t, i, h, d, hd, sq_b, sq_l, sq_m, sq_h)
         for j in tl.static_range(1, i + 1):
-            kj = tl.load(k + b * sk_b + t * sk_l + j * sk_m + kvh[:, None] * sk_h + d[None, :], mask=hd,
-                         other=0.0).to(tl.float32)
+            kj = _tile(k, b, t, j, kvh, d, hd, sk_b, sk_l, sk_m, sk_h)
             top = tl.maximum(top, tl.sum(qi * kj, axis=1) * scale)
         w = tl.exp(lse_a - top)
         total = w
         acc = w[:, None] * o
         if HAS_C:
-            oci = tl.load(oc + b * soc_b + t * soc_l + h[:, None] * soc_h + i * soc_m + d[None, :],
-                          mask=hd, other=0.0).to(tl.float32)
+            oci = _tile(oc, b, t, i, h, d, hd, soc_b, soc_l, soc_m, soc_h)
             wc = tl.exp(lse_c - top)
             total += wc
             acc += wc[:, None] * oci
         for j in tl.static_range(1, i + 1):
-            kj = tl.load(k + b * sk_b + t * sk_l + j * sk_m + kvh[:, None] * sk_h + d[None, :], mask=hd,
-                         other=0.0).to(tl.float32)
-            vj = tl.load(v + b * sv_b + t * sv_l + j * sv_m + kvh[:, None] * sv_h + d[None, :], mask=hd,
-                         other=0.0).to(tl.float32)
+            kj = _tile(k, b, t, j, kvh, d, hd, sk_b, sk_l, sk_m, sk_h)
+            vj = _tile(v, b, t, j, kvh, d, hd, sv_b, sv_l, sv_m, sv_h)
             wj = tl.exp(tl.sum(qi * kj, axis=1) * scale - top)
             total += wj
             acc += wj[:, None] * vj
@@ -82,29 +88,18 @@ def _own_block_bwd(q, k, v, do, out, lse, dq, dk, dv, L, H, KV, scale,
                    sdo_b, sdo_l, sdo_m, sdo_h, sdq_b, sdq_l, sdq_h, sdq_m,
                    M: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
                    BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0)
-    b = pid // L
-    t = pid % L
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    hm = h < H
-    hd = hm[:, None] & (d < D)[None, :]
-    kvh = h // G
+    b, t, h, d, hm, hd, kvh = _token_tile(L, H, G, D, BLOCK_H, BLOCK_D)
     for i in tl.static_range(1, M):
         row = (b * L + t) * M + i
-        qi = tl.load(q + b * sq_b + t * sq_l + i * sq_m + h[:, None] * sq_h + d[None, :], mask=hd,
-                     other=0.0).to(tl.float32)
-        doi = tl.load(do + b * sdo_b + t * sdo_l + i * sdo_m + h[:, None] * sdo_h + d[None, :], mask=hd,
-                      other=0.0).to(tl.float32)
+        qi = _tile(q, b, t, i, h, d, hd, sq_b, sq_l, sq_m, sq_h)
+        doi = _tile(do, b, t, i, h, d, hd, sdo_b, sdo_l, sdo_m, sdo_h)
         oi = tl.load(out + row * H * D + h[:, None] * D + d[None, :], mask=hd, other=0.0).to(tl.float32)
         delta = tl.sum(doi * oi, axis=1)
         lse_i = tl.load(lse + ((b * L + t) * H + h) * M + i, mask=hm, other=0.0)
         dqi = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
         for j in tl.static_range(1, i + 1):
-            kj = tl.load(k + b * sk_b + t * sk_l + j * sk_m + kvh[:, None] * sk_h + d[None, :], mask=hd,
-                         other=0.0).to(tl.float32)
-            vj = tl.load(v + b * sv_b + t * sv_l + j * sv_m + kvh[:, None] * sv_h + d[None, :], mask=hd,
-                         other=0.0).to(tl.float32)
+            kj = _tile(k, b, t, j, kvh, d, hd, sk_b, sk_l, sk_m, sk_h)
+            vj = _tile(v, b, t, j, kvh, d, hd, sv_b, sv_l, sv_m, sv_h)
             p = tl.exp(tl.sum(qi * kj, axis=1) * scale - lse_i)
             ds = p * (tl.sum(doi * vj, axis=1) - delta)
             dqi += ds[:, None] * kj
