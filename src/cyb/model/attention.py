@@ -1,6 +1,7 @@
-"""Attention masks for private pauses (:mod:`cyb.visibility`).
+"""Attention of private and gated pause layouts (:mod:`cyb.visibility`), and which kernel runs it
+(:func:`choose_kernel`).
 
-Two ways to run the same mask:
+Three ways to run the same mask:
 
 * **Dense** (:func:`dense_masks`, the reference; what the CPU uses): a ``[B, 1, T, T]`` mask in
   the layout's own order, bool for sdpa and additive for eager attention, passed to the decoder
@@ -10,8 +11,12 @@ Two ways to run the same mask:
   which skips every tile that no query attends to.  Under private pauses a row of ``L`` real
   tokens and ``M`` steps then costs about ``M L^2 / 2`` attention products, against
   ``(M L)^2 / 2`` for the paper's shared layout.
+* **Split** (:func:`cyb.kernels.split_attention.split_attention`, Recipe 1 layouts): causal
+  FlashAttention calls over the real keys (and, gated, the earlier pauses) merged with the own
+  block's pauses by log-sum-exp; no mask at all.  What gated layouts run on CUDA in bf16/fp16.
 
-The decoder must route a ``BlockMask`` to FlexAttention and any other mask to its usual kernel:
+The decoder must route a ``BlockMask`` to FlexAttention, a split layout (the ``pause_split``
+argument) to the split attention and any other mask to its usual kernel:
 :func:`use_pause_attention` gives a model whose attention is sdpa the registered attention
 implementation :data:`PAUSE_ATTENTION` that does exactly that (through ``transformers``'
 ``AttentionInterface``, the library's extension point; nothing is patched).  The switch is
@@ -361,5 +366,5 @@ def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tenso
     return _pack(out)
 
 
-__all__ = ["PAUSE_ATTENTION", "PAUSE_KERNELS", "choose_kernel", "split_supported", "dense_masks", "flex_available", "flex_layout", "flex_masks", "layer_windows",
-           "per_layer_masks", "use_pause_attention"]
+__all__ = ["PAUSE_ATTENTION", "PAUSE_KERNELS", "choose_kernel", "dense_masks", "flex_available", "flex_layout",
+           "flex_masks", "layer_windows", "per_layer_masks", "split_supported", "use_pause_attention"]
