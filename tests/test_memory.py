@@ -122,6 +122,16 @@ def test_gated_pauses_through_the_split_attention_keep_no_mask():
     assert any("additive mask" in n for n in cpu.notes)
 
 
+def test_private_pauses_keep_one_more_attention_output_per_layer_on_cuda():
+    shape = memory.run_shape(cfg_of(block_len=512), 256000 - 4)
+    shared, private = (est(cfg_of(block_len=512, method={"pause_visibility": v})) for v in ("shared", "private"))
+    assert private.activations - shared.activations == shape.layers * 2048 * shape.q_dim * 2
+    assert any("private pauses" in n for n in private.notes)
+    on_cpu = [est(cfg_of(block_len=512, method={"pause_visibility": v}), device_type="cpu")
+              for v in ("shared", "private")]
+    assert on_cpu[0].activations == on_cpu[1].activations
+
+
 def test_gradient_checkpointing_reduces_activations():
     off, on = est(cfg_of()), est(cfg_of(model={**GEMMA_2B, "gradient_checkpointing": True}))
     assert on.activations < off.activations / 4

@@ -324,10 +324,12 @@ def gated_split_runs(cfg, shape: ModelShape, device_type: str, compute_bytes: in
 
 def gated_split_bytes(tokens: int, shape: ModelShape, compute_bytes: int) -> tuple[int, int]:
     """``(kept, workspace)``: what one gated layer through the split attention keeps for backward
-    beyond a shared one (the earlier pauses' attention output and two float32 log-sum-exps per
-    query head), and what its backward holds at once (float32 gradients of queries, keys and
-    values, and the step-head copies of the queries, outputs and their gradients)."""
-    kept = tokens * (shape.q_dim * compute_bytes + 8 * shape.heads)
+    beyond a shared one (the merged and the earlier pauses' attention outputs, and two float32
+    log-sum-exps per query head: 1.16 GiB counted for the 134 M Llama at 4 x 8,192 positions,
+    1.09 measured, docs/benchmarks.md), and what its backward holds at once (float32 gradients
+    of queries, keys and values, and the step-head copies of the queries, outputs and their
+    gradients)."""
+    kept = tokens * (2 * shape.q_dim * compute_bytes + 8 * shape.heads)
     workspace = tokens * (shape.q_dim * (4 + 3 * compute_bytes) + 8 * shape.kv_dim)
     return kept, workspace
 
@@ -414,6 +416,11 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
                      f"{n_pos} positions): a {n_pos} x {n_pos} mask per row")
     gated_mask = 0
     kept_layers = 1 if m.gradient_checkpointing else shape.layers
+    if cfg.method.uses_pauses and cfg.method.pause_visibility == "private" and device_type == "cuda":
+        # FlexAttention over the real-first order keeps each layer's attention output once more
+        # (0.56 GiB counted for the 134 M Llama at 4 x 8,192 positions, 0.61 measured)
+        activations += kept_layers * tokens * shape.q_dim * a
+        notes.append("private pauses: FlexAttention keeps each layer's attention output once more")
     if cfg.method.uses_pauses and cfg.method.pause_visibility == "gated":
         if gated_split_runs(cfg, shape, device_type, a):
             kept, gated_mask = gated_split_bytes(tokens, shape, a)
