@@ -276,7 +276,9 @@ class _SplitAttention(torch.autograd.Function):
         do5 = grad_out.reshape(b, n, m, h, d)
         q_heads, do_heads, o_heads = _step_heads(q5), _step_heads(do5), _step_heads(out)
         lse_heads = _lse_step_heads(lse)
-        delta = (do5.to(ct) * out.to(ct)).sum(-1)  # [B, L, M, H]
+        wants_dgate = out_c is not None and ctx.needs_input_grad[3]
+        # (the rows' sums of output times its gradient; the Triton kernel makes its own)
+        delta = (do5.to(ct) * out.to(ct)).sum(-1) if ctx.own_block != "triton" or wants_dgate else None
         dk = torch.zeros(k5.shape, dtype=ct, device=query.device)
         dv = torch.zeros(v5.shape, dtype=ct, device=query.device)
         dq_a, dk_a, dv_a = kernel.backward(do_heads, q_heads, _keys(k5, 0), _keys(v5, 0), o_heads,
@@ -301,7 +303,7 @@ class _SplitAttention(torch.autograd.Function):
                 dq[:, 1:] += _per_step(dq_c, m)
                 dk[:, :n - 1, j] += dk_c.transpose(1, 2)
                 dv[:, :n - 1, j] += dv_c.transpose(1, 2)
-            if dgate is not None:  # C's share of the attention times how far its output pulls
+            if wants_dgate:  # C's share of the attention times how far its output pulls
                 share = (lse_c + gate.to(ct).view(h, 1) - lse).exp()  # [B, L, H, M]
                 pull = (_per_step(do_heads, m).to(ct) * out_c.to(ct)).sum(-1) - delta.transpose(2, 3)
                 dgate = (share * pull).sum((0, 1, 3)).to(gate.dtype)

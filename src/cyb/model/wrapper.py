@@ -488,13 +488,10 @@ class PauseModel(torch.nn.Module):
         gated = visibility == "gated"
         run = dict(use_cache=False, **{self._cache_arg: None})
         if kernel == "split":  # padding moves to the end of each row, where causal calls never see it
-            lead = hf.leading_padding(steps.valid)
-            moved = bool(lead.any())
-            if moved:
-                input_ids, position_ids = (hf.roll_rows(x, lead) for x in (input_ids, position_ids))
+            input_ids, position_ids, _, lead = hf.padding_last(input_ids, position_ids, steps.valid)
             out = self.decoder(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
                                pause_split=(steps.layout_key[2], gated), **run).last_hidden_state
-            return hf.roll_rows(out, -lead) if moved else out
+            return out if lead is None else hf.roll_rows(out, -lead)
         if kernel == "dense":
             additive = self.dtype if hf.is_eager(self.hf_model) else None
             mask = attention.dense_masks(steps, visibility, position_ids, self.config,
