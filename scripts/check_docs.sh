@@ -5,5 +5,7 @@
 # part of the test suite: a full check trains a dozen small models (about 30 min on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# (the pages' examples use the extras the test suite installs: the serve example needs starlette and
+# uvicorn, the evaluation page lm-eval, and so on)
+CYB_EXTRAS=test,eval,lora,gguf,trl,wandb,reasoning,serve bash scripts/setup.sh
 exec .venv/bin/python scripts/check_docs.py "$@"
