@@ -498,9 +498,11 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
 
 
 def pack(out: Path, target: Path) -> None:
-    """Everything under ``out`` but weights, optimiser states and the data copies."""
+    """Everything under ``out`` but weights, optimiser states, the data copies and the tokenizer
+    each saved model carries (3.5 MB for SmolLM2's: a suite's pack would outgrow what a GPU call
+    returns)."""
     tmp = target.with_name(target.name + ".tmp")
-    skip = (".safetensors", ".pt", ".jsonl.gz")
+    skip = (".safetensors", ".pt", ".jsonl.gz", "tokenizer.json", "tokenizer.model")
     with tarfile.open(tmp, "w:gz") as tar:
         for p in sorted(out.rglob("*")):
             if p.is_file() and not p.name.endswith(skip) and "/ckpt-" not in str(p):

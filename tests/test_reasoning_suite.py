@@ -115,3 +115,19 @@ def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
     assert "| Baseline | 41.0 ± 1.0 | 40.0%, 41.0%, 42.0% | --- |" in text
     assert "| CYB 3 pauses, private, pause adapters r16 | 51.0 ± 1.0 | 50.0%, 51.0%, 52.0% | 10.0 ± 0.0 |" in text
     assert "--only rg-gcd-cyb-p3-gated-sN" in text and (tmp_path / "score_time.png").stat().st_size > 0
+
+
+def test_the_pack_leaves_out_weights_and_tokenizers(tmp_path):
+    import tarfile
+
+    run = tmp_path / "out" / "rg-x-baseline-s0"
+    (run / "final").mkdir(parents=True)
+    (run / "eval").mkdir()
+    for name in ("final/model.safetensors", "final/tokenizer.json", "final/config.json", "eval/metrics.json",
+                 "ckpt-200/state.pt", "metrics.jsonl"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("{}")
+    run_suite.pack(tmp_path / "out", tmp_path / "r.tar.gz")
+    with tarfile.open(tmp_path / "r.tar.gz") as tar:
+        names = sorted(n.split("rg-x-baseline-s0/")[1] for n in tar.getnames())
+    assert names == ["eval/metrics.json", "final/config.json", "metrics.jsonl"]

@@ -289,6 +289,24 @@ def test_triton_own_block_matches_the_tensor_version(case, visibility):
         torch.testing.assert_close(g_got, g_want, atol=1e-5, rtol=1e-5)
 
 
+def test_triton_own_block_takes_a_broadcast_gradient():
+    """``out.sum().backward()`` hands the backward an expanded gradient (stride 0 everywhere):
+    the kernels copy what lacks a unit last stride instead of refusing it."""
+    pytest.importorskip("triton")
+    from cyb.kernels import triton_available
+
+    if not triton_available():
+        pytest.skip("needs triton")
+    q, k, v = _inputs(1, 2, 1, 3, 3, 8, dtype=torch.float32, seed=3)
+    split_attention(q, k, v, 3, kernel="math", own_block="triton").sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    split_attention(q, k, v, 3, kernel="math").sum().backward()
+    for g, t in zip(got, (q, k, v)):
+        torch.testing.assert_close(g, t.grad, atol=1e-5, rtol=1e-5)
+
+
 def test_own_block_choice_is_checked():
     q, k, v = _inputs(1, 2, 2, 3, 2, 8)
     with pytest.raises(ValueError, match="own_block must be"):

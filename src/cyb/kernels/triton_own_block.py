@@ -120,6 +120,8 @@ def own_block_forward(q5, k5, v5, out_a, lse_a, out_c, lse_c, scale: float):
     in ``lse_c``) and the own block's pauses, merged.  ``q5 [B, L, M, H, dim]``, ``k5`` and
     ``v5 [B, L, M, kv_heads, dim]``; any strides with a unit last one."""
     b, n, m, h, d = q5.shape
+    q5, k5, v5, out_a = (_unit_last(x) for x in (q5, k5, v5, out_a))
+    out_c = _unit_last(out_c) if out_c is not None else None
     out = torch.empty((b, n, m, h, d), dtype=q5.dtype, device=q5.device)
     lse = torch.empty((b, n, h, m), dtype=torch.float32, device=q5.device)
     has_c = out_c is not None
@@ -140,6 +142,7 @@ def own_block_backward_(q5, k5, v5, do5, out, lse, dq, dk, dv, scale: float) -> 
     b, n, m, h, d = q5.shape
     if m < 2:
         return
+    q5, k5, v5, do5 = (_unit_last(x) for x in (q5, k5, v5, do5))  # (the gradient of a sum is a broadcast)
     for x in (out, lse, dk, dv):
         if not x.is_contiguous():
             raise ValueError("own_block_backward_ needs contiguous out, lse, dk and dv")
@@ -148,6 +151,11 @@ def own_block_backward_(q5, k5, v5, do5, out, lse, dq, dk, dv, scale: float) -> 
         q5, k5, v5, do5, out, lse, dq, dk, dv, n, h, k5.shape[3], float(scale),
         *_strides4(q5), *_strides4(k5), *_strides4(v5), *_strides4(do5), *_strides4(dq),
         M=m, G=h // k5.shape[3], D=d, BLOCK_H=block_h, BLOCK_D=block_d)
+
+
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its last stride is 1 (the kernels read any other strides), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _strides4(x: torch.Tensor) -> tuple[int, int, int, int]:
