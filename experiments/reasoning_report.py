@@ -4,8 +4,10 @@
 
 Writes ``tables.md`` (one table per task: each row's exact share and mean verifier score, mean
 and standard deviation over seeds, every seed, its gain over the baseline in points, steps per
-answer token, the measured decode time per answer and the command) and ``score_time.png`` (exact
-share against measured decode time per answer, one point per row and seed, one panel per task)
+answer token, the measured decode time per answer, alone on its GPU (``RUN/eval/timing.json`` of
+``experiments/reasoning_timing.py``) and as ``cyb eval`` took it beside the suite's other runs,
+and the command) and ``score_time.png`` (exact share against measured decode time per answer,
+one point per row and seed, one panel per task; hollow where no time alone was measured)
 into the folder.  The pilot's choice (``reasoning-choice.json``) heads the tables.
 """
 
@@ -30,7 +32,17 @@ def load(folder: Path) -> list[dict]:
             r = json.loads(line)
             if r.get("reasoning_gym") and r["name"].startswith("rg-"):
                 rows[r["name"]] = r
+    for name, r in rows.items():  # the decode time measured alone (experiments/reasoning_timing.py)
+        timing = Path(folder) / name / "eval" / "timing.json"
+        if timing.is_file():
+            r["timing"] = json.loads(timing.read_text())
     return list(rows.values())
+
+
+def alone_ms(row: dict) -> float | None:
+    """Decode time per answer measured alone on the GPU, in ms (None when not measured)."""
+    t = row.get("timing")
+    return t["seconds_per_answer"] * 1e3 if t else None
 
 
 def _task(row: dict) -> str:
@@ -59,7 +71,8 @@ def tables(rows: list[dict]) -> str:
         mine = [r for r in rows if _task(r) == task]
         base = {r["seed"]: r["reasoning_gym"]["exact"] for r in mine if _label(r) == "Baseline"}
         out.append(f"### {task}\n\n| method | exact % | per seed | vs Baseline (points) | mean score | steps per "
-                   "answer token | ms per answer | command |\n|---|---:|---|---:|---:|---:|---:|---|")
+                   "answer token | ms per answer, alone | ms per answer, beside training | command |\n"
+                   "|---|---:|---|---:|---:|---:|---:|---:|---|")
         for label in order:
             runs = sorted((r for r in mine if _label(r) == label), key=lambda r: r["seed"])
             if not runs:
@@ -74,6 +87,7 @@ def tables(rows: list[dict]) -> str:
                        f"{'---' if label == 'Baseline' else _mean_sd(gain)} | "
                        f"{_mean_sd([x['mean_score'] for x in g], 1.0, 3)} | "
                        f"{_mean_sd([x['mean_steps'] for x in g], 1.0, 2)} | "
+                       f"{_mean_sd([alone_ms(r) / 1e3 for r in runs if alone_ms(r) is not None], 1e3, 2)} | "
                        f"{_mean_sd([x['seconds_per_answer'] for x in g], 1e3, 2)} | `{command}` |")
         out.append("")
     return "\n".join(out)
@@ -93,11 +107,14 @@ def figure(rows: list[dict], path: Path) -> None:
     for ax, task in zip(axes[0], tasks):
         for r in rows:
             if _task(r) == task:
-                g = r["reasoning_gym"]
-                ax.scatter(g["seconds_per_answer"] * 1e3, 100 * g["exact"], color=colours[_label(r)], s=18,
+                g, ms = r["reasoning_gym"], alone_ms(r)
+                alone = ms is not None
+                ax.scatter(ms if alone else g["seconds_per_answer"] * 1e3, 100 * g["exact"], s=18,
+                           color=colours[_label(r)] if alone else "none", edgecolors=colours[_label(r)],
                            label=_label(r))
         ax.set_title(task)
-        ax.set_xlabel("measured decode time per answer (ms, 256 at once)")
+        ax.set_xlabel("measured decode time per answer (ms, 256 at once)\n"
+                      "filled: alone on the GPU; hollow: beside training runs")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("exact answers (%)")
     handles = {}

@@ -74,6 +74,7 @@ import gzip
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -333,8 +334,10 @@ def reasoning_jobs(seed: int, s: dict, out: Path, *, pilot: bool = False) -> lis
                           save_every=s["save_every"] * times)
             cfg = smollm2_config(scaled, out / name, seed, method(**m), rs.task_config(task, s), lr=s["lr"],
                                  save_every=scaled["save_every"], log_every=50)
+            # every row's seed 0 first, then seed 1, ...; the compute-matched baseline (4x the steps) last
+            order = 100 * (times > 1) + 10 * seed + rank
             jobs.append(Job(name, "reasoning-pilot" if pilot else "reasoning", f"{label} [{task}]", seed, cfg,
-                            cost=cost, priority=-rank, reasoning=True, row={"task": task}))
+                            cost=cost, priority=-order, reasoning=True, row={"task": task}))
     return jobs
 
 
@@ -525,6 +528,15 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                      key=lambda j: (not j.first, -j.priority, -j.cost))
     failed: set[str] = set()
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}  # slot -> (job, process, start)
+
+    def stop(signum, _frame):  # the jobs run in sessions of their own: take them down with the driver
+        for _, proc, _ in running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, stop)
     log_dir = out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()

@@ -43,6 +43,8 @@ def test_the_suite_holds_every_row_three_seeds_and_the_compute_matched_baseline(
     row = run_suite.final_row(by_name["rg-gcd-cyb-p3-gated-s1"], run_suite.Path("outputs/reasoning"),
                               "smollm2-reasoning")
     assert row["command"].endswith("--scale smollm2-reasoning --tasks gcd") and "--only rg-gcd-cyb-p3-gated-s1" in row["command"]
+    first = sorted(suite, key=lambda j: -j.priority)  # seed 0 of every row first, the 4x baseline last
+    assert {j.seed for j in first[:18]} == {0} and all("4xsteps" in j.name for j in first[-9:])
     pilot = jobs("reasoning-pilot", seeds=(0,))
     assert [j.name for j in pilot] == [rs.run_name(t, "baseline", 0) for t in rs.TASKS]
     assert {j.name for j in pilot} & {j.name for j in suite} == {"rg-chain_sum-baseline-s0", "rg-leg_counting-baseline-s0",
@@ -89,6 +91,20 @@ def test_one_row_trains_on_a_cpu_and_is_scored_by_the_verifier(tmp_path, monkeyp
     assert 0.0 <= judged["mean_score"] <= 1.0 and judged["seconds_per_answer"] > 0
     saved = json.loads((out / job.name / "final" / "pause_adapters.json").read_text())
     assert saved["rank"] == 16
+    # the decode time alone (experiments/reasoning_timing.py): the same answers, timed again
+    from experiments import reasoning_timing
+
+    import os
+    import subprocess
+    import sys
+
+    assert reasoning_timing.pending(out) == [out / job.name]
+    done = subprocess.run([sys.executable, reasoning_timing.__file__, str(out), "--gpus", "0", "--repeats", "2"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0, done.stderr[-2000:]
+    timing = json.loads((out / job.name / "eval" / "timing.json").read_text())
+    assert timing["same_as_eval"] and len(timing["seconds_all"]) == 2 and timing["seconds_per_answer"] > 0
+    assert reasoning_timing.pending(out) == [] and "ms per answer" in done.stdout
 
 
 def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
@@ -115,6 +131,14 @@ def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
     assert "| Baseline | 41.0 ± 1.0 | 40.0%, 41.0%, 42.0% | --- |" in text
     assert "| CYB 3 pauses, private, pause adapters r16 | 51.0 ± 1.0 | 50.0%, 51.0%, 52.0% | 10.0 ± 0.0 |" in text
     assert "--only rg-gcd-cyb-p3-gated-sN" in text and (tmp_path / "score_time.png").stat().st_size > 0
+    # a time measured alone (experiments/reasoning_timing.py) gets its own column
+    for seed in (0, 1, 2):
+        (tmp_path / rs.run_name("gcd", "baseline", seed) / "eval").mkdir(parents=True)
+        (tmp_path / rs.run_name("gcd", "baseline", seed) / "eval" / "timing.json").write_text(
+            json.dumps({"seconds_per_answer": 0.002 + 0.001 * seed}))
+    assert reasoning_report.main([str(tmp_path)]) == 0
+    gcd = (tmp_path / "tables.md").read_text().split("### gcd")[1]
+    assert "| 1.20 ± 0.00 | 3.00 ± 1.00 | 5.00 ± 1.00 |" in gcd.splitlines()[4]
 
 
 def test_the_pack_leaves_out_weights_and_tokenizers(tmp_path):

@@ -202,3 +202,49 @@ def test_early_pausing_orders_the_cyb_seeds_by_final_perplexity():
     assert [r.split(" | ")[0] for r in rows] == ["| 2", "| 0", "| 1"]
     assert rows[-1].endswith("150.2 / 48.1 |")
     assert "TBYS seeds' largest gradient norm" in early_pausing.others(early_pausing.DEFAULT)
+
+
+_DRIVER = """
+import subprocess, sys, time
+from pathlib import Path
+from experiments import run_suite
+
+def launch(job, out, device, log_dir, whole_valid):
+    proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    Path(sys.argv[2]).write_text(str(proc.pid))
+    return proc
+
+run_suite.launch = launch
+run_suite.schedule([run_suite.Job("j", "s", "J", 0, {})], Path(sys.argv[1]), ["cpu/0"], float("inf"), None)
+"""
+
+
+def test_a_stopped_driver_takes_its_jobs_down(tmp_path):
+    """The jobs run in sessions of their own (a job's kill takes its children): a driver stopped
+    by a time limit's SIGTERM must stop them too, or they train on beside the next call's jobs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "pid"
+    repo = str(run_suite.REPO)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.path.join(repo, "src")]))
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, str(tmp_path), str(pid_file)], cwd=repo, env=env)
+    for _ in range(300):
+        if pid_file.is_file() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    job = int(pid_file.read_text())
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=30) == 128 + signal.SIGTERM
+    for _ in range(50):
+        try:
+            os.kill(job, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(job, 9)
+        raise AssertionError("the job outlived its driver")

@@ -19,6 +19,7 @@ a model that runs on past its answer is cut there, and the verifier judges what 
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from pathlib import Path
 
@@ -59,13 +60,14 @@ def _decode(model, prompts: list[list[int]], mode: str, max_new_tokens: int, max
 
 
 def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mode: str = "adaptive",
-                    max_batch: int = MAX_BATCH) -> dict:
+                    max_batch: int = MAX_BATCH, repeats: int = 1) -> dict:
     """Generate and score the answers to the held-out questions of ``config``'s reasoning-gym
-    task (the first ``max_rows``).
+    task (the first ``max_rows``); with ``repeats`` > 1 the timed decoding runs that many times
+    and ``seconds`` is the median (``seconds_all`` every one; the answers are the first's).
 
     Returns ``{"task", "settings", "mode", "num_examples", "mean_score", "exact",
     "mean_steps", "positions_per_token", "tokens", "seconds", "seconds_per_answer",
-    "capture_seconds", "max_new_tokens", "max_batch", "device", "rows"}``: ``mean_steps`` the
+    "seconds_all", "capture_seconds", "max_new_tokens", "max_batch", "device", "rows"}``: ``mean_steps`` the
     steps per generated token (1..M), ``seconds`` the wall time of the whole decoding without
     the CUDA-graph captures (``capture_seconds``), ``rows`` one dict per
     question (``index``, ``question``, ``answer``: the reference, ``generated``, ``score``,
@@ -75,6 +77,8 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     cfg = copy.deepcopy(config)
     if max_rows is not None:  # the first rows of a longer draw are the rows of a shorter one
         cfg.data.num_valid_examples = max(1, min(cfg.data.num_valid_examples, int(max_rows)))
@@ -86,6 +90,10 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
     if model.device.type == "cuda":  # kernels, allocations and the first graphs: not timed
         _decode(model, prompts, mode, min(2, longest), max_batch)
     out = _decode(model, prompts, mode, longest, max_batch)
+    timings = [out["seconds"] - out["capture_seconds"]]
+    for _ in range(repeats - 1):
+        again = _decode(model, prompts, mode, longest, max_batch)
+        timings.append(again["seconds"] - again["capture_seconds"])
     model.train(was_training)
     decode = decode_fn(tokenizer or model.tokenizer)
     rows = []
@@ -98,12 +106,12 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
     tokens = sum(len(r["steps"]) for r in rows)
     used = sum(len(r["steps"]) * model.num_steps if mode == "fixed" else sum(r["steps"]) for r in rows)
     n = len(rows)
-    decoding = out["seconds"] - out["capture_seconds"]
+    decoding = statistics.median(timings)
     return {"task": valid.task, "settings": dict(valid.settings), "mode": mode, "num_examples": n,
             "mean_score": sum(r["score"] for r in rows) / n, "exact": sum(r["exact"] for r in rows) / n,
             "mean_steps": sum(sum(r["steps"]) for r in rows) / max(tokens, 1),
             "positions_per_token": used / max(tokens, 1), "tokens": tokens, "seconds": decoding,
-            "seconds_per_answer": decoding / n, "capture_seconds": out["capture_seconds"],
+            "seconds_per_answer": decoding / n, "seconds_all": timings, "capture_seconds": out["capture_seconds"],
             "max_new_tokens": longest, "max_batch": max_batch, "device": str(model.device), "rows": rows}
 
 
