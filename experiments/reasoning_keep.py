@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import shutil
 import sys
 import tarfile
@@ -31,6 +32,19 @@ if REPO_ROOT not in sys.path:  # run as a script: the repository root holds expe
 KEEP = ("config.yaml", "metrics.jsonl", "final_metrics.json", "run.json", "eval/summary.txt",
         "eval/pause_stats.md", "eval/timing.json")
 ANSWERS = "eval/reasoning_gym.jsonl"
+
+
+#: Machine paths in what a run wrote, and what the repository keeps instead: the staged model is
+#: SmolLM2-135M by its short name, run folders relative to the repository.
+_PORTABLE = ((re.compile(r"/tmp/cyb/smollm2"), "smollm2-135m"),
+             (re.compile(r"(?<![\w.])/[^\s\"']*?/(outputs/reasoning/)"), r"\1"))
+
+
+def portable(text: str) -> str:
+    """``text`` without the paths of the machine it ran on."""
+    for pattern, repl in _PORTABLE:
+        text = pattern.sub(repl, text)
+    return text
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
@@ -53,7 +67,7 @@ def keep(folder: Path, into: Path) -> int:
     """Fold the suite folder ``folder`` into ``into``; returns the number of runs copied."""
     into.mkdir(parents=True, exist_ok=True)
     rows = merge_rows(_read_rows(into / "summary.jsonl"), _read_rows(folder / "summary.jsonl"))
-    (into / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (into / "summary.jsonl").write_text(portable("".join(json.dumps(r) + "\n" for r in rows)))
     for name in ("reasoning-choice.json", "scale.json"):
         if (folder / name).is_file():
             shutil.copy2(folder / name, into / name)
@@ -64,8 +78,9 @@ def keep(folder: Path, into: Path) -> int:
         for rel in KEEP:
             if (run / rel).is_file():
                 (into / run.name / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(run / rel, into / run.name / rel)
+                (into / run.name / rel).write_text(portable((run / rel).read_text()))
         if (run / ANSWERS).is_file():
+            (into / run.name / ANSWERS).parent.mkdir(parents=True, exist_ok=True)
             with open(run / ANSWERS, "rb") as src, gzip.open(into / run.name / (ANSWERS + ".gz"), "wb") as dst:
                 shutil.copyfileobj(src, dst)
         copied += 1

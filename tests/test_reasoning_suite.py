@@ -155,3 +155,36 @@ def test_the_pack_leaves_out_weights_and_tokenizers(tmp_path):
     with tarfile.open(tmp_path / "r.tar.gz") as tar:
         names = sorted(n.split("rg-x-baseline-s0/")[1] for n in tar.getnames())
     assert names == ["eval/metrics.json", "final/config.json", "metrics.jsonl"]
+
+
+def test_keep_folds_a_pack_into_the_results_without_machine_paths(tmp_path):
+    from experiments import reasoning_keep
+
+    suite = tmp_path / "outputs" / "reasoning"
+    run = suite / "rg-gcd-baseline-s0"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.yaml").write_text("model:\n  name_or_path: /tmp/cyb/smollm2\ntrain:\n"
+                                     "  out_dir: /work/x/outputs/reasoning/rg-gcd-baseline-s0\n")
+    (run / "final_metrics.json").write_text("{}")
+    (run / "eval" / "reasoning_gym.jsonl").write_text('{"index": 0}\n')
+    (suite / "rg-gcd-cyb-p3-private-s0").mkdir()  # cut by a deadline: not kept
+    judged = {"task": "reasoning-gym:gcd", "exact": 0.5, "mean_score": 0.5, "mean_steps": 1.0,
+              "seconds_per_answer": 0.01}
+    rows = [{"name": "rg-gcd-baseline-s0", "label": "Baseline [gcd]", "seed": 0, "command": "c",
+             "config": "/work/x/outputs/reasoning/reasoning/configs/rg-gcd-baseline-s0.yaml"},
+            {"name": "rg-gcd-baseline-s0", "label": "Baseline [gcd]", "seed": 0, "command": "c", "final": {},
+             "reasoning_gym": judged}]
+    (suite / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    into = tmp_path / "results"
+    (into).mkdir()
+    (into / "summary.jsonl").write_text(json.dumps({"name": "rg-gcd-baseline-s1", "label": "Baseline [gcd]",
+                                                     "seed": 1, "command": "c", "final": {},
+                                                     "reasoning_gym": judged}) + "\n")
+    assert reasoning_keep.main([str(suite), "--into", str(into)]) == 0
+    kept = [json.loads(x) for x in (into / "summary.jsonl").read_text().splitlines()]
+    assert [(r["name"], "final" in r) for r in kept] == [("rg-gcd-baseline-s1", True), ("rg-gcd-baseline-s0", True)]
+    assert sorted(p.name for p in into.iterdir()) == ["rg-gcd-baseline-s0", "score_time.png", "summary.jsonl",
+                                                      "tables.md"]
+    config = (into / "rg-gcd-baseline-s0" / "config.yaml").read_text()
+    assert "name_or_path: smollm2-135m" in config and "out_dir: outputs/reasoning/rg-gcd-baseline-s0" in config
+    assert (into / "rg-gcd-baseline-s0" / "eval" / "reasoning_gym.jsonl.gz").is_file()
