@@ -416,3 +416,24 @@ def test_cuda_graph_engine_equals_the_reference(visibility, scheme):
             want = generate(pm, prompts, decoder="eager", **opts)
             have = generate(pm, prompts, **opts)
             assert [(r.token_ids, r.steps) for r in have] == [(r.token_ids, r.steps) for r in want]
+
+
+@pytest.mark.parametrize("visibility", ["shared", "private", "gated"])
+def test_never_pause_reads_every_token_out_at_its_first_step(visibility):
+    """The ablation option: the answers of a model whose dk prior is minus infinity, one step per
+    token, while the reported ``d`` stays the model's own."""
+    pm = layout_model(visibility)
+    prompts = [encode(p) for p in PROMPTS]
+    paused, _ = engine_run(pm, prompts, "adaptive", Sampling())
+    assert any(s > 1 for i in paused for s in paused[i][1])  # the test model does pause
+    got, _ = engine_run(pm, prompts, "adaptive", Sampling(), options=EngineOptions(never_pause=True))
+    assert all(got[i][1] == [1] * 8 for i in got)
+    bias = pm._dk_bias
+    pm._dk_bias = -math.inf
+    try:
+        for i, p in enumerate(prompts):
+            tokens, steps, _ = reference(pm, p, 8, "adaptive", Sampling(), 0)
+            assert got[i][0] == tokens and got[i][1] == steps
+    finally:
+        pm._dk_bias = bias
+    assert all(got[i][2][0][0] == pytest.approx(paused[i][2][0][0], abs=1e-5) for i in got)  # d_1 as the model says

@@ -70,6 +70,9 @@ class EngineOptions:
             smaller ones cover the whole capacity.  Without graphs it covers the columns in
             use rounded up to 16.
         capacity_multiple: columns per row are rounded up to a multiple of this.
+        never_pause: an ablation: every token is read out at its first step (no pause taken
+            whatever the model's dk says; fixed-mode rows still feed their pauses), e.g. to ask
+            what a pause model's answers owe to its pauses at inference.
     """
 
     max_slots: int = 256
@@ -82,6 +85,7 @@ class EngineOptions:
     attention_bucket: int = 256
     bucket_min_rows: int = 8
     capacity_multiple: int = 128
+    never_pause: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "prefill_chunk", "prefill_rows", "attention_bucket", "bucket_min_rows",
@@ -164,7 +168,7 @@ class Engine:
         limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
         self._position_limit = limit if isinstance(limit, int) else None
         device = model.device
-        self.rows = Rows(self.layout, RowReadout(model.vocab, model.dk_bias, device), self.slots,
+        self.rows = Rows(self.layout, RowReadout(model.vocab, model.dk_bias, device, opts.never_pause), self.slots,
                          self.capacity, self.capacity + self.q - 1,
                          limit - 1 if isinstance(limit, int) else None, device)
         graphs = opts.cuda_graph if opts.cuda_graph is not None else device.type == "cuda"
