@@ -315,6 +315,17 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
                 "num_train_examples": s["train_examples"], "num_valid_examples": s["valid_examples"]}
         cfg = smollm2_config(s, out / name, seed, m, data, lr=s["lr"], save_every=0, log_every=50)
         jobs.append(Job(name, "smollm2-arith", label, seed, cfg, cost=0.5, task=True))
+    # the baseline given the pause rows' training compute (M = 4 positions per real token): 4x the
+    # steps over the same sums, and 4x the steps over 4x as many (the generator has no end)
+    for label, short, data_times in [("Baseline, 4x the steps (compute-matched)", "4xsteps", 1),
+                                     ("Baseline, 4x the steps and the data (compute-matched)", "4xdata", 4)]:
+        name = f"ar-baseline-{short}-s{seed}"
+        scaled = dict(s, ft_steps=4 * s["ft_steps"], eval_every=4 * s["eval_every"])
+        data = {"task": s["task"], "task_kwargs": {"digits": s["digits"]},
+                "num_train_examples": data_times * s["train_examples"], "num_valid_examples": s["valid_examples"]}
+        cfg = smollm2_config(scaled, out / name, seed, method("baseline"), data, lr=s["lr"], save_every=0,
+                             log_every=50)
+        jobs.append(Job(name, "smollm2-arith", label, seed, cfg, cost=2.0, priority=-1, task=True))
     return jobs
 
 
