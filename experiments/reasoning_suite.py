@@ -10,9 +10,10 @@ steps per answer token and the measured decode time per answer (docs/evaluation.
   whose exact share lies in :data:`PILOT_RANGE` (20-80%: room above and below), and writes the
   choice to ``OUT/reasoning-choice.json``.
 * ``reasoning``: on the chosen tasks (``--tasks``, else that file), 3 seeds of: the baseline,
-  the baseline given the pause rows' training compute (4x the steps over the same data: 4
-  epochs), TBYS 3 pauses private, CYB 3 pauses private and gated, CYB-decoupled 3 pauses private,
-  and CYB 3 pauses private with pause-step adapters (rank 16, the rest fully fine-tuned).  The
+  the baseline given the pause rows' training compute (4x the steps over the same questions:
+  4 epochs; and 4x the steps over 4x as many questions: one epoch), TBYS 3 pauses private, CYB
+  3 pauses private and gated, CYB-decoupled 3 pauses private, and CYB 3 pauses private with
+  pause-step adapters (rank 16, the rest fully fine-tuned).  The
   pilot's baseline runs are the suite's seed-0 baseline runs (the same names): they are not run
   twice.
 
@@ -43,18 +44,23 @@ CHOSEN = 3
 CHOICE_FILE = "reasoning-choice.json"
 
 
-def rows() -> list[tuple[str, str, dict, float, int]]:
-    """``(label, short name, method fields, cost, steps multiplier)`` of every row of the suite."""
+def rows() -> list[tuple[str, str, dict, float, int, int]]:
+    """``(label, short name, method fields, cost, steps multiplier, questions multiplier)`` of
+    every row of the suite."""
     private, gated = {"pause_visibility": "private"}, {"pause_visibility": "gated"}
     adapters = {"pause_visibility": "private", "pause_adapter_rank": 16, "pause_adapter_alpha": 32.0}
     return [
-        ("Baseline", "baseline", {"name": "baseline"}, 0.4, 1),
-        ("Baseline, 4x the steps (compute-matched)", "baseline-4xsteps", {"name": "baseline"}, 1.6, 4),
-        ("TBYS 3 pauses, private", "tbys-p3-private", {"name": "tbys", **private}, 0.6, 1),
-        ("CYB 3 pauses, private", "cyb-p3-private", {"name": "cyb", **private}, 0.6, 1),
-        ("CYB 3 pauses, gated", "cyb-p3-gated", {"name": "cyb", **gated}, 0.8, 1),
-        ("CYB-decoupled 3 pauses, private", "cyb_decoupled-p3-private", {"name": "cyb_decoupled", **private}, 0.6, 1),
-        ("CYB 3 pauses, private, pause adapters r16", "cyb-p3-private-adapters16", {"name": "cyb", **adapters}, 0.7, 1),
+        ("Baseline", "baseline", {"name": "baseline"}, 0.4, 1, 1),
+        ("Baseline, 4x the steps (compute-matched)", "baseline-4xsteps", {"name": "baseline"}, 1.6, 4, 1),
+        ("Baseline, 4x the steps and the questions (compute-matched)", "baseline-4xdata", {"name": "baseline"},
+         1.6, 4, 4),
+        ("TBYS 3 pauses, private", "tbys-p3-private", {"name": "tbys", **private}, 0.6, 1, 1),
+        ("CYB 3 pauses, private", "cyb-p3-private", {"name": "cyb", **private}, 0.6, 1, 1),
+        ("CYB 3 pauses, gated", "cyb-p3-gated", {"name": "cyb", **gated}, 0.8, 1, 1),
+        ("CYB-decoupled 3 pauses, private", "cyb_decoupled-p3-private", {"name": "cyb_decoupled", **private},
+         0.6, 1, 1),
+        ("CYB 3 pauses, private, pause adapters r16", "cyb-p3-private-adapters16", {"name": "cyb", **adapters},
+         0.7, 1, 1),
     ]
 
 
@@ -63,10 +69,11 @@ def run_name(task: str, short: str, seed: int) -> str:
     return f"rg-{task}-{short}-s{seed}"
 
 
-def task_config(task: str, s: dict) -> dict:
-    """The ``data`` section of a run on ``task`` at scale ``s``."""
+def task_config(task: str, s: dict, data_times: int = 1) -> dict:
+    """The ``data`` section of a run on ``task`` at scale ``s`` (``data_times`` as many training
+    questions; the held-out ones stay the same)."""
     return {"task": f"reasoning-gym:{task}", "task_kwargs": dict(TASKS[task]),
-            "num_train_examples": s["train_examples"], "num_valid_examples": s["valid_examples"]}
+            "num_train_examples": data_times * s["train_examples"], "num_valid_examples": s["valid_examples"]}
 
 
 def tasks_of(out: Path, given: str | None) -> list[str]:

@@ -337,14 +337,14 @@ def reasoning_jobs(seed: int, s: dict, out: Path, *, pilot: bool = False) -> lis
     tasks = list(rs.TASKS) if pilot else s["tasks"]
     jobs = []
     for task in tasks:
-        for rank, (label, short, m, cost, times) in enumerate(rs.rows()):
+        for rank, (label, short, m, cost, times, data_times) in enumerate(rs.rows()):
             if pilot and short != "baseline":
                 continue
             name = rs.run_name(task, short, seed)
             scaled = dict(s, ft_steps=s["ft_steps"] * times, eval_every=s["eval_every"] * times,
                           save_every=s["save_every"] * times)
-            cfg = smollm2_config(scaled, out / name, seed, method(**m), rs.task_config(task, s), lr=s["lr"],
-                                 save_every=scaled["save_every"], log_every=50)
+            cfg = smollm2_config(scaled, out / name, seed, method(**m), rs.task_config(task, s, data_times),
+                                 lr=s["lr"], save_every=scaled["save_every"], log_every=50)
             # every row's seed 0 first, then seed 1, ...; the compute-matched baseline (4x the steps) last
             order = 100 * (times > 1) + 10 * seed + rank
             jobs.append(Job(name, "reasoning-pilot" if pilot else "reasoning", f"{label} [{task}]", seed, cfg,

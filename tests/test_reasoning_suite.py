@@ -26,15 +26,19 @@ def jobs(suite: str, seeds=(0, 1, 2), scale="smollm2-reasoning", tasks=("chain_s
 
 def test_the_suite_holds_every_row_three_seeds_and_the_compute_matched_baseline():
     suite = jobs("reasoning")
-    assert len(suite) == 3 * 7 * 3 and len({j.name for j in suite}) == len(suite)
+    assert len(suite) == 3 * 8 * 3 and len({j.name for j in suite}) == len(suite)
     labels = {j.label.split(" [")[0] for j in suite}
-    assert labels == {"Baseline", "Baseline, 4x the steps (compute-matched)", "TBYS 3 pauses, private",
+    assert labels == {"Baseline", "Baseline, 4x the steps (compute-matched)",
+                      "Baseline, 4x the steps and the questions (compute-matched)", "TBYS 3 pauses, private",
                       "CYB 3 pauses, private", "CYB 3 pauses, gated", "CYB-decoupled 3 pauses, private",
                       "CYB 3 pauses, private, pause adapters r16"}
     by_name = {j.name: j for j in suite}
     base, matched = by_name["rg-gcd-baseline-s1"].cfg, by_name["rg-gcd-baseline-4xsteps-s1"].cfg
     assert matched["train"]["steps"] == 4 * base["train"]["steps"] == 2400
     assert matched["data"] == base["data"]  # the same questions, four passes over them
+    more = by_name["rg-gcd-baseline-4xdata-s1"].cfg  # four times as many questions, one pass
+    assert more["train"]["steps"] == 2400 and more["data"]["num_train_examples"] == 4 * base["data"]["num_train_examples"]
+    assert more["data"]["num_valid_examples"] == base["data"]["num_valid_examples"]
     adapters = by_name["rg-chain_sum-cyb-p3-private-adapters16-s2"].cfg
     assert adapters["method"]["pause_adapter_rank"] == 16 and adapters["method"]["pause_visibility"] == "private"
     for j in suite[:7]:  # every row's configuration is one cyb train accepts (the task and its settings too)
@@ -44,7 +48,7 @@ def test_the_suite_holds_every_row_three_seeds_and_the_compute_matched_baseline(
                               "smollm2-reasoning")
     assert row["command"].endswith("--scale smollm2-reasoning --tasks gcd") and "--only rg-gcd-cyb-p3-gated-s1" in row["command"]
     first = sorted(suite, key=lambda j: -j.priority)  # seed 0 of every row first, the 4x baseline last
-    assert {j.seed for j in first[:18]} == {0} and all("4xsteps" in j.name for j in first[-9:])
+    assert {j.seed for j in first[:18]} == {0} and all("-baseline-4x" in j.name for j in first[-18:])
     pilot = jobs("reasoning-pilot", seeds=(0,))
     assert [j.name for j in pilot] == [rs.run_name(t, "baseline", 0) for t in rs.TASKS]
     assert {j.name for j in pilot} & {j.name for j in suite} == {"rg-chain_sum-baseline-s0", "rg-leg_counting-baseline-s0",
