@@ -139,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     head = ""
     choice = folder / "reasoning-choice.json"
-    if choice.is_file():
+    if choice.is_file():  # the suite's tasks; the pilot's other candidates are in the heading only
         c = json.loads(choice.read_text())
         head = (f"Pilot ({c['rule']}): chosen {', '.join(c['chosen'])}; baseline exact share per candidate: "
                 + ", ".join(f"{t} {100 * x:.1f}%" for t, x in c["exact"].items()) + "\n\n")
+        rows = [r for r in rows if _task(r) in c["chosen"]] or rows
     (folder / "tables.md").write_text(head + tables(rows))
     figure(rows, folder / "score_time.png")
     print(f"wrote {folder / 'tables.md'} and {folder / 'score_time.png'} ({len(rows)} runs)")
