@@ -307,10 +307,14 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
             ("CYB-decoupled 3 pauses, private", method("cyb_decoupled", pause_visibility="private")),
             ("TBYS 3 pauses, gated", method("tbys", pause_visibility="gated")),
             ("CYB 3 pauses, gated", method("cyb", pause_visibility="gated")),
-            ("CYB-decoupled 3 pauses, gated", method("cyb_decoupled", pause_visibility="gated"))]
+            ("CYB-decoupled 3 pauses, gated", method("cyb_decoupled", pause_visibility="gated")),
+            # an ablation: the pause tokens' embedding rows kept as they start (no extra parameters)
+            ("CYB 3 pauses, private, pause rows frozen", method("cyb", pause_visibility="private",
+                                                                pause_rows="frozen"))]
     jobs = []
     for label, m in rows:
-        name = f"ar-{m['name']}-p{m['num_steps'] - 1}{visibility_suffix(m)}-s{seed}"
+        frozen = "-frozenrows" if m.get("pause_rows") == "frozen" else ""
+        name = f"ar-{m['name']}-p{m['num_steps'] - 1}{visibility_suffix(m)}{frozen}-s{seed}"
         data = {"task": s["task"], "task_kwargs": {"digits": s["digits"]},
                 "num_train_examples": s["train_examples"], "num_valid_examples": s["valid_examples"]}
         cfg = smollm2_config(s, out / name, seed, m, data, lr=s["lr"], save_every=0, log_every=50)

@@ -273,6 +273,8 @@ def test_bad_input_is_named_in_one_line(trained):
         with_pauses(model, method="cyb", num_steps=3, gamm=0.9)
     with pytest.raises(ConfigError, match="gated"):
         with_pauses(model, method="cyb", num_steps=3, pause_visibility="gated")
+    with pytest.raises(ConfigError, match=r"method\.pause_rows"):
+        with_pauses(model, method="cyb", num_steps=3, pause_rows="frozen")
     with pytest.raises(TypeError, match="with_pauses"):
         PauseTrainer(model=model.hf_model, args=_args("unused"))
     tm = with_pauses(model, method=trained["ct"].cfg.method)

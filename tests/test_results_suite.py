@@ -130,7 +130,9 @@ def test_the_real_model_suites_name_their_rows_apart(tmp_path):
     epoch = run_suite.suite_jobs("smollm2", 1, dict(run_suite.SCALES["smollm2-epoch"]), files, tmp_path)
     assert {j.cfg["train"]["steps"] for j in epoch} == {1620} and all(j.cfg["train"]["save_every"] for j in epoch)
     ar = run_suite.suite_jobs("smollm2-arith", 2, dict(run_suite.SCALES["smollm2-arith"]), files, tmp_path)
-    assert all(j.task and j.cfg["data"]["task"] == "addition" for j in ar) and len(ar) == 11
+    assert all(j.task and j.cfg["data"]["task"] == "addition" for j in ar) and len(ar) == 12
+    assert {j.name for j in run_suite.select(ar, ["ar-cyb-p3-private-s"])} == {"ar-cyb-p3-private-s2"}
+    assert next(j for j in ar if j.name == "ar-cyb-p3-private-frozenrows-s2").cfg["method"]["pause_rows"] == "frozen"
     by_name = {j.name: j.cfg for j in ar}  # the compute-matched baselines: 4x the steps, then 4x the sums too
     plain, steps, data = by_name["ar-baseline-p3-s2"], by_name["ar-baseline-4xsteps-s2"], by_name["ar-baseline-4xdata-s2"]
     assert steps["train"]["steps"] == data["train"]["steps"] == 4 * plain["train"]["steps"]

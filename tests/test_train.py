@@ -449,3 +449,49 @@ def test_a_run_that_cannot_start_leaves_no_folder(tmp_path):
     with pytest.raises((ValueError, FileNotFoundError)):
         Trainer(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_frozen_pause_rows_keep_their_values_while_the_rest_trains(tmp_path):
+    """method.pause_rows = frozen (an ablation): after training the pause rows are bitwise the
+    ones the run started with, in the saved model too, while the other rows and the dk row moved."""
+    from cyb.model import PauseModel
+    from cyb.train import shutdown
+
+    cfg = tiny_cfg(tmp_path / "run", method={"pause_rows": "frozen", "pause_visibility": "private"})
+    trainer = Trainer(cfg)
+    start = trainer.model.hf_model.get_input_embeddings().weight.detach().clone()
+    try:
+        trainer.run()
+    finally:
+        shutdown(trainer.info)
+    saved = PauseModel.from_pretrained(tmp_path / "run" / "final")
+    after = saved.hf_model.get_input_embeddings().weight.detach()
+    pauses, dk = list(saved.settings.pause_ids), saved.settings.dk_id
+    assert torch.equal(after[pauses], start[pauses])
+    assert not torch.equal(after[dk], start[dk])
+    real = [i for i in range(start.shape[0]) if i not in pauses and i != dk]
+    assert not torch.equal(after[real], start[real])
+
+
+@pytest.mark.parametrize("fields,says", [({"name": "baseline"}, "needs a method with pauses"),
+                                         ({"pause_rows": "fixed"}, "must be one of train, frozen")])
+def test_frozen_pause_rows_are_checked(tmp_path, fields, says):
+    from cyb.config import ConfigError
+
+    method = {"pause_rows": "frozen", **fields}
+    with pytest.raises(ConfigError, match=says):
+        tiny_cfg(tmp_path / "run", method=method).validate()
+
+
+def test_frozen_pause_rows_refuse_lora_and_fsdp():
+    from types import SimpleNamespace
+
+    from cyb.config import MethodConfig
+    from cyb.model.pause_rows import check_settings
+
+    method = MethodConfig(pause_rows="frozen")
+    with pytest.raises(ValueError, match="lora.rank = 0"):
+        check_settings(method, SimpleNamespace(rank=8), SimpleNamespace(distributed="none"))
+    with pytest.raises(ValueError, match="FSDP"):
+        check_settings(method, SimpleNamespace(rank=0), SimpleNamespace(distributed="fsdp"))
+    check_settings(method, SimpleNamespace(rank=0), SimpleNamespace(distributed="ddp"))

@@ -37,6 +37,7 @@ from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_
 from .files import replace_dir
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
 from .model import gates, pause_adapters
+from .model.pause_rows import FrozenRows
 from .optim import build_optimizer, lr_factor, peak_lr
 from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .run_card import write_run_card
@@ -155,6 +156,8 @@ class Trainer:
         if t.compile:
             for layer in model.decoder_layers():
                 layer.compile()
+        # method.pause_rows frozen: the rows as they start (a resumed run's are its checkpoint's)
+        self.frozen_rows = FrozenRows.capture(model) if cfg.method.pause_rows == "frozen" else None
         self.objective = Objective(cfg.method, model.vocab, model.dk_bias, t.loss_impl)
         self.loss_module = LossModule(model, self.objective)
         self.wrapped = wrap(self.loss_module, info, layers=model.decoder_layers(),
@@ -295,6 +298,8 @@ class Trainer:
         if self.cfg.optim.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), self.cfg.optim.grad_clip)
         self.optimizer.step()
+        if self.frozen_rows is not None:
+            self.frozen_rows.restore()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1

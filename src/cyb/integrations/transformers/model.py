@@ -152,6 +152,9 @@ def method_config(method, num_steps: int | None = None, **fields) -> MethodConfi
     if cfg.method.pause_visibility == "gated":
         raise ConfigError("method.pause_visibility: gated pauses train their gates at their own learning "
                           "rate, which only cyb train sets up; use shared or private here")
+    if cfg.method.pause_rows != "train":
+        raise ConfigError("method.pause_rows: frozen pause rows are put back after each step of cyb train's "
+                          "loop, which a transformers Trainer does not run; use train here")
     return cfg.method
 
 
