@@ -30,7 +30,7 @@ if REPO_ROOT not in sys.path:  # run as a script: the repository root holds expe
 
 #: Files of a run kept in the repository (beside the gzipped answers).
 KEEP = ("config.yaml", "metrics.jsonl", "final_metrics.json", "run.json", "eval/summary.txt",
-        "eval/pause_stats.md", "eval/timing.json", "eval/without_pauses.json")
+        "eval/pause_stats.md", "eval/timing.json", "eval/ablations.json")
 ANSWERS = "eval/reasoning_gym.jsonl"
 
 

@@ -4,7 +4,8 @@
 
 Writes ``tables.md`` (one table per task: each row's exact share and mean verifier score, mean
 and standard deviation over seeds, every seed, its gain over the baseline in points, steps per
-answer token, the exact share with the pauses removed at inference (``RUN/eval/without_pauses.json``),
+answer token, the exact share with the pauses removed or all taken at inference
+(``RUN/eval/ablations.json``),
 the measured decode time per answer, alone on its GPU (``RUN/eval/timing.json`` of
 ``experiments/reasoning_timing.py``) and as ``cyb eval`` took it beside the suite's other runs,
 and the command) and ``score_time.png`` (exact share against measured decode time per answer,
@@ -34,11 +35,16 @@ def load(folder: Path) -> list[dict]:
             if r.get("reasoning_gym") and r["name"].startswith("rg-"):
                 rows[r["name"]] = r
     for name, r in rows.items():  # the decode time measured alone (experiments/reasoning_timing.py)
-        for key in ("timing", "without_pauses"):  # experiments/reasoning_timing.py
+        for key in ("timing", "ablations"):  # experiments/reasoning_timing.py
             f = Path(folder) / name / "eval" / f"{key}.json"
             if f.is_file():
                 r[key] = json.loads(f.read_text())
     return list(rows.values())
+
+
+def _ablation(runs: list[dict], key: str) -> str:
+    """Mean and spread of the exact share of an ablation (``RUN/eval/ablations.json``)."""
+    return _mean_sd([r["ablations"][key]["exact"] for r in runs if key in r.get("ablations", {})])
 
 
 def alone_ms(row: dict) -> float | None:
@@ -73,8 +79,8 @@ def tables(rows: list[dict]) -> str:
         mine = [r for r in rows if _task(r) == task]
         base = {r["seed"]: r["reasoning_gym"]["exact"] for r in mine if _label(r) == "Baseline"}
         out.append(f"### {task}\n\n| method | exact % | per seed | vs Baseline (points) | mean score | steps per "
-                   "answer token | exact % without pauses at inference | ms per answer, alone | ms per answer, beside "
-                   "training | command |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+                   "answer token | exact % without pauses at inference | exact % with every pause | ms per answer, alone | "
+                   "ms per answer, beside training | command |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for label in order:
             runs = sorted((r for r in mine if _label(r) == label), key=lambda r: r["seed"])
             if not runs:
@@ -89,7 +95,7 @@ def tables(rows: list[dict]) -> str:
                        f"{'---' if label == 'Baseline' else _mean_sd(gain)} | "
                        f"{_mean_sd([x['mean_score'] for x in g], 1.0, 3)} | "
                        f"{_mean_sd([x['mean_steps'] for x in g], 1.0, 2)} | "
-                       f"{_mean_sd([r['without_pauses']['exact'] for r in runs if 'without_pauses' in r])} | "
+                       f"{_ablation(runs, 'without_pauses')} | {_ablation(runs, 'every_pause')} | "
                        f"{_mean_sd([alone_ms(r) / 1e3 for r in runs if alone_ms(r) is not None], 1e3, 2)} | "
                        f"{_mean_sd([x['seconds_per_answer'] for x in g], 1e3, 2)} | `{command}` |")
         out.append("")

@@ -1,5 +1,5 @@
 """Decode time per answer of the reasoning suite's runs, each measured alone on its GPU, and
-their answers with the pauses removed at inference.
+their answers with the pauses removed, or all taken, at inference.
 
     python experiments/reasoning_timing.py outputs/reasoning [--gpus 0,1] [--repeats 5] [--deadline S]
 
@@ -9,9 +9,10 @@ held-out answers of every finished run again (``cyb.eval.reasoning_scores.score_
 the same engine, batch and greedy answers), one run at a time per GPU, ``--repeats`` timed
 decodings after a warm-up, and writes ``RUN/eval/timing.json``: the median ``seconds_per_answer``,
 every timing, the exact share (checked against the eval's: the same greedy answers) and the GPU.
-A pause model (``M`` > 1) is then asked once more with every token read out at its first step
-(``EngineOptions(never_pause=True)``): ``RUN/eval/without_pauses.json`` holds that score, which
-says how much of a pause row's score its pauses at inference carry.
+A pause model (``M`` > 1) then answers twice more, every token read out at its first step and
+at its last (``EngineOptions(read_at=...)``): ``RUN/eval/ablations.json`` holds both scores
+(``without_pauses``, ``every_pause``), which say how much of a pause row's score its pauses at
+inference carry, and what pausing everywhere would give.
 Runs that already have a ``timing.json`` or lack their final model are skipped; at
 ``--deadline`` seconds the workers are stopped (what they finished is kept).
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMING_FILE = "timing.json"
-WITHOUT_PAUSES_FILE = "without_pauses.json"
+ABLATIONS_FILE = "ablations.json"
 
 
 def pending(out: Path) -> list[Path]:
@@ -62,24 +63,27 @@ def time_run(run: Path, repeats: int) -> dict:
               "mean_steps": scores["mean_steps"], "positions_per_token": scores["positions_per_token"],
               "device": gpu, "alone": True}
     (run / "eval" / TIMING_FILE).write_text(json.dumps(timing, indent=2) + "\n")
-    if model.num_steps > 1:  # the ablation: the same model, no pause at inference
-        plain = score_reasoning(model, cfg, model.tokenizer, max_rows=cfg.data.num_valid_examples, never_pause=True)
-        answers = plain.pop("rows")
-        first = {"exact": plain["exact"], "mean_score": plain["mean_score"], "mean_steps": plain["mean_steps"],
-                 "num_examples": plain["num_examples"],
-                 "changed_answers": sum(a["generated"] != b["generated"] for a, b in zip(answers, rows))}
-        (run / "eval" / WITHOUT_PAUSES_FILE).write_text(json.dumps(first, indent=2) + "\n")
-        timing["without_pauses"] = first
+    if model.num_steps > 1:  # the ablations: the same model reading out at its first, or last, step
+        ablations = {}
+        for key, step in (("without_pauses", 1), ("every_pause", model.num_steps)):
+            forced = score_reasoning(model, cfg, model.tokenizer, max_rows=cfg.data.num_valid_examples, read_at=step)
+            answers = forced.pop("rows")
+            ablations[key] = {"read_at": step, "exact": forced["exact"], "mean_score": forced["mean_score"],
+                              "mean_steps": forced["mean_steps"], "num_examples": forced["num_examples"],
+                              "changed_answers": sum(a["generated"] != b["generated"] for a, b in zip(answers, rows))}
+        (run / "eval" / ABLATIONS_FILE).write_text(json.dumps(ablations, indent=2) + "\n")
+        timing["ablations"] = ablations
     return timing
 
 
 def worker(runs: list[str], repeats: int) -> int:
     for run in runs:
         t = time_run(Path(run), repeats)
-        plain = t.get("without_pauses")
+        a = t.get("ablations")
         print(f"{Path(run).name:48s} {t['seconds_per_answer'] * 1e3:7.2f} ms per answer "
               f"(median of {repeats}; exact {t['exact']:.1%}, as the eval: {t['same_as_eval']})"
-              + (f"; without pauses {plain['exact']:.1%}" if plain else ""), flush=True)
+              + (f"; without pauses {a['without_pauses']['exact']:.1%}, every pause {a['every_pause']['exact']:.1%}"
+                 if a else ""), flush=True)
     return 0
 
 

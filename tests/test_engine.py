@@ -419,21 +419,25 @@ def test_cuda_graph_engine_equals_the_reference(visibility, scheme):
 
 
 @pytest.mark.parametrize("visibility", ["shared", "private", "gated"])
-def test_never_pause_reads_every_token_out_at_its_first_step(visibility):
-    """The ablation option: the answers of a model whose dk prior is minus infinity, one step per
-    token, while the reported ``d`` stays the model's own."""
+def test_read_at_reads_every_token_out_at_that_step(visibility):
+    """The ablation option: read at step 1, the answers of a model whose dk prior is minus
+    infinity (one step per token); read at step M, those of one whose dk always wins before the
+    last step; the reported ``d`` stays the model's own either way."""
     pm = layout_model(visibility)
     prompts = [encode(p) for p in PROMPTS]
-    paused, _ = engine_run(pm, prompts, "adaptive", Sampling())
-    assert any(s > 1 for i in paused for s in paused[i][1])  # the test model does pause
-    got, _ = engine_run(pm, prompts, "adaptive", Sampling(), options=EngineOptions(never_pause=True))
-    assert all(got[i][1] == [1] * 8 for i in got)
+    own, _ = engine_run(pm, prompts, "adaptive", Sampling())
+    assert any(s > 1 for i in own for s in own[i][1]) and any(s < M for i in own for s in own[i][1])
     bias = pm._dk_bias
-    pm._dk_bias = -math.inf
-    try:
-        for i, p in enumerate(prompts):
-            tokens, steps, _ = reference(pm, p, 8, "adaptive", Sampling(), 0)
-            assert got[i][0] == tokens and got[i][1] == steps
-    finally:
-        pm._dk_bias = bias
-    assert all(got[i][2][0][0] == pytest.approx(paused[i][2][0][0], abs=1e-5) for i in got)  # d_1 as the model says
+    for step, forced_bias in ((1, -math.inf), (M, 1e4)):
+        got, _ = engine_run(pm, prompts, "adaptive", Sampling(), options=EngineOptions(read_at=step))
+        assert all(got[i][1] == [step] * 8 for i in got)
+        assert all(got[i][2][0][0] == pytest.approx(own[i][2][0][0], abs=1e-5) for i in got)
+        pm._dk_bias = forced_bias
+        try:
+            for i, p in enumerate(prompts):
+                tokens, steps, _ = reference(pm, p, 8, "adaptive", Sampling(), 0)
+                assert got[i][0] == tokens and got[i][1] == steps
+        finally:
+            pm._dk_bias = bias
+    with pytest.raises(ValueError, match="read_at"):
+        EngineOptions(read_at=0)

@@ -109,8 +109,10 @@ def test_one_row_trains_on_a_cpu_and_is_scored_by_the_verifier(tmp_path, monkeyp
     timing = json.loads((out / job.name / "eval" / "timing.json").read_text())
     assert timing["same_as_eval"] and len(timing["seconds_all"]) == 2 and timing["seconds_per_answer"] > 0
     assert reasoning_timing.pending(out) == [] and "ms per answer" in done.stdout
-    plain = json.loads((out / job.name / "eval" / "without_pauses.json").read_text())  # the ablation
+    ablations = json.loads((out / job.name / "eval" / "ablations.json").read_text())
+    plain, every = ablations["without_pauses"], ablations["every_pause"]
     assert plain["mean_steps"] == 1.0 and 0 <= plain["changed_answers"] <= plain["num_examples"] == 4
+    assert every["mean_steps"] == every["read_at"] == 4
 
 
 def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
@@ -144,7 +146,7 @@ def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
             json.dumps({"seconds_per_answer": 0.002 + 0.001 * seed}))
     assert reasoning_report.main([str(tmp_path)]) == 0
     gcd = (tmp_path / "tables.md").read_text().split("### gcd")[1]
-    assert "| 1.20 ± 0.00 |  | 3.00 ± 1.00 | 5.00 ± 1.00 |" in gcd.splitlines()[4]
+    assert "| 1.20 ± 0.00 |  |  | 3.00 ± 1.00 | 5.00 ± 1.00 |" in gcd.splitlines()[4]
 
 
 def test_the_pack_leaves_out_weights_and_tokenizers(tmp_path):

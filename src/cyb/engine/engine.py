@@ -70,9 +70,10 @@ class EngineOptions:
             smaller ones cover the whole capacity.  Without graphs it covers the columns in
             use rounded up to 16.
         capacity_multiple: columns per row are rounded up to a multiple of this.
-        never_pause: an ablation: every token is read out at its first step (no pause taken
-            whatever the model's dk says; fixed-mode rows still feed their pauses), e.g. to ask
-            what a pause model's answers owe to its pauses at inference.
+        read_at: an ablation: every token is read out at this step, whatever the model's dk
+            says (1: no pause taken, the pauses removed at inference; ``M``: every pause taken;
+            the reported ``d`` stays the model's own, fixed-mode rows still feed all pauses);
+            None: the model's own decisions.
     """
 
     max_slots: int = 256
@@ -85,7 +86,7 @@ class EngineOptions:
     attention_bucket: int = 256
     bucket_min_rows: int = 8
     capacity_multiple: int = 128
-    never_pause: bool = False
+    read_at: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_slots", "prefill_chunk", "prefill_rows", "attention_bucket", "bucket_min_rows",
@@ -97,6 +98,9 @@ class EngineOptions:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if not isinstance(self.refill, int) or isinstance(self.refill, bool) or self.refill < 0:
             raise ValueError(f"refill must be an integer >= 0 (0: an eighth of the slots), got {self.refill!r}")
+        if self.read_at is not None and (not isinstance(self.read_at, int) or isinstance(self.read_at, bool)
+                                         or self.read_at < 1):
+            raise ValueError(f"read_at must be a step >= 1 or None, got {self.read_at!r}")
         if self.cache_bytes is not None and (not isinstance(self.cache_bytes, int) or self.cache_bytes < 1):
             raise ValueError(f"cache_bytes must be a positive integer or None, got {self.cache_bytes!r}")
 
@@ -168,7 +172,7 @@ class Engine:
         limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
         self._position_limit = limit if isinstance(limit, int) else None
         device = model.device
-        self.rows = Rows(self.layout, RowReadout(model.vocab, model.dk_bias, device, opts.never_pause), self.slots,
+        self.rows = Rows(self.layout, RowReadout(model.vocab, model.dk_bias, device, opts.read_at), self.slots,
                          self.capacity, self.capacity + self.q - 1,
                          limit - 1 if isinstance(limit, int) else None, device)
         graphs = opts.cuda_graph if opts.cuda_graph is not None else device.type == "cuda"

@@ -65,12 +65,13 @@ class RowReadout:
         vocab: the model's :class:`cyb.layout.PauseVocab`.
         dk_bias: the dk prior offset (:attr:`cyb.PauseModel.dk_bias`).
         device: where the rows live.
-        never_pause: an ablation: every token is read out at its first step, whatever ``d``
-            says (``d`` is still reported); fixed-mode rows still feed their pauses.
+        read_at: an ablation: every token is read out at this step (1: no pause; ``M`` or
+            more: every pause), whatever ``d`` says (``d`` is still reported); None: the model's
+            own decisions.
     """
 
-    def __init__(self, vocab, dk_bias: float, device, never_pause: bool = False) -> None:
-        self.never_pause = bool(never_pause)
+    def __init__(self, vocab, dk_bias: float, device, read_at: int | None = None) -> None:
+        self.read_at = read_at
         self.m = vocab.num_steps
         self.dk_id = vocab.dk_id
         self.dk_bias = float(dk_bias)
@@ -117,8 +118,8 @@ class RowReadout:
                 lane = (steps - 1).clamp(max=self.m - 1)
                 sampled_dk = uniforms.gather(1, lane) < log_d.exp()
                 wants_dk = torch.where(greedy.unsqueeze(1), wants_dk, sampled_dk)
-        if self.never_pause:
-            wants_dk = torch.zeros_like(last)
+        if self.read_at is not None:
+            wants_dk = steps < self.read_at
         answers = ~wants_dk | last
         index = torch.arange(q, device=z.device).expand(n, q)
         at = torch.where(answers, index, torch.full_like(index, q)).amin(-1)

@@ -33,7 +33,7 @@ MAX_BATCH = 256
 
 
 def _decode(model, prompts: list[list[int]], mode: str, max_new_tokens: int, max_batch: int,
-            never_pause: bool = False) -> dict:
+            read_at: int | None = None) -> dict:
     """Greedy answers to ``prompts`` through one engine (``max_batch`` slots, CUDA graphs on
     CUDA): ``{"rows", "seconds", "capture_seconds"}``, ``rows`` per prompt ``{"tokens", "steps",
     "positions", "stop"}`` (the generated ids, EOS included, the steps of each, the positions of
@@ -48,7 +48,7 @@ def _decode(model, prompts: list[list[int]], mode: str, max_new_tokens: int, max
     t0 = time.perf_counter()
     with torch.inference_mode():
         engine = Engine.sized_for(model, requests, options=EngineOptions(max_slots=max_batch, cuda_graph=cuda,
-                                                                          never_pause=never_pause))
+                                                                          read_at=read_at))
     index = {engine.submit(r): i for i, r in enumerate(requests)}
     rows = [{"tokens": [], "steps": [], "positions": 0, "stop": None} for _ in prompts]
     for e in engine.run():
@@ -62,12 +62,12 @@ def _decode(model, prompts: list[list[int]], mode: str, max_new_tokens: int, max
 
 
 def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mode: str = "adaptive",
-                    max_batch: int = MAX_BATCH, repeats: int = 1, never_pause: bool = False) -> dict:
+                    max_batch: int = MAX_BATCH, repeats: int = 1, read_at: int | None = None) -> dict:
     """Generate and score the answers to the held-out questions of ``config``'s reasoning-gym
     task (the first ``max_rows``); with ``repeats`` > 1 the timed decoding runs that many times
     and ``seconds`` is the median (``seconds_all`` every one; the answers are the first's).
-    ``never_pause``: the ablation that reads every token out at its first step
-    (:class:`cyb.engine.EngineOptions`).
+    ``read_at``: the ablation that reads every token out at that step (1: the pauses removed at
+    inference, ``M``: every pause taken; :class:`cyb.engine.EngineOptions`).
 
     Returns ``{"task", "settings", "mode", "num_examples", "mean_score", "exact",
     "mean_steps", "positions_per_token", "tokens", "seconds", "seconds_per_answer",
@@ -92,11 +92,11 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
     was_training = model.training
     model.eval()
     if model.device.type == "cuda":  # kernels, allocations and the first graphs: not timed
-        _decode(model, prompts, mode, min(2, longest), max_batch, never_pause)
-    out = _decode(model, prompts, mode, longest, max_batch, never_pause)
+        _decode(model, prompts, mode, min(2, longest), max_batch, read_at)
+    out = _decode(model, prompts, mode, longest, max_batch, read_at)
     timings = [out["seconds"] - out["capture_seconds"]]
     for _ in range(repeats - 1):
-        again = _decode(model, prompts, mode, longest, max_batch, never_pause)
+        again = _decode(model, prompts, mode, longest, max_batch, read_at)
         timings.append(again["seconds"] - again["capture_seconds"])
     model.train(was_training)
     decode = decode_fn(tokenizer or model.tokenizer)
@@ -111,7 +111,7 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
     used = sum(len(r["steps"]) * model.num_steps if mode == "fixed" else sum(r["steps"]) for r in rows)
     n = len(rows)
     decoding = statistics.median(timings)
-    return {"task": valid.task, "settings": dict(valid.settings), "mode": mode, "never_pause": never_pause,
+    return {"task": valid.task, "settings": dict(valid.settings), "mode": mode, "read_at": read_at,
             "num_examples": n,
             "mean_score": sum(r["score"] for r in rows) / n, "exact": sum(r["exact"] for r in rows) / n,
             "mean_steps": sum(sum(r["steps"]) for r in rows) / max(tokens, 1),
