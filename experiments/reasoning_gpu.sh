@@ -26,7 +26,7 @@
 set -u
 start=$(date +%s)  # the call's clock: staging counts against its seconds too
 # a run that outlived an earlier call (killed from outside) would train beside this call's runs
-if pkill -9 -f "python3 -m cyb (train|eval)|experiments/run_suite.py|experiments/reasoning_timing.py"; then
+if pkill -9 -f -- "-m cyb (train|eval) |experiments/run_suite.py|experiments/reasoning_timing.py"; then
   echo "stopped runs left over from an earlier call"
 fi
 source experiments/stage_smollm2.sh
