@@ -456,6 +456,8 @@ class Trainer:
             sizes = f"{params / 1e6:.2f}M parameters, all trainable"
         if pause_adapters.has_pause_adapters(self.model):
             sizes += f" ({pause_adapters.describe(self.model)})"
+        if self.frozen_rows is not None:
+            sizes += f", the {len(self.frozen_rows.ids)} pause rows frozen (method.pause_rows)"
         progress.write(
             f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {sizes}, "
             f"{self.device} x {self.info.world_size} process(es)"

@@ -22,9 +22,10 @@ def check_settings(method, lora, train) -> None:
         raise ValueError(f"method.pause_rows must be one of {', '.join(ROWS)}, got {method.pause_rows!r}")
     if method.pause_rows == "train":
         return
-    if not method.uses_pauses or method.num_steps < 2:
-        raise ValueError(f"method.pause_rows = frozen needs a method with pauses (M >= 2), not {method.name} "
-                         f"with M = {method.num_steps}")
+    if not method.uses_pauses:
+        raise ValueError(f"method.pause_rows = frozen needs a method with pauses, not {method.name}")
+    if method.num_steps < 2:
+        raise ValueError(f"method.pause_rows = frozen needs pauses: method.num_steps >= 2, got {method.num_steps}")
     if lora.rank:
         raise ValueError("method.pause_rows = frozen applies to full fine-tuning (LoRA trains the pause rows "
                          "through its own copies): set lora.rank = 0")
