@@ -230,11 +230,13 @@ def visibility_suffix(m: dict) -> str:
 
 
 def sweep_suffix(m: dict) -> str:
-    """``-dk0.5`` (a dk prior other than the default) or ``-tau-0.2`` (a ponder cost other than
-    the recipe's -0.05) in the run names of the quality-compute sweep."""
+    """``-dk0.5`` (a dk prior other than the default), ``-tau-0.2`` (a ponder cost other than
+    the recipe's -0.05) or ``-adapters16`` (pause-step adapters of that rank) in run names."""
     suffix = f"-dk{m['psi_dk']:g}" if "psi_dk" in m else ""
     if m["name"] == "cyb_ponder" and m.get("ponder_cost", -0.05) != -0.05:
         suffix += f"-tau{m['ponder_cost']:g}"
+    if m.get("pause_adapter_rank"):
+        suffix += f"-adapters{m['pause_adapter_rank']}"
     return suffix
 
 
@@ -276,7 +278,11 @@ def smollm2_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
             ("CYB-ponder tau=-0.2, private", method("cyb_ponder", ponder_cost=-0.2, pause_visibility="private"),
              None, 1.0),
             ("CYB-ponder tau=-0.5, private", method("cyb_ponder", ponder_cost=-0.5, pause_visibility="private"),
-             None, 1.0)]
+             None, 1.0),
+            # pause-step adapters (rank 16, the rest fully fine-tuned), for the one-epoch rows
+            ("CYB 3 pauses, private, pause adapters r16", method("cyb", pause_visibility="private",
+                                                                 pause_adapter_rank=16, pause_adapter_alpha=32.0),
+             None, 1.1)]
     jobs = []
     for rank, (label, m, adapters, cost) in enumerate(rows):
         name = f"sm-{'lora-' if adapters else ''}{m['name']}-p{m['num_steps'] - 1}{sweep_suffix(m)}" \

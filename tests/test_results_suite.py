@@ -114,7 +114,9 @@ def test_the_real_model_suites_name_their_rows_apart(tmp_path):
     files = {k: k for k in ("train", "valid", "base", "ft", "tokenizer", "valid_in")}
     sm = run_suite.suite_jobs("smollm2", 0, dict(run_suite.SCALES["smollm2"]), files, tmp_path)
     names = {j.name for j in sm}
-    assert len(names) == len(sm) == 19
+    assert len(names) == len(sm) == 20
+    adapters = next(j for j in sm if j.name == "sm-cyb-p3-adapters16-private-s0")
+    assert adapters.cfg["method"]["pause_adapter_rank"] == 16 and not adapters.cfg.get("lora")
     sweep = {j.name: j for j in sm if "-dk" in j.name or "-tau" in j.name}
     assert sorted(sweep) == ["sm-cyb-p3-dk0.5-private-s0", "sm-cyb-p3-dk0.99-private-s0",
                              "sm-cyb_ponder-p3-tau-0.2-private-s0", "sm-cyb_ponder-p3-tau-0.5-private-s0"]
