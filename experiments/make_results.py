@@ -63,7 +63,7 @@ SCALE = "gpu"  # the suites' scale (scale.json of the folder read)
 
 def command_of(runs: list[dict]) -> str:
     """The command that reruns a row from a fresh clone (``N`` = the seed when several ran)."""
-    from experiments.run_suite import rerun_command
+    from experiments.suite_runner import rerun_command
 
     r = runs[0]
     name, seed = r["name"], r["seed"]

@@ -62,7 +62,7 @@ left=$(( total - ($(date +%s) - start) ))
 if [ "$left" -gt 20 ]; then
   python3 experiments/reasoning_timing.py outputs/reasoning --gpus "${CYB_GPUS:-0}" --deadline "$left" 2>&1 \
     | tee -a "$out/driver.log"
-  python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from experiments.run_suite import pack; \
+  python3 -c "import sys; sys.path.insert(0, '.'); from pathlib import Path; from experiments.suite_runner import pack; \
 pack(Path('outputs/reasoning'), Path('$out/reasoning.tar.gz'))"
 fi
 # the tables and the score-against-time figure of what finished so far (experiments/reasoning_report.py)

@@ -74,21 +74,19 @@ import gzip
 import itertools
 import json
 import os
-import signal
-import subprocess
 import sys
-import tarfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-
-import yaml
 
 from cyb import methods
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the repository root holds experiments/
     sys.path.insert(0, str(REPO))
+
+from experiments.suite_runner import Job, pack, schedule  # noqa: E402
+
 SPLIT_DOC = 3500  # documents [0, SPLIT_DOC) pretrain the fine-tuning base; the rest fine-tune it
 
 SCALES = {
@@ -124,23 +122,6 @@ def data_dir() -> Path:
     """techdocs: ``$CYB_DATA`` or ``../shared/data/techdocs`` beside the repository."""
     env = os.environ.get("CYB_DATA")
     return Path(env) if env else REPO.parent / "shared" / "data" / "techdocs"
-
-
-@dataclass
-class Job:
-    name: str
-    suite: str
-    label: str
-    seed: int
-    cfg: dict
-    needs: str | None = None  # the job whose final model this one starts from
-    analyse: bool = False  # also run `cyb eval` (latency, calibration, pause statistics)
-    cost: float = 1.0  # run time relative to a one-epoch baseline; long jobs start first
-    first: bool = False  # start before every other job (others wait for it)
-    priority: int = 0  # higher starts first (before cost decides)
-    task: bool = False  # scored by exact match on its task (no held-out text to read)
-    reasoning: bool = False  # a reasoning-gym task: cyb eval scores its generated answers
-    row: dict = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------- data
@@ -339,29 +320,6 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
     return jobs
 
 
-def reasoning_jobs(seed: int, s: dict, out: Path, *, pilot: bool = False) -> list[Job]:
-    """SmolLM2-135M fine-tuned on reasoning-gym tasks (``experiments/reasoning_suite.py``): every
-    row on the tasks of ``s["tasks"]``, or with ``pilot`` the seed-0 baseline on every candidate."""
-    from experiments import reasoning_suite as rs
-
-    tasks = list(rs.TASKS) if pilot else s["tasks"]
-    jobs = []
-    for task in tasks:
-        for rank, (label, short, m, cost, times, data_times) in enumerate(rs.rows()):
-            if pilot and short != "baseline":
-                continue
-            name = rs.run_name(task, short, seed)
-            scaled = dict(s, ft_steps=s["ft_steps"] * times, eval_every=s["eval_every"] * times,
-                          save_every=s["save_every"] * times)
-            cfg = smollm2_config(scaled, out / name, seed, method(**m), rs.task_config(task, s, data_times),
-                                 lr=s["lr"], save_every=scaled["save_every"], log_every=50)
-            # every row's seed 0 first, then seed 1, ...; the compute-matched baseline (4x the steps) last
-            order = 100 * (times > 1) + 10 * seed + rank
-            jobs.append(Job(name, "reasoning-pilot" if pilot else "reasoning", f"{label} [{task}]", seed, cfg,
-                            cost=cost, priority=-order, reasoning=True, row={"task": task}))
-    return jobs
-
-
 def stability_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
     """CYB pretrained from scratch as in ``pretrain``, beside the baseline, with the candidates
     that hold up its early pauses: private pauses and a four times longer warmup (and a lower
@@ -388,7 +346,9 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
     if suite == "smollm2-arith":
         return arithmetic_jobs(seed, s, out)
     if suite in ("reasoning", "reasoning-pilot"):
-        return reasoning_jobs(seed, s, out, pilot=suite == "reasoning-pilot")
+        from experiments import reasoning_suite
+
+        return reasoning_suite.jobs(seed, s, out, pilot=suite == "reasoning-pilot")
     if suite == "stability":
         return stability_jobs(seed, s, files, out)
     if suite in ("pretrain", "epochs"):
@@ -450,157 +410,6 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
     return jobs
 
 
-# ----------------------------------------------------------------------------------- running
-
-
-def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | None = None,
-                  task: str | None = None) -> str:
-    """The command that reruns one row from a fresh clone (given techdocs in ``$CYB_DATA`` or
-    ``../shared/data/techdocs``): this script with ``--only`` the row, which writes the data
-    splits first and trains the row's base first when it fine-tunes one (``--tasks`` the
-    reasoning-gym task of a ``reasoning`` row)."""
-    scale_arg = "" if scale == "gpu" else f" --scale {scale}"
-    task_arg = f" --tasks {task}" if task and suite == "reasoning" else ""
-    return (f"python experiments/run_suite.py {suite} --seeds {seed} --only {name} "
-            f"--out {out or f'outputs/{suite}'}{scale_arg}{task_arg}")
-
-
-def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
-    run = out / job.name
-    row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
-           "command": rerun_command(job.suite, job.name, job.seed, scale, str(out), job.row.get("task")),
-           "config": f"{out / job.suite / 'configs' / job.name}.yaml"}
-    if (run / "final_metrics.json").is_file():
-        row["final"] = json.loads((run / "final_metrics.json").read_text())
-        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        tps = sorted(r["tokens_per_s"] for r in lines if r.get("split") == "train" and r.get("tokens_per_s"))
-        row["tokens_per_s"] = tps[len(tps) // 2] if tps else None
-        last = [r for r in lines if r.get("split") == "train"][-1:]
-        row["train_ppl"] = last[0].get("ppl") if last else None  # the last logging window's
-        row["curve"] = [{k: r.get(k) for k in ("step", "epoch", "ppl", "mean_steps", "targets")}
-                        for r in lines if r.get("split") == "valid"]
-        if (run / "task.json").is_file():
-            row["task"] = json.loads((run / "task.json").read_text())
-        judged = run / "eval" / "metrics.json"
-        if job.reasoning and judged.is_file():  # the verifier's scores of the generated answers
-            metrics = json.loads(judged.read_text())
-            row["reasoning_gym"] = metrics.get("reasoning_gym")
-            row["task"] = metrics.get("task")
-        whole = run / "eval-whole-file" / "metrics.json"
-        if whole.is_file():
-            w = json.loads(whole.read_text())["perplexity"]
-            row["whole_file"] = {"ppl": w["ppl"], "tokens": w["tokens"]}
-        state = run / "final" / "training_state.json"
-        if state.is_file():
-            row["training_state"] = json.loads(state.read_text())
-    return row
-
-
-def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) -> subprocess.Popen:
-    cfg_dir = out / job.suite / "configs"
-    cfg_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = cfg_dir / f"{job.name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(job.cfg, sort_keys=False))
-    threads = "1" if device == "cpu" else "4"  # CPU jobs: one core each
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, RAYON_NUM_THREADS=threads)
-    if device != "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = device
-    script = f"{sys.executable} -m cyb train {cfg_path}"
-    if job.task:  # exact match, teacher-forced and free-running
-        script += f" && {sys.executable} experiments/task_decoding.py {out / job.name}"
-    elif job.reasoning:  # answers generated adaptively, scored by the task's verifier, timed
-        script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress --passages 0"
-    else:
-        if job.analyse:  # figures and analyses on the run's own held-out rows
-            script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
-        # and the whole held-out file, Jargon File included
-        script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
-                   f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
-    log = open(log_dir / f"{job.name}.log", "w")
-    return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def pack(out: Path, target: Path) -> None:
-    """Everything under ``out`` but weights, optimiser states, the data copies and the tokenizer
-    each saved model carries (3.5 MB for SmolLM2's: a suite's pack would outgrow what a GPU call
-    returns)."""
-    tmp = target.with_name(target.name + ".tmp")
-    skip = (".safetensors", ".pt", ".jsonl.gz", "tokenizer.json", "tokenizer.model")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for p in sorted(out.rglob("*")):
-            if p.is_file() and not p.name.endswith(skip) and "/ckpt-" not in str(p):
-                tar.add(p, arcname=str(Path(out.name) / p.relative_to(out)))
-    tmp.replace(target)
-
-
-def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
-             unit_seconds: float = 0.0, whole_valid: str = "", scale: str = "gpu") -> list[dict]:
-    """Run ``jobs`` on ``slots`` (``"GPU/k"``), long ones first, each after the job it needs;
-    a job is started only if ``cost x unit_seconds`` fits before ``deadline``."""
-    done_names = set()
-    summary_path = out / "summary.jsonl"
-    if summary_path.is_file():  # a rerun skips what already finished
-        done_names = {json.loads(x)["name"] for x in summary_path.read_text().splitlines()
-                      if x.strip() and "final" in json.loads(x)}
-    needed = {j.needs for j in jobs if j.needs and j.name not in done_names}
-    done_names -= {n for n in needed if not (out / n / "final" / "model.safetensors").is_file()}  # weights gone
-    pending = sorted((j for j in jobs if j.name not in done_names),
-                     key=lambda j: (not j.first, -j.priority, -j.cost))
-    failed: set[str] = set()
-    running: dict[str, tuple[Job, subprocess.Popen, float]] = {}  # slot -> (job, process, start)
-
-    def stop(signum, _frame):  # the jobs run in sessions of their own: take them down with the driver
-        for _, proc, _ in running.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-        raise SystemExit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, stop)
-    log_dir = out / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    while pending or running:
-        for slot in slots:
-            if slot in running or not pending:
-                continue
-            left = deadline - time.time()
-            ready = [j for j in pending if (j.needs is None or j.needs in done_names)
-                     and j.cost * unit_seconds < left]  # one that cannot finish is not started
-            if not ready:
-                break
-            job = ready[0]
-            pending.remove(job)
-            running[slot] = (job, launch(job, out, slot.split("/")[0], log_dir, whole_valid), time.time())
-            print(f"[{time.time() - start:6.0f} s] start {job.name} on {slot}", flush=True)
-        for slot, (job, proc, t0) in list(running.items()):
-            if proc.poll() is None:
-                if time.time() > deadline:
-                    os.killpg(proc.pid, 9)
-                    proc.wait()
-                else:
-                    continue
-            del running[slot]
-            row = final_row(job, out, scale)
-            row["seconds"] = round(time.time() - t0, 1)
-            row["returncode"] = proc.returncode
-            if "final" in row:
-                done_names.add(job.name)
-            else:
-                failed.add(job.name)
-            with summary_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            ppl = f"ppl {row['final']['ppl']:.2f}" if "final" in row else f"FAILED rc={proc.returncode}"
-            print(f"[{time.time() - start:6.0f} s] {job.name:32s} {ppl} ({row['seconds']} s)", flush=True)
-            if pack_to is not None:
-                pack(out, pack_to)
-        # drop jobs whose base failed, and those that can no longer finish in time
-        pending = [j for j in pending if j.needs not in failed and j.cost * unit_seconds < deadline - time.time()]
-        time.sleep(1.0)
-    return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
-
-
 def select(jobs: list[Job], parts: list[str]) -> list[Job]:
     """The jobs whose names contain one of ``parts``, and the bases they fine-tune; the jobs of
     an earlier part start before those of a later one."""
@@ -632,6 +441,9 @@ def main() -> int:
     p.add_argument("--tasks", default=None, metavar="A,B,C",
                    help="reasoning: the reasoning-gym tasks (candidates of experiments/reasoning_suite.py); "
                         "default: the pilot's choice in OUT/reasoning-choice.json")
+    p.add_argument("--again", nargs="+", default=(), metavar="PART",
+                   help="run the jobs whose names contain one of these parts again though they finished "
+                        "elsewhere (their models are not in --out), e.g. to time their decoding on this machine")
     p.add_argument("--only", nargs="+", default=None, metavar="PART",
                    help="run only the jobs whose name contains one of these parts (and the bases "
                         "they fine-tune), e.g. --only rc-cyb-p3 ponder_cost-0.02")
@@ -659,7 +471,8 @@ def main() -> int:
     slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
-    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files.get("valid", ""), args.scale)
+    rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files.get("valid", ""), args.scale,
+                    tuple(args.again))
     if "reasoning-pilot" in args.suites:
         from experiments import reasoning_suite
 

@@ -5,6 +5,7 @@ a tiny model and scores it with the task's verifier, as the GPU job does."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ pytest.importorskip("reasoning_gym")
 
 from cyb.config import RunConfig  # noqa: E402
 from experiments import reasoning_suite as rs  # noqa: E402
-from experiments import run_suite  # noqa: E402
+from experiments import run_suite, suite_runner  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,7 +45,7 @@ def test_the_suite_holds_every_row_three_seeds_and_the_compute_matched_baseline(
     for j in suite[:7]:  # every row's configuration is one cyb train accepts (the task and its settings too)
         cfg = RunConfig.from_dict(j.cfg).validate()
         assert cfg.data.task == "reasoning-gym:chain_sum" and cfg.data.num_valid_examples == 256
-    row = run_suite.final_row(by_name["rg-gcd-cyb-p3-gated-s1"], run_suite.Path("outputs/reasoning"),
+    row = suite_runner.final_row(by_name["rg-gcd-cyb-p3-gated-s1"], Path("outputs/reasoning"),
                               "smollm2-reasoning")
     assert row["command"].endswith("--scale smollm2-reasoning --tasks gcd") and "--only rg-gcd-cyb-p3-gated-s1" in row["command"]
     first = sorted(suite, key=lambda j: -j.priority)  # seed 0 of every row first, the 4x baseline last
@@ -89,7 +90,7 @@ def test_one_row_trains_on_a_cpu_and_is_scored_by_the_verifier(tmp_path, monkeyp
              if j.name == "rg-chain_sum-cyb-p3-private-adapters16-s0"]
     train(RunConfig.from_dict(job.cfg).validate())
     evaluate(out / job.name, progress=False, num_passages=0)  # what the job runs after training
-    row = run_suite.final_row(job, out, "reasoning-quick")
+    row = suite_runner.final_row(job, out, "reasoning-quick")
     judged = row["reasoning_gym"]
     assert row["final"]["ppl"] > 0 and judged["task"] == "reasoning-gym:chain_sum" and judged["num_examples"] == 4
     assert 0.0 <= judged["mean_score"] <= 1.0 and judged["seconds_per_answer"] > 0
@@ -124,7 +125,7 @@ def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
             for seed in (0, 1, 2):
                 exact = 0.4 + 0.1 * (short != "baseline") + 0.01 * seed
                 summary.append({"name": rs.run_name(task, short, seed), "label": f"{label} [{task}]", "seed": seed,
-                                "command": run_suite.rerun_command("reasoning", rs.run_name(task, short, seed), seed,
+                                "command": suite_runner.rerun_command("reasoning", rs.run_name(task, short, seed), seed,
                                                                    "smollm2-reasoning", "outputs/reasoning", task),
                                 "final": {"ppl": 2.0},
                                 "reasoning_gym": {"task": f"reasoning-gym:{task}", "exact": exact, "mean_score": exact,
@@ -159,7 +160,7 @@ def test_the_pack_leaves_out_weights_and_tokenizers(tmp_path):
                  "ckpt-200/state.pt", "metrics.jsonl"):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text("{}")
-    run_suite.pack(tmp_path / "out", tmp_path / "r.tar.gz")
+    suite_runner.pack(tmp_path / "out", tmp_path / "r.tar.gz")
     with tarfile.open(tmp_path / "r.tar.gz") as tar:
         names = sorted(n.split("rg-x-baseline-s0/")[1] for n in tar.getnames())
     assert names == ["eval/metrics.json", "final/config.json", "metrics.jsonl"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cyb.config import RunConfig
-from experiments import make_results, run_suite
+from experiments import make_results, run_suite, suite_runner
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +85,13 @@ def test_a_rows_command_reruns_it_alone_with_its_base(tmp_path, monkeypatch):
     are the row and, for a fine-tuning row, its base."""
     from experiments import run_suite
 
-    cmd = run_suite.rerun_command("finetune", "ft-cyb-p3-s1", 1)
+    cmd = suite_runner.rerun_command("finetune", "ft-cyb-p3-s1", 1)
     assert cmd == "python experiments/run_suite.py finetune --seeds 1 --only ft-cyb-p3-s1 --out outputs/finetune"
     s = dict(run_suite.SCALES["cpu-quick"])
     files = {k: k for k in ("train", "valid", "base", "ft", "tokenizer", "valid_in")}
     jobs = run_suite.suite_jobs("finetune", 1, s, files, tmp_path)
     assert {j.name for j in run_suite.select(jobs, ["ft-cyb-p3-s1"])} == {"ft-cyb-p3-s1", "base-s1"}
-    assert run_suite.rerun_command("smollm2", "sm-cyb-p3-private-s0", 0, "smollm2").endswith("--scale smollm2")
+    assert suite_runner.rerun_command("smollm2", "sm-cyb-p3-private-s0", 0, "smollm2").endswith("--scale smollm2")
 
 
 @pytest.mark.parametrize("name", ["visibility", "smollm2"])
@@ -215,15 +215,15 @@ def test_early_pausing_orders_the_cyb_seeds_by_final_perplexity():
 _DRIVER = """
 import subprocess, sys, time
 from pathlib import Path
-from experiments import run_suite
+from experiments import suite_runner
 
 def launch(job, out, device, log_dir, whole_valid):
     proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
     Path(sys.argv[2]).write_text(str(proc.pid))
     return proc
 
-run_suite.launch = launch
-run_suite.schedule([run_suite.Job("j", "s", "J", 0, {})], Path(sys.argv[1]), ["cpu/0"], float("inf"), None)
+suite_runner.launch = launch
+suite_runner.schedule([suite_runner.Job("j", "s", "J", 0, {})], Path(sys.argv[1]), ["cpu/0"], float("inf"), None)
 """
 
 
@@ -256,3 +256,26 @@ def test_a_stopped_driver_takes_its_jobs_down(tmp_path):
     else:
         os.kill(job, 9)
         raise AssertionError("the job outlived its driver")
+
+
+def test_again_reruns_a_finished_job_only_where_its_model_is_missing(tmp_path, monkeypatch):
+    """``--again``: a job finished on another machine (its row in summary.jsonl, its model not
+    here) runs again, e.g. to time its decoding; once its model is here it is skipped again."""
+    import subprocess
+
+    jobs = [suite_runner.Job(name, "s", name, 0, {}) for name in ("rg-a-baseline-s0", "rg-b-baseline-s0")]
+    (tmp_path / "summary.jsonl").write_text("".join(json.dumps({"name": j.name, "final": {}}) + "\n" for j in jobs))
+    started = []
+
+    def launch(job, out, device, log_dir, whole_valid):
+        started.append(job.name)
+        (out / job.name / "final").mkdir(parents=True)
+        (out / job.name / "final" / "model.safetensors").write_text("")
+        return subprocess.Popen(["true"], start_new_session=True)
+
+    monkeypatch.setattr(suite_runner, "launch", launch)
+    monkeypatch.setattr(suite_runner, "final_row", lambda job, out, scale: {"name": job.name, "final": {"ppl": 1.0}})
+    suite_runner.schedule(jobs, tmp_path, ["cpu/0"], float("inf"), None, again=("rg-a-",))
+    assert started == ["rg-a-baseline-s0"]
+    suite_runner.schedule(jobs, tmp_path, ["cpu/0"], float("inf"), None, again=("rg-a-",))
+    assert started == ["rg-a-baseline-s0"]

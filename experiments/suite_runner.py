@@ -1,0 +1,195 @@
+"""Running a suite's jobs (:mod:`experiments.run_suite`): each job's ``cyb train`` (then its
+scoring) as a process of its own on a slot of a GPU or the CPU, long ones first, each after the
+job it fine-tunes; one row per finished or failed job in ``OUT/summary.jsonl`` (a rerun skips
+what finished), the rerun command beside each row, and the results packed without weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class Job:
+    name: str
+    suite: str
+    label: str
+    seed: int
+    cfg: dict
+    needs: str | None = None  # the job whose final model this one starts from
+    analyse: bool = False  # also run `cyb eval` (latency, calibration, pause statistics)
+    cost: float = 1.0  # run time relative to a one-epoch baseline; long jobs start first
+    first: bool = False  # start before every other job (others wait for it)
+    priority: int = 0  # higher starts first (before cost decides)
+    task: bool = False  # scored by exact match on its task (no held-out text to read)
+    reasoning: bool = False  # a reasoning-gym task: cyb eval scores its generated answers
+    row: dict = field(default_factory=dict)
+
+
+def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | None = None,
+                  task: str | None = None) -> str:
+    """The command that reruns one row from a fresh clone (given techdocs in ``$CYB_DATA`` or
+    ``../shared/data/techdocs``): this script with ``--only`` the row, which writes the data
+    splits first and trains the row's base first when it fine-tunes one (``--tasks`` the
+    reasoning-gym task of a ``reasoning`` row)."""
+    scale_arg = "" if scale == "gpu" else f" --scale {scale}"
+    task_arg = f" --tasks {task}" if task and suite == "reasoning" else ""
+    return (f"python experiments/run_suite.py {suite} --seeds {seed} --only {name} "
+            f"--out {out or f'outputs/{suite}'}{scale_arg}{task_arg}")
+
+
+def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
+    run = out / job.name
+    row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
+           "command": rerun_command(job.suite, job.name, job.seed, scale, str(out), job.row.get("task")),
+           "config": f"{out / job.suite / 'configs' / job.name}.yaml"}
+    if (run / "final_metrics.json").is_file():
+        row["final"] = json.loads((run / "final_metrics.json").read_text())
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        tps = sorted(r["tokens_per_s"] for r in lines if r.get("split") == "train" and r.get("tokens_per_s"))
+        row["tokens_per_s"] = tps[len(tps) // 2] if tps else None
+        last = [r for r in lines if r.get("split") == "train"][-1:]
+        row["train_ppl"] = last[0].get("ppl") if last else None  # the last logging window's
+        row["curve"] = [{k: r.get(k) for k in ("step", "epoch", "ppl", "mean_steps", "targets")}
+                        for r in lines if r.get("split") == "valid"]
+        if (run / "task.json").is_file():
+            row["task"] = json.loads((run / "task.json").read_text())
+        judged = run / "eval" / "metrics.json"
+        if job.reasoning and judged.is_file():  # the verifier's scores of the generated answers
+            metrics = json.loads(judged.read_text())
+            row["reasoning_gym"] = metrics.get("reasoning_gym")
+            row["task"] = metrics.get("task")
+        whole = run / "eval-whole-file" / "metrics.json"
+        if whole.is_file():
+            w = json.loads(whole.read_text())["perplexity"]
+            row["whole_file"] = {"ppl": w["ppl"], "tokens": w["tokens"]}
+        state = run / "final" / "training_state.json"
+        if state.is_file():
+            row["training_state"] = json.loads(state.read_text())
+    return row
+
+
+def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) -> subprocess.Popen:
+    cfg_dir = out / job.suite / "configs"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = cfg_dir / f"{job.name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(job.cfg, sort_keys=False))
+    threads = "1" if device == "cpu" else "4"  # CPU jobs: one core each
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, RAYON_NUM_THREADS=threads)
+    if device != "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = device
+    script = f"{sys.executable} -m cyb train {cfg_path}"
+    if job.task:  # exact match, teacher-forced and free-running
+        script += f" && {sys.executable} experiments/task_decoding.py {out / job.name}"
+    elif job.reasoning:  # answers generated adaptively, scored by the task's verifier, timed
+        script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress --passages 0"
+    else:
+        if job.analyse:  # figures and analyses on the run's own held-out rows
+            script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
+        # and the whole held-out file, Jargon File included
+        script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
+                   f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
+    log = open(log_dir / f"{job.name}.log", "w")
+    return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def pack(out: Path, target: Path) -> None:
+    """Everything under ``out`` but weights, optimiser states, the data copies and the tokenizer
+    each saved model carries (3.5 MB for SmolLM2's: a suite's pack would outgrow what a GPU call
+    returns)."""
+    tmp = target.with_name(target.name + ".tmp")
+    skip = (".safetensors", ".pt", ".jsonl.gz", "tokenizer.json", "tokenizer.model")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in sorted(out.rglob("*")):
+            if p.is_file() and not p.name.endswith(skip) and "/ckpt-" not in str(p):
+                tar.add(p, arcname=str(Path(out.name) / p.relative_to(out)))
+    tmp.replace(target)
+
+
+def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
+             unit_seconds: float = 0.0, whole_valid: str = "", scale: str = "gpu",
+             again: tuple[str, ...] = ()) -> list[dict]:
+    """Run ``jobs`` on ``slots`` (``"GPU/k"``), long ones first, each after the job it needs;
+    a job is started only if ``cost x unit_seconds`` fits before ``deadline``.  A job that
+    finished before is skipped, unless its name contains one of ``again`` and its final model
+    is not in ``out`` (finished elsewhere, e.g. on another session's machine)."""
+    done_names = set()
+    summary_path = out / "summary.jsonl"
+    if summary_path.is_file():  # a rerun skips what already finished
+        done_names = {json.loads(x)["name"] for x in summary_path.read_text().splitlines()
+                      if x.strip() and "final" in json.loads(x)}
+    done_names -= {j.name for j in jobs if any(part in j.name for part in again)
+                   and not (out / j.name / "final" / "model.safetensors").is_file()}
+    needed = {j.needs for j in jobs if j.needs and j.name not in done_names}
+    done_names -= {n for n in needed if not (out / n / "final" / "model.safetensors").is_file()}  # weights gone
+    pending = sorted((j for j in jobs if j.name not in done_names),
+                     key=lambda j: (not j.first, -j.priority, -j.cost))
+    failed: set[str] = set()
+    running: dict[str, tuple[Job, subprocess.Popen, float]] = {}  # slot -> (job, process, start)
+
+    def stop(signum, _frame):  # the jobs run in sessions of their own: take them down with the driver
+        for _, proc, _ in running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    log_dir = out / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    try:
+        while pending or running:
+            for slot in slots:
+                if slot in running or not pending:
+                    continue
+                left = deadline - time.time()
+                ready = [j for j in pending if (j.needs is None or j.needs in done_names)
+                         and j.cost * unit_seconds < left]  # one that cannot finish is not started
+                if not ready:
+                    break
+                job = ready[0]
+                pending.remove(job)
+                running[slot] = (job, launch(job, out, slot.split("/")[0], log_dir, whole_valid), time.time())
+                print(f"[{time.time() - start:6.0f} s] start {job.name} on {slot}", flush=True)
+            for slot, (job, proc, t0) in list(running.items()):
+                if proc.poll() is None:
+                    if time.time() > deadline:
+                        os.killpg(proc.pid, 9)
+                        proc.wait()
+                    else:
+                        continue
+                del running[slot]
+                row = final_row(job, out, scale)
+                row["seconds"] = round(time.time() - t0, 1)
+                row["returncode"] = proc.returncode
+                if "final" in row:
+                    done_names.add(job.name)
+                else:
+                    failed.add(job.name)
+                with summary_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                ppl = f"ppl {row['final']['ppl']:.2f}" if "final" in row else f"FAILED rc={proc.returncode}"
+                print(f"[{time.time() - start:6.0f} s] {job.name:32s} {ppl} ({row['seconds']} s)", flush=True)
+                if pack_to is not None:
+                    pack(out, pack_to)
+            # drop jobs whose base failed, and those that can no longer finish in time
+            pending = [j for j in pending if j.needs not in failed and j.cost * unit_seconds < deadline - time.time()]
+            time.sleep(1.0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
+
+
+__all__ = ["Job", "final_row", "launch", "pack", "rerun_command", "schedule"]
