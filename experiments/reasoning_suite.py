@@ -91,30 +91,6 @@ def tasks_of(out: Path, given: str | None) -> list[str]:
     return list(TASKS)[:CHOSEN]
 
 
-def jobs(seed: int, s: dict, out: Path, *, pilot: bool = False) -> list:
-    """The suite's :class:`experiments.suite_runner.Job` s of ``seed`` at scale ``s``: every row on
-    the tasks of ``s["tasks"]``, or with ``pilot`` the seed-0 baseline on every candidate."""
-    from experiments.run_suite import method, smollm2_config
-    from experiments.suite_runner import Job
-
-    tasks = list(TASKS) if pilot else s["tasks"]
-    out_jobs = []
-    for task in tasks:
-        for rank, (label, short, m, cost, times, data_times) in enumerate(rows()):
-            if pilot and short != "baseline":
-                continue
-            name = run_name(task, short, seed)
-            scaled = dict(s, ft_steps=s["ft_steps"] * times, eval_every=s["eval_every"] * times,
-                          save_every=s["save_every"] * times)
-            cfg = smollm2_config(scaled, out / name, seed, method(**m), task_config(task, s, data_times),
-                                 lr=s["lr"], save_every=scaled["save_every"], log_every=50)
-            # every row's seed 0 first, then seed 1, ...; the compute-matched baselines last
-            order = 100 * (times > 1) + 10 * seed + rank
-            out_jobs.append(Job(name, "reasoning-pilot" if pilot else "reasoning", f"{label} [{task}]", seed, cfg,
-                                cost=cost, priority=-order, reasoning=True, row={"task": task}))
-    return out_jobs
-
-
 def choose(summary: list[dict]) -> dict:
     """The pilot's choice from the rows of ``summary.jsonl``: ``{"chosen", "exact", "rule",
     "missing"}``.  The first :data:`CHOSEN` candidates whose seed-0 baseline answered an exact
@@ -146,5 +122,5 @@ def write_choice(out: Path, summary: list[dict]) -> dict | None:
     return choice
 
 
-__all__ = ["CHOICE_FILE", "PILOT_RANGE", "TASKS", "choose", "jobs", "rows", "run_name", "task_config", "tasks_of",
+__all__ = ["CHOICE_FILE", "PILOT_RANGE", "TASKS", "choose", "rows", "run_name", "task_config", "tasks_of",
            "write_choice"]

@@ -320,6 +320,29 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
     return jobs
 
 
+def reasoning_jobs(seed: int, s: dict, out: Path, *, pilot: bool = False) -> list[Job]:
+    """SmolLM2-135M fine-tuned on reasoning-gym tasks (``experiments/reasoning_suite.py``): every
+    row on the tasks of ``s["tasks"]``, or with ``pilot`` the seed-0 baseline on every candidate."""
+    from experiments import reasoning_suite as rs
+
+    tasks = list(rs.TASKS) if pilot else s["tasks"]
+    jobs = []
+    for task in tasks:
+        for rank, (label, short, m, cost, times, data_times) in enumerate(rs.rows()):
+            if pilot and short != "baseline":
+                continue
+            name = rs.run_name(task, short, seed)
+            scaled = dict(s, ft_steps=s["ft_steps"] * times, eval_every=s["eval_every"] * times,
+                          save_every=s["save_every"] * times)
+            cfg = smollm2_config(scaled, out / name, seed, method(**m), rs.task_config(task, s, data_times),
+                                 lr=s["lr"], save_every=scaled["save_every"], log_every=50)
+            # every row's seed 0 first, then seed 1, ...; the compute-matched baselines last
+            order = 100 * (times > 1) + 10 * seed + rank
+            jobs.append(Job(name, "reasoning-pilot" if pilot else "reasoning", f"{label} [{task}]", seed, cfg,
+                            cost=cost, priority=-order, reasoning=True, row={"task": task}))
+    return jobs
+
+
 def stability_jobs(seed: int, s: dict, files: dict, out: Path) -> list[Job]:
     """CYB pretrained from scratch as in ``pretrain``, beside the baseline, with the candidates
     that hold up its early pauses: private pauses and a four times longer warmup (and a lower
@@ -346,9 +369,7 @@ def suite_jobs(suite: str, seed: int, s: dict, files: dict, out: Path) -> list[J
     if suite == "smollm2-arith":
         return arithmetic_jobs(seed, s, out)
     if suite in ("reasoning", "reasoning-pilot"):
-        from experiments import reasoning_suite
-
-        return reasoning_suite.jobs(seed, s, out, pilot=suite == "reasoning-pilot")
+        return reasoning_jobs(seed, s, out, pilot=suite == "reasoning-pilot")
     if suite == "stability":
         return stability_jobs(seed, s, files, out)
     if suite in ("pretrain", "epochs"):
