@@ -163,3 +163,27 @@ def test_a_run_on_a_task_is_scored_by_its_verifier(pretrained, tmp_path, capsys)
     fixed = json.loads((tmp_path / "fixed" / "metrics.json").read_text())["reasoning_gym"]
     assert fixed["mode"] == "fixed" and fixed["positions_per_token"] == 2.0
     assert "fixed decoding" in capsys.readouterr().out
+    # the ablations: every answer token read out at step 1 (no pause), or at step M (every pause)
+    for step in (1, 2):
+        assert main(["eval", str(tmp_path / "run"), "--no-progress", "--passages", "0", "--read-at", str(step),
+                     "--out", str(tmp_path / f"read-at-{step}")]) == 0
+        forced = json.loads((tmp_path / f"read-at-{step}" / "metrics.json").read_text())["reasoning_gym"]
+        assert forced["read_at"] == step and forced["mean_steps"] == step
+        assert f"read out at step {step}" in capsys.readouterr().out
+
+
+def test_read_at_is_for_reasoning_runs_only(tmp_path):
+    from cyb.eval import evaluate
+    from cyb.train import train
+
+    cfg = RunConfig.from_dict({"model": {"arch": "llama", "hidden_size": 32, "num_layers": 1, "num_heads": 2},
+                               "method": {"name": "cyb", "num_steps": 2},
+                               "data": {"task": "addition", "task_kwargs": {"digits": 2}, "num_train_examples": 32,
+                                        "num_valid_examples": 4},
+                               "train": {"out_dir": str(tmp_path / "run"), "steps": 1, "batch_size": 4,
+                                         "eval_every": 0, "save_every": 0, "progress": False}}).validate()
+    train(cfg)
+    with pytest.raises(ValueError, match="reasoning-gym task run"):
+        evaluate(tmp_path / "run", answer_read_at=1, progress=False, num_passages=0)
+    with pytest.raises(ValueError, match="step >= 1"):
+        evaluate(tmp_path / "run", answer_read_at=0, progress=False, num_passages=0)

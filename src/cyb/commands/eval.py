@@ -60,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a reasoning-gym task run (data.task: reasoning-gym:NAME): generate the answers to "
                         "the held-out questions in this mode and score them with the task's own verifier "
                         "(mean score, exact share, reasoning_gym.jsonl per question)")
+    p.add_argument("--read-at", type=int, default=None, metavar="K",
+                   help="a reasoning-gym task run, an ablation: read every answer token out at step K "
+                        "(1: the pauses removed at inference; M: every pause taken) instead of where the "
+                        "model stops" + _OWN_DEFAULT)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -76,7 +80,7 @@ def run(args) -> int:
                        impl=args.impl, dtype=args.dtype, block_len=args.block_len, num_passages=args.passages,
                        passage_tokens=args.passage_tokens, min_count=args.min_count, top_k=args.top_k,
                        attribution=args.attribution, progress=not args.no_progress, command=command,
-                       generate=args.generate, answer_mode=args.answer_mode)
+                       generate=args.generate, answer_mode=args.answer_mode, answer_read_at=args.read_at)
     print(format_summary(metrics))
     return 0
 

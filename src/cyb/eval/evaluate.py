@@ -393,6 +393,7 @@ def evaluate(
     command: str | None = None,
     generate: int = 0,
     answer_mode: str = "adaptive",
+    answer_read_at: int | None = None,
 ) -> dict:
     """Evaluate a run or saved model on held-out data; returns the metrics (also written as
     ``metrics.json`` with figures into ``out_dir``, default ``PATH/eval``, unless ``write`` is
@@ -419,6 +420,8 @@ def evaluate(
         answer_mode: a reasoning-gym task run: the mode its answers to every scored held-out
             question are generated in, ``adaptive`` or ``fixed``, before the task's verifier
             scores them (:func:`cyb.eval.reasoning_scores.score_reasoning`).
+        answer_read_at: an ablation of those answers: every token read out at this step (1: the
+            pauses removed at inference; ``M``: every pause taken); None: the model's decisions.
     """
     if max_tokens is not None and max_tokens != RUN_ROWS and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"max_tokens (--tokens) must be >= 1, None or {RUN_ROWS!r}, got {max_tokens!r}")
@@ -428,10 +431,15 @@ def evaluate(
         raise ValueError(f"generate (--generate) must be >= 0, got {generate}")
     if answer_mode not in ("adaptive", "fixed"):
         raise ValueError(f"answer_mode (--answer-mode) must be adaptive or fixed, got {answer_mode!r}")
+    if answer_read_at is not None and answer_read_at < 1:
+        raise ValueError(f"answer_read_at (--read-at) must be a step >= 1, got {answer_read_at}")
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1, got {min_count}")
     target = resolve_target(path)
     spec = resolve_data(target.config, data, block_len=block_len)
+    reasoning = spec.kind == "synthetic" and spec.config.data.task.startswith("reasoning-gym:")
+    if answer_read_at is not None and not reasoning:
+        raise ValueError("answer_read_at (--read-at) applies to the generated answers of a reasoning-gym task run")
     if max_tokens == RUN_ROWS:
         max_tokens = None
         if data is None and target.config is not None and block_len in (None, spec.block_len):
@@ -474,10 +482,11 @@ def evaluate(
         metrics["task"] = score_task(model, spec.config, tokenizer, max_rows=spec.max_rows,
                                      generate=generate)
     answer_rows = None
-    if spec.kind == "synthetic" and spec.config.data.task.startswith("reasoning-gym:"):  # the task's verifier
+    if reasoning:  # the task's verifier
         from .reasoning_scores import score_reasoning
 
-        judged = score_reasoning(model, spec.config, tokenizer, max_rows=spec.max_rows, mode=answer_mode)
+        judged = score_reasoning(model, spec.config, tokenizer, max_rows=spec.max_rows, mode=answer_mode,
+                                 read_at=answer_read_at)
         answer_rows = judged.pop("rows")
         metrics["reasoning_gym"] = judged
     del model

@@ -134,7 +134,9 @@ def write_rows(scores: dict, out_dir) -> str:
 def format_reasoning(scores: dict) -> str:
     """One summary line."""
     return (f"{scores['task']}: mean score {scores['mean_score']:.3f}, exact {scores['exact']:.1%} on "
-            f"{scores['num_examples']} held-out questions ({scores['mode']} decoding, {scores['mean_steps']:.2f} "
+            f"{scores['num_examples']} held-out questions ({scores['mode']} decoding"
+            + (f", every token read out at step {scores['read_at']}" if scores.get("read_at") else "")
+            + f", {scores['mean_steps']:.2f} "
             f"steps per answer token, {scores['seconds_per_answer'] * 1e3:.1f} ms per answer at "
             f"{min(scores['max_batch'], scores['num_examples'])} rows at once on {scores['device']})")
 
