@@ -173,14 +173,14 @@ def test_keep_folds_a_pack_into_the_results_without_machine_paths(tmp_path):
     run = suite / "rg-gcd-baseline-s0"
     (run / "eval").mkdir(parents=True)
     (run / "config.yaml").write_text("model:\n  name_or_path: /tmp/cyb/smollm2\ntrain:\n"
-                                     "  out_dir: /work/x/outputs/reasoning/rg-gcd-baseline-s0\n")
+                                     f"  out_dir: {suite / 'rg-gcd-baseline-s0'}\n")  # the machine's path
     (run / "final_metrics.json").write_text("{}")
     (run / "eval" / "reasoning_gym.jsonl").write_text('{"index": 0}\n')
     (suite / "rg-gcd-cyb-p3-private-s0").mkdir()  # cut by a deadline: not kept
     judged = {"task": "reasoning-gym:gcd", "exact": 0.5, "mean_score": 0.5, "mean_steps": 1.0,
               "seconds_per_answer": 0.01}
     rows = [{"name": "rg-gcd-baseline-s0", "label": "Baseline [gcd]", "seed": 0, "command": "c",
-             "config": "/work/x/outputs/reasoning/reasoning/configs/rg-gcd-baseline-s0.yaml"},
+             "config": f"{suite}/reasoning/configs/rg-gcd-baseline-s0.yaml"},
             {"name": "rg-gcd-baseline-s0", "label": "Baseline [gcd]", "seed": 0, "command": "c", "final": {},
              "reasoning_gym": judged}]
     (suite / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -197,3 +197,4 @@ def test_keep_folds_a_pack_into_the_results_without_machine_paths(tmp_path):
     config = (into / "rg-gcd-baseline-s0" / "config.yaml").read_text()
     assert "name_or_path: smollm2-135m" in config and "out_dir: outputs/reasoning/rg-gcd-baseline-s0" in config
     assert (into / "rg-gcd-baseline-s0" / "eval" / "reasoning_gym.jsonl.gz").is_file()
+    assert str(tmp_path) not in (into / "summary.jsonl").read_text()
