@@ -173,6 +173,17 @@ def check_positions(position_ids: torch.Tensor, config) -> None:
         )
 
 
+def embedding_weights(hf_model) -> list[torch.Tensor]:
+    """The input embedding's weight and, where it is a tensor of its own (untied), the output
+    projection's: the tensors that hold a token's rows."""
+    weights = []
+    for layer in (hf_model.get_input_embeddings(), hf_model.get_output_embeddings()):
+        w = getattr(layer, "weight", None)
+        if w is not None and not any(w is x for x in weights):
+            weights.append(w)
+    return weights
+
+
 def decoder_layers(decoder: torch.nn.Module, num_layers: int | None) -> list[torch.nn.Module]:
     """The transformer blocks of the decoder, in order (for FSDP wrapping / compilation)."""
     layers = getattr(decoder, "layers", None)

@@ -367,17 +367,12 @@ def freeze_base(model) -> list[torch.nn.Parameter]:
             p.requires_grad_(False)
     settings = model.settings
     ids = sorted(set(settings.pause_ids) | ({settings.dk_id} if settings.dk_id is not None else set()))
-    rows = []
-    for layer in (hf_model.get_input_embeddings(), hf_model.get_output_embeddings()):
-        w = getattr(layer, "weight", None)
-        if w is None or any(w is r for r in rows):
-            continue
+    for w in hf.embedding_weights(hf_model):
         mask = torch.zeros(w.shape[0], 1, dtype=w.dtype, device=w.device)
         mask[ids] = 1
         w.requires_grad_(True)
         w.register_hook(lambda g, m=mask: g * m.to(device=g.device, dtype=g.dtype))
         setattr(w, NO_DECAY_ATTR, True)
-        rows.append(w)
     return [p for p in hf_model.parameters() if p.requires_grad]
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from . import hf
+
 #: The choices of ``method.pause_rows``.
 ROWS = ("train", "frozen")
 
@@ -48,13 +50,7 @@ class FrozenRows:
         ids = sorted(set(int(i) for i in model.settings.pause_ids))
         if not ids:
             raise ValueError("the model has no pause ids: nothing to freeze")
-        hf_model = model.hf_model
-        weights = []
-        for layer in (hf_model.get_input_embeddings(), hf_model.get_output_embeddings()):
-            w = getattr(layer, "weight", None)
-            if w is not None and not any(w is x for x in weights):
-                weights.append(w)
-        return cls(weights, ids)
+        return cls(hf.embedding_weights(model.hf_model), ids)
 
     @torch.no_grad()
     def restore(self) -> None:
