@@ -14,7 +14,9 @@
 # outputs/reasoning/reasoning-choice.json once every candidate is scored) and then, in the time
 # left, the suite on the three tasks it chose, and in its last TIMING_S seconds (default 100)
 # times the finished runs' decoding again with nothing else on their GPU
-# (experiments/reasoning_timing.py). SECONDS bounds the whole call, staging included. Calls pick
+# (experiments/reasoning_timing.py). SECONDS bounds the whole call, staging included; runs
+# training at the suite's deadline are killed (and resume from their checkpoint), runs scoring
+# their trained model get GRACE_S (default 60) seconds more. Calls pick
 # up where the last one stopped: finished runs are skipped, a run cut by the deadline resumes
 # from its last checkpoint (every 200 steps) while the machine stays up, so the same command is
 # repeated until the driver prints that every run of the suite finished. Across sessions, fold
@@ -40,6 +42,7 @@ out=${OUT:-.}
 total=${1:-540}
 seeds=${2:-0,1,2}
 timing=${TIMING_S:-100}  # seconds kept at the end to time the finished runs' decoding alone
+grace=${GRACE_S:-60}  # seconds past the suite's deadline for a run scoring its trained model
 # runs finished in earlier sessions (experiments/reasoning_keep.py) are not run again
 if [ ! -f outputs/reasoning/summary.jsonl ] && [ -f results/experiments/reasoning/summary.jsonl ]; then
   mkdir -p outputs/reasoning
@@ -52,9 +55,9 @@ if [ ! -f outputs/reasoning/reasoning-choice.json ]; then
   python3 experiments/run_suite.py reasoning-pilot --seeds 0 --deadline "$total" "${common[@]}" "${@:3}" 2>&1 \
     | tee -a "$out/driver.log"
 fi
-left=$(( total - ($(date +%s) - start) - timing ))
+left=$(( total - ($(date +%s) - start) - timing - grace ))
 if [ -f outputs/reasoning/reasoning-choice.json ] && [ "$left" -gt 60 ]; then
-  python3 experiments/run_suite.py reasoning --seeds "$seeds" --deadline "$left" "${common[@]}" "${@:3}" 2>&1 \
+  python3 experiments/run_suite.py reasoning --seeds "$seeds" --deadline "$left" --grace "$grace" "${common[@]}" "${@:3}" 2>&1 \
     | tee -a "$out/driver.log"
 fi
 # each finished run's decoding timed again with nothing else on its GPU (RUN/eval/timing.json)

@@ -28,6 +28,8 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/
     sys.path.insert(0, REPO_ROOT)
 
+from experiments.suite_runner import finished  # noqa: E402
+
 #: Files of a run kept in the repository (beside the gzipped answers).
 KEEP = ("config.yaml", "metrics.jsonl", "final_metrics.json", "run.json", "eval/summary.txt",
         "eval/pause_stats.md", "eval/timing.json", "eval/ablations.json")
@@ -48,11 +50,12 @@ def portable(text: str) -> str:
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
-    """One row per run name, in first-seen order: the newest finished row, else the newest."""
+    """One row per run name, in first-seen order: the newest finished row, else the newest (a run
+    trained again whose scoring was cut keeps the scored row of an earlier machine)."""
     rows: dict[str, dict] = {}
     for r in old + new:
         have = rows.get(r["name"])
-        if have is None or "final" in r or "final" not in have:
+        if have is None or finished(r) or not finished(have):
             rows[r["name"]] = r
     return list(rows.values())
 
@@ -71,10 +74,11 @@ def keep(folder: Path, into: Path) -> int:
     for name in ("reasoning-choice.json", "scale.json"):
         if (folder / name).is_file():
             shutil.copy2(folder / name, into / name)
+    newest = {r["name"]: r for r in _read_rows(folder / "summary.jsonl")}
     copied = 0
     for run in sorted(folder.glob("rg-*")):
-        if not (run / "final_metrics.json").is_file():
-            continue  # cut by a deadline: it runs again
+        if not finished(newest.get(run.name, {})):
+            continue  # cut by a deadline (in training or in its scoring): it runs again
         for rel in KEEP:
             if (run / rel).is_file():
                 (into / run.name / rel).parent.mkdir(parents=True, exist_ok=True)

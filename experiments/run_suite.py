@@ -85,7 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the repository root holds experiments/
     sys.path.insert(0, str(REPO))
 
-from experiments.suite_runner import Job, pack, schedule  # noqa: E402
+from experiments.suite_runner import Job, finished, pack, schedule  # noqa: E402
 
 SPLIT_DOC = 3500  # documents [0, SPLIT_DOC) pretrain the fine-tuning base; the rest fine-tune it
 
@@ -453,6 +453,8 @@ def main() -> int:
     p.add_argument("--per-gpu", type=int, default=1, help="jobs at a time on each GPU")
     p.add_argument("--deadline", type=float, default=None, help="seconds from now after which running jobs "
                    "are killed and no new job starts")
+    p.add_argument("--grace", type=float, default=0.0, help="seconds past --deadline that a job scoring its "
+                   "trained model is given to finish (a kill there loses the scores of a whole training)")
     p.add_argument("--unit-seconds", type=float, default=0.0,
                    help="expected seconds of a cost-1 job (a one-epoch baseline) under this load: jobs "
                         "that would end after the deadline are not started")
@@ -493,14 +495,14 @@ def main() -> int:
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
     rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files.get("valid", ""), args.scale,
-                    tuple(args.again))
+                    tuple(args.again), args.grace)
     if "reasoning-pilot" in args.suites:
         from experiments import reasoning_suite
 
         choice = reasoning_suite.write_choice(out, rows)
         print(f"pilot: {json.dumps(choice)}" if choice else "pilot: not every candidate has a score yet")
     asked = {j.name for j in jobs}
-    ok = len({r["name"] for r in rows if "final" in r and r["name"] in asked})
+    ok = len({r["name"] for r in rows if finished(r) and r["name"] in asked})
     print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
     if args.pack is not None:
         pack(out, args.pack)

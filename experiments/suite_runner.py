@@ -48,6 +48,19 @@ def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | No
             f"--out {out or f'outputs/{suite}'}{scale_arg}{task_arg}")
 
 
+def finished(row: dict) -> bool:
+    """Whether a row of ``summary.jsonl`` is a finished run: trained, and whatever follows the
+    training (scoring, evaluations) ran to its end.  A row whose training finished but whose
+    follow-up was cut (a deadline's kill) holds ``trained`` instead of ``final``; rows written
+    before that distinction say so by their ``returncode``."""
+    return "final" in row and row.get("returncode", 0) == 0
+
+
+def trained(out: Path, name: str) -> bool:
+    """Whether the run ``out/name`` finished its training here (final model and metrics)."""
+    return (out / name / "final_metrics.json").is_file() and (out / name / "final" / "model.safetensors").is_file()
+
+
 def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
     run = out / job.name
     row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
@@ -88,7 +101,8 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, RAYON_NUM_THREADS=threads)
     if device != "cpu":
         env["CUDA_VISIBLE_DEVICES"] = device
-    script = f"{sys.executable} -m cyb train {cfg_path}"
+    # a run trained here whose scoring was cut is only scored again
+    script = "true" if trained(out, job.name) else f"{sys.executable} -m cyb train {cfg_path}"
     if job.task:  # exact match, teacher-forced and free-running
         script += f" && {sys.executable} experiments/task_decoding.py {out / job.name}"
     elif job.reasoning:  # answers generated adaptively, scored by the task's verifier, timed
@@ -119,16 +133,18 @@ def pack(out: Path, target: Path) -> None:
 
 def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
              unit_seconds: float = 0.0, whole_valid: str = "", scale: str = "gpu",
-             again: tuple[str, ...] = ()) -> list[dict]:
+             again: tuple[str, ...] = (), grace: float = 0.0) -> list[dict]:
     """Run ``jobs`` on ``slots`` (``"GPU/k"``), long ones first, each after the job it needs;
-    a job is started only if ``cost x unit_seconds`` fits before ``deadline``.  A job that
-    finished before is skipped, unless its name contains one of ``again`` and its final model
-    is not in ``out`` (finished elsewhere, e.g. on another session's machine)."""
+    a job is started only if ``cost x unit_seconds`` fits before ``deadline``.  At the deadline
+    running jobs are killed, except those already scoring a trained model, which get up to
+    ``grace`` seconds more.  A job that finished before is skipped, unless its name contains one
+    of ``again`` and its final model is not in ``out`` (finished elsewhere, e.g. on another
+    session's machine)."""
     done_names = set()
     summary_path = out / "summary.jsonl"
     if summary_path.is_file():  # a rerun skips what already finished
         done_names = {json.loads(x)["name"] for x in summary_path.read_text().splitlines()
-                      if x.strip() and "final" in json.loads(x)}
+                      if x.strip() and finished(json.loads(x))}
     done_names -= {j.name for j in jobs if any(part in j.name for part in again)
                    and not (out / j.name / "final" / "model.safetensors").is_file()}
     needed = {j.needs for j in jobs if j.needs and j.name not in done_names}
@@ -164,7 +180,8 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                 print(f"[{time.time() - start:6.0f} s] start {job.name} on {slot}", flush=True)
             for slot, (job, proc, t0) in list(running.items()):
                 if proc.poll() is None:
-                    if time.time() > deadline:
+                    now = time.time()
+                    if now > deadline and not (now < deadline + grace and trained(out, job.name)):
                         os.killpg(proc.pid, 9)
                         proc.wait()
                     else:
@@ -173,13 +190,17 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                 row = final_row(job, out, scale)
                 row["seconds"] = round(time.time() - t0, 1)
                 row["returncode"] = proc.returncode
-                if "final" in row:
+                if "final" in row and proc.returncode != 0:  # trained, but its scoring was cut
+                    row["trained"] = row.pop("final")
+                if finished(row):
                     done_names.add(job.name)
                 else:
                     failed.add(job.name)
                 with summary_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                ppl = f"ppl {row['final']['ppl']:.2f}" if "final" in row else f"FAILED rc={proc.returncode}"
+                ppl = (f"ppl {row['final']['ppl']:.2f}" if "final" in row else
+                       f"trained; its scoring was cut (rc={proc.returncode}): scored by the next call"
+                       if "trained" in row else f"FAILED rc={proc.returncode}")
                 print(f"[{time.time() - start:6.0f} s] {job.name:32s} {ppl} ({row['seconds']} s)", flush=True)
                 if pack_to is not None:
                     pack(out, pack_to)
@@ -192,4 +213,4 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
 
 
-__all__ = ["Job", "final_row", "launch", "pack", "rerun_command", "schedule"]
+__all__ = ["Job", "final_row", "finished", "launch", "pack", "rerun_command", "schedule", "trained"]

@@ -198,3 +198,32 @@ def test_keep_folds_a_pack_into_the_results_without_machine_paths(tmp_path):
     assert "name_or_path: smollm2-135m" in config and "out_dir: outputs/reasoning/rg-gcd-baseline-s0" in config
     assert (into / "rg-gcd-baseline-s0" / "eval" / "reasoning_gym.jsonl.gz").is_file()
     assert str(tmp_path) not in (into / "summary.jsonl").read_text()
+
+
+def test_keep_never_trades_a_scored_row_for_a_run_whose_scoring_was_cut(tmp_path):
+    """A run trained again elsewhere (``--again``) whose scoring a deadline cut keeps the scored
+    row and files of the earlier machine; rows of runs never scored are not taken as finished."""
+    from experiments import reasoning_keep
+
+    judged = {"task": "reasoning-gym:gcd", "exact": 0.5, "mean_score": 0.5, "mean_steps": 1.0,
+              "seconds_per_answer": 0.01}
+    scored = {"name": "rg-gcd-baseline-s0", "label": "Baseline [gcd]", "seed": 0, "command": "c", "final": {},
+              "reasoning_gym": judged, "returncode": 0}
+    into = tmp_path / "results"
+    (into / "rg-gcd-baseline-s0").mkdir(parents=True)
+    (into / "summary.jsonl").write_text(json.dumps(scored) + "\n")
+    (into / "rg-gcd-baseline-s0" / "metrics.jsonl").write_text("scored\n")
+    suite = tmp_path / "outputs" / "reasoning"
+    for name in ("rg-gcd-baseline-s0", "rg-gcd-baseline-s1"):
+        (suite / name).mkdir(parents=True)
+        (suite / name / "final_metrics.json").write_text("{}")
+        (suite / name / "metrics.jsonl").write_text("trained again\n")
+    cut = [dict(scored, reasoning_gym=None, returncode=-9),  # written before rows said ``trained``
+           {"name": "rg-gcd-baseline-s1", "label": "Baseline [gcd]", "seed": 1, "command": "c", "trained": {},
+            "returncode": -9}]
+    (suite / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cut))
+    reasoning_keep.main([str(suite), "--into", str(into)])
+    kept = [json.loads(x) for x in (into / "summary.jsonl").read_text().splitlines()]
+    assert kept[0] == scored and "final" not in kept[1]
+    assert (into / "rg-gcd-baseline-s0" / "metrics.jsonl").read_text() == "scored\n"
+    assert not (into / "rg-gcd-baseline-s1").exists()

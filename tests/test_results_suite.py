@@ -279,3 +279,55 @@ def test_again_reruns_a_finished_job_only_where_its_model_is_missing(tmp_path, m
     assert started == ["rg-a-baseline-s0"]
     suite_runner.schedule(jobs, tmp_path, ["cpu/0"], float("inf"), None, again=("rg-a-",))
     assert started == ["rg-a-baseline-s0"]
+
+
+def test_a_run_whose_scoring_was_cut_is_scored_again_without_training_again(tmp_path, monkeypatch):
+    """A deadline that kills a job after its training but inside its scoring leaves a model and
+    no scores: its row says ``trained`` (not finished), and the next call only scores it."""
+    import subprocess
+
+    job = suite_runner.Job("rg-a-baseline-s0", "reasoning", "A", 0, {"method": {"name": "baseline"}},
+                           reasoning=True)
+    scripts, real_popen = [], subprocess.Popen
+
+    def popen(args, **kwargs):
+        scripts.append(args[-1])
+        run = tmp_path / job.name
+        (run / "final").mkdir(parents=True, exist_ok=True)
+        (run / "final" / "model.safetensors").write_text("")
+        (run / "final_metrics.json").write_text('{"ppl": 1.5}')
+        (run / "metrics.jsonl").write_text("")
+        return real_popen(["false"] if len(scripts) == 1 else ["true"], start_new_session=True)
+
+    monkeypatch.setattr(suite_runner.subprocess, "Popen", popen)
+    rows = suite_runner.schedule([job], tmp_path, ["cpu/0"], float("inf"), None)
+    assert "trained" in rows[-1] and not suite_runner.finished(rows[-1])
+    assert scripts[0].split(" && ")[0].endswith(f"-m cyb train {tmp_path}/reasoning/configs/{job.name}.yaml")
+    rows = suite_runner.schedule([job], tmp_path, ["cpu/0"], float("inf"), None)
+    assert suite_runner.finished(rows[-1]) and len(scripts) == 2
+    assert scripts[1].startswith("true && ") and "-m cyb eval" in scripts[1]
+    suite_runner.schedule([job], tmp_path, ["cpu/0"], float("inf"), None)
+    assert len(scripts) == 2  # finished: skipped
+
+
+def test_at_the_deadline_a_run_scoring_its_trained_model_gets_the_grace(tmp_path, monkeypatch):
+    """Killing a job in its scoring loses a whole training: past the deadline, a job whose model
+    is trained runs on for up to ``grace`` seconds, one still training is killed."""
+    import subprocess
+    import time
+
+    jobs = [suite_runner.Job(name, "s", name, 0, {"method": {}}) for name in ("scoring", "training")]
+    real_popen = subprocess.Popen
+
+    def popen(args, **kwargs):
+        if "scoring" in args[-1]:
+            run = tmp_path / "scoring"
+            (run / "final").mkdir(parents=True)
+            (run / "final" / "model.safetensors").write_text("")
+            (run / "final_metrics.json").write_text('{"ppl": 1.5}')
+            (run / "metrics.jsonl").write_text("")
+        return real_popen(["sleep", "2"], start_new_session=True)
+
+    monkeypatch.setattr(suite_runner.subprocess, "Popen", popen)
+    rows = suite_runner.schedule(jobs, tmp_path, ["cpu/0", "cpu/1"], time.time() + 0.5, None, grace=30.0)
+    assert {r["name"]: suite_runner.finished(r) for r in rows} == {"scoring": True, "training": False}
