@@ -226,6 +226,24 @@ def test_train_starts_when_the_estimate_fits(tmp_path, monkeypatch, capsys):
     assert "memory estimate:" in capsys.readouterr().err
 
 
+def test_a_task_run_is_estimated_at_its_longest_example_not_at_block_len(tmp_path, monkeypatch):
+    """A task's rows are padded to its longest example (2-digit sums: a few tokens), not to
+    data.block_len (256 by default): counting block_len refused runs that fit many times over."""
+    from cyb.run_data import row_tokens
+    from cyb.train import Trainer
+
+    seen = []
+    estimate = memory.estimate
+    monkeypatch.setattr(memory, "device_capacity", lambda device: 2**40)
+    monkeypatch.setattr(memory, "estimate", lambda *a, **k: seen.append(k.get("real_tokens")) or estimate(*a, **k))
+    trainer = Trainer(tiny_cfg(tmp_path / "run"))
+    width = row_tokens(trainer.train_data)
+    assert seen == [width] and 2 < width < 16
+    cfg, shape = tiny_cfg(tmp_path / "x"), memory.ModelShape.from_hf_config(trainer.model.config)
+    assert memory.positions_per_row(cfg, width) == 3 * width and memory.positions_per_row(cfg) == 3 * 256
+    assert memory.estimate(cfg, shape, real_tokens=width).peak < memory.estimate(cfg, shape).peak
+
+
 def test_estimate_memory_flag(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     tiny_cfg(tmp_path / "run").dump(path)

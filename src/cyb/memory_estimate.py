@@ -234,10 +234,11 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def positions_per_row(cfg) -> int:
-    """Positions (real tokens and pauses) of one training row, at most (the method's layout)."""
+def positions_per_row(cfg, real_tokens: int | None = None) -> int:
+    """Positions (real tokens and pauses) of one training row, at most (the method's layout), for
+    rows of ``real_tokens`` real tokens (default: packed text's ``data.block_len``)."""
     me, spec = cfg.method, cfg.method.spec
-    real = spec.context(me, cfg.data.block_len)
+    real = real_tokens if real_tokens is not None else spec.context(me, cfg.data.block_len)
     if spec.layout == "blocks":
         return real * me.num_steps  # Recipe 2 rows are padded to at most this
     if spec.layout == "inserted":
@@ -336,7 +337,8 @@ def gated_split_bytes(tokens: int, shape: ModelShape, compute_bytes: int) -> tup
 
 def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = "cuda",
              trainable: int | None = None, params: int | None = None,
-             triton: bool | None = None, shard_size: int | None = None) -> MemoryEstimate:
+             triton: bool | None = None, shard_size: int | None = None,
+             real_tokens: int | None = None) -> MemoryEstimate:
     """The peak memory per process of training ``cfg`` on a model of ``shape``.
 
     Args:
@@ -354,6 +356,9 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
             analytic ones.
         triton: whether the fused readout runs its triton kernels (default: on CUDA when triton
             is installed).
+        real_tokens: real tokens per training row where the data say (a task's rows are as long
+            as its longest example); default ``data.block_len`` (packed text, and the most a
+            task's row is counted at before its data are built).
 
     Returns:
         a :class:`MemoryEstimate` (bytes).
@@ -368,7 +373,7 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
     per_rank = max(t.batch_size // max(world_size, 1), 1)
     micro = t.micro_batch_size or per_rank
     accum = max(per_rank // micro, 1)
-    n_pos = positions_per_row(cfg)
+    n_pos = positions_per_row(cfg, real_tokens)
     tokens = micro * n_pos
 
     rank, targets = _lora_settings(cfg)

@@ -208,6 +208,13 @@ def _held_out_rows(cfg: RunConfig, available: int | None, info: DistInfo) -> int
     return n - n % info.world_size if n >= 0 else n
 
 
+def row_tokens(train) -> int | None:
+    """Real tokens per row of a task's training stream from :func:`build_data` (its rows are
+    padded to the longest example), or None for packed text (rows of ``data.block_len``)."""
+    tensors = getattr(getattr(train, "source", None), "tensors", None)
+    return int(tensors["ids"].shape[1]) if tensors is not None else None
+
+
 def build_data(cfg: RunConfig, tokenizer, info: DistInfo, micro: int):
     """``(train_stream, valid_batches)``: a resumable :class:`GlobalBatches` and a list.
 

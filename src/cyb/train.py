@@ -43,7 +43,7 @@ from .model.lora import is_lora, load_trainable_state, trainable_state, trainabl
 from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
 from .objective import Objective, Prepared, merge_sums, summarise
-from .run_data import build_data
+from .run_data import build_data, row_tokens
 from .resume import CannotResume, check_resumable, rng_state, set_rng_state
 from .run_lock import lock_run
 from .threads import adapt as adapt_threads
@@ -90,6 +90,17 @@ def _quiet_hf_progress():
     finally:
         if was:
             hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def _rng_kept():
+    """The global torch and Python random states as they were before the block."""
+    torch_state, py_state = torch.get_rng_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
 
 
 def _strip(batch: dict) -> tuple[dict, list[int]]:
@@ -143,7 +154,10 @@ class Trainer:
         """Tokenizer, model, objective, wrappers, optimiser, data; then the checkpoint's state."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
         self.tokenizer = build_tokenizer(cfg, self.run_dir, info)
-        self._check_memory()
+        if cfg.data.task:  # a task's rows are as long as its longest example: measured before the check
+            with _rng_kept():  # the model starts as it would with the data built after it
+                self.train_data, self.valid_batches = build_data(cfg, self.tokenizer, info, self.micro)
+        self._check_memory(row_tokens(self.train_data) if cfg.data.task else None)
         self.model = model = build_model(cfg, self.tokenizer).to(self.device)
         restored = load_checkpoint(ckpt) if ckpt is not None else None
         if restored is not None and restored[0] is not None:  # full weights go in before any sharding
@@ -168,7 +182,8 @@ class Trainer:
                                        min_ratio=cfg.optim.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
 
-        self.train_data, self.valid_batches = build_data(cfg, self.tokenizer, info, self.micro)
+        if not cfg.data.task:  # packed text: tokenised once the memory plan is known to fit
+            self.train_data, self.valid_batches = build_data(cfg, self.tokenizer, info, self.micro)
         self._check_positions()
 
         self.step = 0
@@ -221,9 +236,10 @@ class Trainer:
         check_resumable(ckpt.meta.get("config", {}), self.cfg, self.run_dir)
         return ckpt
 
-    def _check_memory(self) -> None:
+    def _check_memory(self, real_tokens: int | None = None) -> None:
         """On a GPU, refuse (MemoryPlanError) a run whose estimated peak memory per process
-        exceeds the free memory (``train.memory_check``); say the estimate when it fits."""
+        exceeds the free memory (``train.memory_check``); say the estimate when it fits.
+        ``real_tokens``: the real tokens of a training row where the data are built already."""
         import sys
 
         from . import memory_estimate
@@ -242,7 +258,8 @@ class Trainer:
             return
         est = memory_estimate.estimate(self.cfg, shape, world_size=self.info.world_size,
                                        device_type=self.device.type,
-                                       shard_size=self.info.shard_size if self.info.sharded else None)
+                                       shard_size=self.info.shard_size if self.info.sharded else None,
+                                       real_tokens=real_tokens)
         memory_estimate.check_fits(est, capacity, self.cfg)
         if self.info.is_main:
             gib = memory_estimate.GIB

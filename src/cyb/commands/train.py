@@ -100,4 +100,7 @@ def _estimate_memory(cfg, world_size: int) -> int:
         return 2
     est = memory_estimate.estimate(cfg, shape, world_size=world_size, device_type="cuda")
     print(est.describe())
+    if cfg.data.task:
+        print(f"note: the task's rows are counted at data.block_len ({cfg.data.block_len}) real tokens, the "
+              "most; cyb train checks the plan again at its longest example once the data are built")
     return 0
