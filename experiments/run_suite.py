@@ -314,8 +314,9 @@ def arithmetic_jobs(seed: int, s: dict, out: Path) -> list[Job]:
         scaled = dict(s, ft_steps=4 * s["ft_steps"], eval_every=4 * s["eval_every"])
         data = {"task": s["task"], "task_kwargs": {"digits": s["digits"]},
                 "num_train_examples": data_times * s["train_examples"], "num_valid_examples": s["valid_examples"]}
-        cfg = smollm2_config(scaled, out / name, seed, method("baseline"), data, lr=s["lr"], save_every=0,
-                             log_every=50)
+        # checkpointed every quarter: longer than a GPU call, they resume in the next one
+        cfg = smollm2_config(scaled, out / name, seed, method("baseline"), data, lr=s["lr"],
+                             save_every=s["ft_steps"], log_every=50)
         jobs.append(Job(name, "smollm2-arith", label, seed, cfg, cost=2.0, priority=-1, task=True))
     return jobs
 
