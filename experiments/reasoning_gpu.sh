@@ -71,7 +71,7 @@ beside() {  # NAME SUITE [run_suite.py options]: a suite beside the reasoning su
     --per-gpu "${CYB_BESIDE_PER_GPU:-1}" --deadline "$left" --grace "$grace" --pack "$out/$name.tar.gz" >> "$out/$name.log" 2>&1
 }
 if [ "${CYB_BESIDE:-0}" = 1 ] && [ "$left" -gt 60 ]; then
-  beside smollm2-arith smollm2-arith --scale smollm2-arith --only ar-baseline-4x ar-cyb-p3-private-frozenrows &
+  beside smollm2-arith smollm2-arith --scale smollm2-arith --only ar-cyb-p3-private-frozenrows ar-baseline-4x &
   beside smollm2-epoch smollm2 --scale smollm2-epoch --only sm-cyb-p3-adapters16-private sm-cyb-p3-gated &
 fi
 if [ -f outputs/reasoning/reasoning-choice.json ] && [ "$left" -gt 60 ]; then
