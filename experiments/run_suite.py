@@ -42,7 +42,7 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
   written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared, private
   and gated and CYB-decoupled private and gated, scored by exact match three ways (``experiments/task_decoding.py``).
-* ``reasoning-pilot`` and ``reasoning`` (``--scale smollm2-reasoning``; prepared, not run yet):
+* ``reasoning-pilot`` and ``reasoning`` (``--scale smollm2-reasoning``; docs/results.md, in progress):
   SmolLM2-135M fine-tuned on reasoning-gym tasks (the ``reasoning`` extra) and scored by each
   task's own verifier on answers generated in adaptive mode, with the measured decode time per
   answer at 256 rows at once. The pilot runs the baseline on every candidate task and keeps
