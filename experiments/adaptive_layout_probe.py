@@ -33,7 +33,7 @@ def main() -> int:
     import torch
 
     from cyb.config import RunConfig
-    from cyb.run_data import synthetic_sets
+    from cyb.run_data import task_split
     from cyb.decision import greedy_decision
     from cyb.generation import generate
     from cyb.layout import expand_variable
@@ -41,7 +41,7 @@ def main() -> int:
 
     settings = json.loads((args.run.parent.parent / "settings.json").read_text())
     cfg = RunConfig.from_dict(settings["runs"][args.run.name])
-    _, test = synthetic_sets(cfg)
+    test = task_split(cfg, split="test")
     model = PauseModel.from_pretrained(args.run / "final").eval()
     vocab, m, n = model.vocab, model.num_steps, args.examples
     if vocab.dk_id is None:

@@ -147,3 +147,20 @@ def test_task_decoding_scores_a_private_run_three_ways(pretrained, tmp_path):
     assert scores["fixed"]["positions_per_token"] == 2.0
     assert 1.0 <= scores["adaptive"]["positions_per_token"] <= 2.0
     assert len(forced["per_position_steps"]) == 4  # three answer digits and the end of sequence
+
+
+def test_the_held_out_split_alone_is_the_held_out_set_of_both(bpe):
+    """Scoring draws only the held-out split (a reasoning-gym training split takes seconds): it
+    must be the very rows that the train-and-held-out draw gives, for character and text rows."""
+    from cyb.run_data import synthetic_sets, task_split
+
+    cfg = RunConfig.from_dict({"model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2},
+                               "data": {"task": "addition", "task_kwargs": {"digits": 2},
+                                        "num_train_examples": 40, "num_valid_examples": 12}, "train": {"seed": 3}})
+    for tokenizer in (None, bpe):
+        train, valid = synthetic_sets(cfg, tokenizer)
+        alone = task_split(cfg, tokenizer, "test")
+        assert torch.equal(alone.ids, valid.ids) and torch.equal(alone.loss_mask, valid.loss_mask)
+        assert not torch.equal(train.ids[:12, :alone.ids.shape[1]], alone.ids)
+    with pytest.raises(ValueError, match="split must be"):
+        task_split(cfg, bpe, "valid")

@@ -144,37 +144,42 @@ class TensorRows:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
-def synthetic_sets(cfg: RunConfig, tokenizer=None):
-    """The run's synthetic train and held-out data sets: character rows, or text rows when
-    ``tokenizer`` is a pretrained model's (:mod:`cyb.data.synthetic.text_task`); for a
-    ``reasoning-gym:NAME`` task the generator's questions and answers
-    (:mod:`cyb.data.reasoning_gym`)."""
+def task_split(cfg: RunConfig, tokenizer=None, split: str = "train"):
+    """One split of the run's task data: ``"train"`` (``data.num_train_examples`` rows seeded by
+    ``train.seed``) or ``"test"`` (``data.num_valid_examples`` by ``train.seed + 1``).  Character
+    rows, or text rows when ``tokenizer`` is a pretrained model's
+    (:mod:`cyb.data.synthetic.text_task`); for a ``reasoning-gym:NAME`` task the generator's
+    questions and answers (:mod:`cyb.data.reasoning_gym`).  The splits are disjoint by
+    construction and drawn independently, so scoring needs only ``"test"`` (a reasoning-gym
+    training split of 38,400 questions takes seconds to draw)."""
     from .data import reasoning_gym
     from .data.synthetic import CharTokenizer, SyntheticDataset, make_task
-    from .data.synthetic.text_task import is_char_tokenizer
+    from .data.synthetic.text_task import TextTaskDataset, is_char_tokenizer
 
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if reasoning_gym.is_reasoning_gym(cfg.data.task):  # questions and answers of a generator, as text
-        return reasoning_gym.dataset_sets(cfg, tokenizer)
+        return reasoning_gym.dataset_split(cfg, tokenizer, split)
+    d, train = cfg.data, split == "train"
+    n, seed = (d.num_train_examples, cfg.train.seed) if train else (d.num_valid_examples, cfg.train.seed + 1)
+    task = make_task(d.task, **d.task_kwargs)
     if not is_char_tokenizer(tokenizer):
-        return text_task_sets(cfg, tokenizer)
+        return TextTaskDataset(task, tokenizer, n, seed=seed, split=split)
+    return SyntheticDataset(task, CharTokenizer(), n, seed=seed, split=split)
 
-    task = make_task(cfg.data.task, **cfg.data.task_kwargs)
-    tok = CharTokenizer()
-    train = SyntheticDataset(task, tok, cfg.data.num_train_examples, seed=cfg.train.seed, split="train")
-    valid = SyntheticDataset(task, tok, cfg.data.num_valid_examples, seed=cfg.train.seed + 1, split="test")
-    return train, valid
+
+def synthetic_sets(cfg: RunConfig, tokenizer=None):
+    """The run's task train and held-out sets (:func:`task_split` of each split)."""
+    return task_split(cfg, tokenizer, "train"), task_split(cfg, tokenizer, "test")
 
 
 def text_task_sets(cfg, tokenizer):
-    """The run's train and held-out :class:`TextTaskDataset` (as
-    :func:`synthetic_sets` draws the character ones)."""
-    from .data.synthetic import make_task
-    from .data.synthetic.text_task import TextTaskDataset
+    """The run's train and held-out :class:`TextTaskDataset` (``tokenizer`` a pretrained model's)."""
+    from .data.synthetic.text_task import is_char_tokenizer
 
-    task = make_task(cfg.data.task, **cfg.data.task_kwargs)
-    train = TextTaskDataset(task, tokenizer, cfg.data.num_train_examples, seed=cfg.train.seed, split="train")
-    valid = TextTaskDataset(task, tokenizer, cfg.data.num_valid_examples, seed=cfg.train.seed + 1, split="test")
-    return train, valid
+    if is_char_tokenizer(tokenizer):
+        raise ValueError("text_task_sets needs a pretrained model's tokenizer, not the character vocabulary")
+    return synthetic_sets(cfg, tokenizer)
 
 
 def _rows_of(ds) -> dict:

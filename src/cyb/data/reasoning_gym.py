@@ -236,9 +236,9 @@ class ReasoningGymDataset(TextTaskDataset):
                 f"num_examples={self.num_examples}, seed={self.seed}, seq_len={self.seq_len})")
 
 
-def dataset_sets(cfg, tokenizer) -> tuple[ReasoningGymDataset, ReasoningGymDataset]:
-    """A run's train and held-out sets (``data.num_train_examples`` seeded by ``train.seed``,
-    ``data.num_valid_examples`` by ``train.seed + 1``, as the synthetic tasks)."""
+def dataset_split(cfg, tokenizer, split: str) -> ReasoningGymDataset:
+    """One of a run's sets: ``"train"`` (``data.num_train_examples`` seeded by ``train.seed``) or
+    ``"test"`` (``data.num_valid_examples`` by ``train.seed + 1``), as the synthetic tasks."""
     from .synthetic.text_task import is_char_tokenizer
 
     d = cfg.data
@@ -246,11 +246,13 @@ def dataset_sets(cfg, tokenizer) -> tuple[ReasoningGymDataset, ReasoningGymDatas
         raise ValueError(f"data.task ({d.task}) is written as text: it needs a pretrained model's tokenizer "
                          "(model.name_or_path) or data.tokenizer, not the character vocabulary of the "
                          "synthetic tasks")
-    train = ReasoningGymDataset(d.task, tokenizer, d.num_train_examples, seed=cfg.train.seed, split="train",
-                                settings=d.task_kwargs)
-    valid = ReasoningGymDataset(d.task, tokenizer, d.num_valid_examples, seed=cfg.train.seed + 1, split="test",
-                                settings=d.task_kwargs)
-    return train, valid
+    n, seed = (d.num_train_examples, cfg.train.seed) if split == "train" else (d.num_valid_examples, cfg.train.seed + 1)
+    return ReasoningGymDataset(d.task, tokenizer, n, seed=seed, split=split, settings=d.task_kwargs)
+
+
+def dataset_sets(cfg, tokenizer) -> tuple[ReasoningGymDataset, ReasoningGymDataset]:
+    """A run's train and held-out sets (:func:`dataset_split` of each)."""
+    return dataset_split(cfg, tokenizer, "train"), dataset_split(cfg, tokenizer, "test")
 
 
 def describe(task: str, settings: dict | None = None) -> str:
@@ -260,6 +262,6 @@ def describe(task: str, settings: dict | None = None) -> str:
 
 
 __all__ = ["COMPLETION_TEMPLATE", "EXTRA", "GENERATOR_SIZE", "PREFIX", "PROMPT_TEMPLATE", "ReasoningGymDataset",
-           "TEST_FRACTION", "available_tasks", "check_task", "completion_of", "dataset_sets", "describe",
+           "TEST_FRACTION", "available_tasks", "check_task", "completion_of", "dataset_sets", "dataset_split", "describe",
            "draw_entries", "generator_seed", "is_reasoning_gym", "prompt_of", "require", "score_answer",
            "task_name"]

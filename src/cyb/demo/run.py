@@ -221,7 +221,7 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
     (another seed, model or task) are refused with an error that says how to start afresh.
     """
     from ..model import PauseModel, gates
-    from ..run_data import synthetic_sets
+    from ..run_data import task_split
     from ..train import CannotResume, train
 
     s.validate()
@@ -263,7 +263,7 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
         if s.device != "cpu" and torch.cuda.is_available():
             model = model.to("cuda")
         if test is None:
-            _, test = synthetic_sets(cfg)
+            test = task_split(cfg, split="test")
         with gates.foreign_attention(model.hf_model) as through:
             score = score_model(model, test)
         details[method] = {k: score.pop(k) for k in ("expected_steps", "predictions")}

@@ -73,9 +73,9 @@ class EvalData:
             yield batch
 
     def _synthetic_batches(self, batch_size: int, tokenizer=None) -> Iterator[dict]:
-        from ..run_data import synthetic_sets
+        from ..run_data import task_split
 
-        _, valid = synthetic_sets(self.config, tokenizer)
+        valid = task_split(self.config, tokenizer, "test")
         rows = {"ids": valid.ids, "attention_mask": valid.attention_mask, "loss_mask": valid.loss_mask}
         n = rows["ids"].shape[0]
         for s in range(0, n, batch_size):

@@ -77,7 +77,7 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
     question (``index``, ``question``, ``answer``: the reference, ``generated``, ``score``,
     ``exact``, ``tokens``, ``steps``, ``positions``, ``stop_reason``)."""
     from ..generation.text import decode_fn
-    from ..run_data import synthetic_sets
+    from ..run_data import task_split
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -86,7 +86,7 @@ def score_reasoning(model, config, tokenizer, *, max_rows: int | None = None, mo
     cfg = copy.deepcopy(config)
     if max_rows is not None:  # the first rows of a longer draw are the rows of a shorter one
         cfg.data.num_valid_examples = max(1, min(cfg.data.num_valid_examples, int(max_rows)))
-    _, valid = synthetic_sets(cfg, tokenizer)
+    valid = task_split(cfg, tokenizer, "test")
     prompts = [valid.prompt_ids(i) for i in range(valid.num_examples)]
     longest = int((valid.lengths - valid.answer_start).max())  # the completion and end-of-sequence
     was_training = model.training

@@ -31,13 +31,13 @@ def score_task(model, config, tokenizer, *, max_rows: int | None = None, generat
     with pauses (M > 1, shared or private pauses) also ``"generation": {"fixed": ...,
     "adaptive": ...}``, each ``{"exact_match", "positions_per_token", "seconds", "prompts"}``
     over the first ``generate`` prompts."""
-    from ..run_data import synthetic_sets
+    from ..run_data import task_split
     from ..demo import decoding_cost, score_model
 
     cfg = copy.deepcopy(config)
     if max_rows is not None:  # the first rows of a longer draw are the rows of a shorter one
         cfg.data.num_valid_examples = max(1, min(cfg.data.num_valid_examples, int(max_rows)))
-    _, valid = synthetic_sets(cfg, tokenizer)
+    valid = task_split(cfg, tokenizer, "test")
     per_row = valid.seq_len * model.num_steps * int(model.settings.vocab_size)
     batch = max(1, min(256, LOGIT_BUDGET // max(per_row, 1)))
     out = score_model(model, valid, batch_size=batch)
