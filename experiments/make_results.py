@@ -190,7 +190,7 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
     references = tuple(g for g in ("CYB 3 pauses", "Baseline", "TBYS 3 pauses") if g in labels)
     tables = {folder.name: table(rows, references=references, order=order)}
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
-    _fill(HERE.parent / "docs" / "recipes.md", tables)
+    fill_tables(HERE.parent / "docs" / "recipes.md", tables)
     print(f"wrote {folder / 'tables.md'} and the tables of docs/recipes.md")
 
 
@@ -290,7 +290,7 @@ def write_suite(folder: Path, rows: list[dict]) -> None:
     if calibration:
         tables[f"{folder.name}-calibration"] = calibration
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
-    _fill(DOC, tables)
+    fill_tables(DOC, tables)
     print(f"wrote {folder / 'tables.md'} and its table in {DOC}")
 
 
@@ -357,7 +357,7 @@ def arithmetic_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _fill(doc: Path, tables: dict) -> None:
+def fill_tables(doc: Path, tables: dict) -> None:
     """Put each table between its markers in ``doc``."""
     if not doc.is_file():
         return
@@ -393,7 +393,7 @@ def main() -> None:
         "reproduction": reproduction_table(rows, folder.parent / "text-whole-file"),
     }
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
-    _fill(DOC, tables)
+    fill_tables(DOC, tables)
     curves_figure(rows, folder / "curves.png")
     print(f"wrote {folder / 'tables.md'}, {folder / 'curves.png'} and the tables of {DOC}")
 

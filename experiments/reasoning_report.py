@@ -10,7 +10,10 @@ the measured decode time per answer, alone on its GPU (``RUN/eval/timing.json`` 
 ``experiments/reasoning_timing.py``) and as ``cyb eval`` took it beside the suite's other runs,
 and the command) and ``score_time.png`` (exact share against measured decode time per answer,
 one point per row and seed, one panel per task; hollow where no time alone was measured)
-into the folder.  The pilot's choice (``reasoning-choice.json``) heads the tables.
+into the folder.  The pilot's choice (``reasoning-choice.json``) heads the tables.  For the kept
+results (``results/experiments/reasoning``) it also writes the compact summary (exact share,
+gain, decode time alone, per row and task) into docs/results.md, between
+``<!-- table:reasoning -->`` and ``<!-- end table -->``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/
     sys.path.insert(0, REPO_ROOT)
+
+RESULTS = Path(REPO_ROOT) / "results" / "experiments" / "reasoning"
 
 
 def load(folder: Path) -> list[dict]:
@@ -145,6 +150,43 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def summary_table(rows: list[dict], tasks: list[str]) -> str:
+    """The compact table of docs/results.md: per row and task the exact share (mean ± sd, seeds),
+    the gain over the same seed's baseline, and the decode time per answer measured alone (ms, x
+    the baseline's), rows in the suite's order."""
+    from experiments import reasoning_suite as rs
+
+    def ms(runs: list[dict]) -> float | None:
+        times = [alone_ms(r) for r in runs if alone_ms(r) is not None]
+        return statistics.mean(times) if times else None
+
+    lines = ["| row | " + " | ".join(f"{t}: exact %, gain (points), ms per answer alone" for t in tasks) + " |",
+             "|---|" + "---|" * len(tasks)]
+    for label, *_ in rs.rows():
+        cells = []
+        for task in tasks:
+            mine = [r for r in rows if _task(r) == task]
+            runs = sorted((r for r in mine if _label(r) == label), key=lambda r: r["seed"])
+            if not runs:
+                cells.append("")
+                continue
+            base = {r["seed"]: r for r in mine if _label(r) == "Baseline"}
+            exact = _mean_sd([r["reasoning_gym"]["exact"] for r in runs]).replace(" (1 seed)", "")
+            cell = f"{exact} ({len(runs)})"
+            if label != "Baseline":
+                gain = [r["reasoning_gym"]["exact"] - base[r["seed"]]["reasoning_gym"]["exact"]
+                        for r in runs if r["seed"] in base]
+                text = _mean_sd(gain).replace(" (1 seed)", "")
+                cell += f", {text if text.startswith('-') else '+' + text}" if gain else ""
+            t, t0 = ms(runs), ms(list(base.values()))
+            cell += "; " + (f"{t:.2f} ms" + (f" ({t / t0:.2f}x)" if t0 and label != "Baseline" else "")
+                            if t is not None else "not timed alone")
+            cells.append(cell)
+        if any(cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     folder = Path(args[0] if args else "outputs/reasoning")
@@ -161,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if _task(r) in c["chosen"]] or rows
     (folder / "tables.md").write_text(head + tables(rows))
     figure(rows, folder / "score_time.png")
+    if folder.resolve() == RESULTS.resolve():  # the kept results: docs/results.md shows their summary
+        from experiments.make_results import DOC, fill_tables
+
+        tasks = json.loads(choice.read_text())["chosen"] if choice.is_file() else sorted({_task(r) for r in rows})
+        fill_tables(DOC, {"reasoning": summary_table(rows, tasks)})
     print(f"wrote {folder / 'tables.md'} and {folder / 'score_time.png'} ({len(rows)} runs)")
     return 0
 

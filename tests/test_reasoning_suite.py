@@ -227,3 +227,36 @@ def test_keep_never_trades_a_scored_row_for_a_run_whose_scoring_was_cut(tmp_path
     assert kept[0] == scored and "final" not in kept[1]
     assert (into / "rg-gcd-baseline-s0" / "metrics.jsonl").read_text() == "scored\n"
     assert not (into / "rg-gcd-baseline-s1").exists()
+
+
+def test_the_summary_for_the_docs_gives_gain_and_time_against_the_baseline(tmp_path, monkeypatch):
+    """docs/results.md's compact table: per row and task the exact share, the gain over the same
+    seed's baseline (signed) and the time alone as a ratio to the baseline's; written into the
+    page only for the kept results, never for another folder."""
+    from experiments import make_results, reasoning_report
+
+    def row(short, seed, exact, ms):
+        label = next(label for label, s, *_ in rs.rows() if s == short)
+        return {"name": rs.run_name("gcd", short, seed), "label": f"{label} [gcd]", "seed": seed,
+                "reasoning_gym": {"task": "reasoning-gym:gcd", "exact": exact, "mean_score": exact, "mean_steps": 1.0,
+                                  "seconds_per_answer": 0.01}, "timing": {"seconds_per_answer": ms / 1e3}}
+
+    rows = [row("baseline", 0, 0.40, 1.0), row("baseline", 1, 0.42, 1.0),
+            row("cyb-p3-private", 0, 0.37, 1.5), row("cyb-p3-private", 1, 0.45, 1.5)]
+    rows.append(dict(row("tbys-p3-private", 0, 0.5, 1.0), timing=None))
+    table = reasoning_report.summary_table(rows, ["gcd"]).splitlines()
+    assert table[2] == "| Baseline | 41.0 ± 1.4 (2); 1.00 ms |"
+    assert table[3] == "| TBYS 3 pauses, private | 50.0 (1), +10.0; not timed alone |"
+    assert table[4] == "| CYB 3 pauses, private | 41.0 ± 5.7 (2), +0.0 ± 4.2; 1.50 ms (1.50x) |"
+    doc = tmp_path / "results.md"
+    doc.write_text("a\n<!-- table:reasoning -->\nold\n<!-- end table -->\nb\n")
+    monkeypatch.setattr(make_results, "DOC", doc)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "summary.jsonl").write_text("".join(json.dumps(dict(r, command="c", final={})) + "\n"
+                                                      for r in rows if r["timing"]))
+    assert reasoning_report.main([str(kept)]) == 0
+    assert "old" in doc.read_text()  # another folder: the page is left alone
+    monkeypatch.setattr(reasoning_report, "RESULTS", kept)
+    assert reasoning_report.main([str(kept)]) == 0
+    assert "| Baseline | 41.0 ± 1.4 (2);" in doc.read_text() and "old" not in doc.read_text()

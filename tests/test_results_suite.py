@@ -72,11 +72,11 @@ def test_tables_pair_seeds_and_give_the_spread(results, tmp_path):
 def test_tables_go_between_their_markers_and_nothing_else_changes(results, tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("# t\n\n<!-- table:a -->\n<!-- end table -->\n\ntext a\n\n<!-- table:b -->\nold\n<!-- end table -->\n\ntext b\n")
-    results._fill(doc, {"a": "| A |", "b": "| B |\n| 2 |"})
+    results.fill_tables(doc, {"a": "| A |", "b": "| B |\n| 2 |"})
     once = doc.read_text()
     assert once == ("# t\n\n<!-- table:a -->\n| A |\n<!-- end table -->\n\ntext a\n\n<!-- table:b -->\n| B |\n| 2 |\n"
                     "<!-- end table -->\n\ntext b\n")
-    results._fill(doc, {"a": "| A |", "b": "| B |\n| 2 |"})
+    results.fill_tables(doc, {"a": "| A |", "b": "| B |\n| 2 |"})
     assert doc.read_text() == once
 
 
