@@ -3,7 +3,8 @@
     python experiments/reasoning_report.py outputs/reasoning      # or results/experiments/reasoning
 
 Writes ``tables.md`` (one table per task: each row's exact share and mean verifier score, mean
-and standard deviation over seeds, every seed, its gain over the baseline in points, steps per
+and standard deviation over seeds, every seed, its gain over the baseline in points, the
+questions it gains and loses against the baseline with an exact sign test, steps per
 answer token, the exact share with the pauses removed or all taken at inference
 (``RUN/eval/ablations.json``),
 the measured decode time per answer, alone on its GPU (``RUN/eval/timing.json`` of
@@ -18,7 +19,9 @@ gain, decode time alone, per row and task) into docs/results.md, between
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -44,7 +47,45 @@ def load(folder: Path) -> list[dict]:
             f = Path(folder) / name / "eval" / f"{key}.json"
             if f.is_file():
                 r[key] = json.loads(f.read_text())
+        answers = _answers(Path(folder) / name / "eval")
+        if answers is not None:
+            r["answers"] = answers
     return list(rows.values())
+
+
+def _answers(eval_dir: Path) -> dict[int, bool] | None:
+    """Question index -> answered exactly, from the run's ``reasoning_gym.jsonl`` (gzipped where
+    kept in the repository); None when neither is there."""
+    for path, opener in ((eval_dir / "reasoning_gym.jsonl", open), (eval_dir / "reasoning_gym.jsonl.gz", gzip.open)):
+        if path.is_file():
+            with opener(path, "rt") as f:
+                return {int(r["index"]): bool(r["exact"]) for r in map(json.loads, f) if r}
+    return None
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """Two-sided exact sign test (McNemar's exact test) of ``gained`` against ``lost`` answers:
+    the probability of a split at least this uneven if either way were equally likely."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2 ** n)
+
+
+def paired(runs: list[dict], base: dict[int, dict]) -> str:
+    """Questions a row answers exactly where the same seed's baseline does not (+), and the
+    reverse (-), summed over the seeds (each seed has its own held-out questions), with the sign
+    test's p; empty without the answers."""
+    gained = lost = 0
+    pairs = [(r["answers"], base[r["seed"]]["answers"]) for r in runs
+             if "answers" in r and r["seed"] in base and "answers" in base[r["seed"]]]
+    for mine, theirs in pairs:
+        gained += sum(ok and not theirs.get(i, False) for i, ok in mine.items())
+        lost += sum(theirs.get(i, False) and not ok for i, ok in mine.items())
+    if not pairs:
+        return ""
+    p = sign_test(gained, lost)
+    return f"+{gained} / -{lost} (p {'< 0.001' if p < 0.001 else f'{p:.2f}'})"
 
 
 def _ablation(runs: list[dict], key: str) -> str:
@@ -82,10 +123,11 @@ def tables(rows: list[dict]) -> str:
     out = []
     for task in sorted({_task(r) for r in rows}):
         mine = [r for r in rows if _task(r) == task]
-        base = {r["seed"]: r["reasoning_gym"]["exact"] for r in mine if _label(r) == "Baseline"}
-        out.append(f"### {task}\n\n| method | exact % | per seed | vs Baseline (points) | mean score | steps per "
+        base_rows = {r["seed"]: r for r in mine if _label(r) == "Baseline"}
+        base = {seed: r["reasoning_gym"]["exact"] for seed, r in base_rows.items()}
+        out.append(f"### {task}\n\n| method | exact % | per seed | vs Baseline (points) | answers vs Baseline | mean score | steps per "
                    "answer token | exact % without pauses at inference | exact % with every pause | ms per answer, alone | "
-                   "ms per answer, beside training | command |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+                   "ms per answer, beside training | command |\n|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
         for label in order:
             runs = sorted((r for r in mine if _label(r) == label), key=lambda r: r["seed"])
             if not runs:
@@ -98,6 +140,7 @@ def tables(rows: list[dict]) -> str:
                 f"-s{runs[0]['seed']} ", "-sN ")
             out.append(f"| {label} | {_mean_sd(exact)} | {per_seed} | "
                        f"{'---' if label == 'Baseline' else _mean_sd(gain)} | "
+                       f"{'---' if label == 'Baseline' else paired(runs, base_rows)} | "
                        f"{_mean_sd([x['mean_score'] for x in g], 1.0, 3)} | "
                        f"{_mean_sd([x['mean_steps'] for x in g], 1.0, 2)} | "
                        f"{_ablation(runs, 'without_pauses')} | {_ablation(runs, 'every_pause')} | "
@@ -152,15 +195,15 @@ def figure(rows: list[dict], path: Path) -> None:
 
 def summary_table(rows: list[dict], tasks: list[str]) -> str:
     """The compact table of docs/results.md: per row and task the exact share (mean ± sd, seeds),
-    the gain over the same seed's baseline, and the decode time per answer measured alone (ms, x
-    the baseline's), rows in the suite's order."""
+    the gain over the same seed's baseline with the paired sign test's p (:func:`paired`), and the
+    decode time per answer measured alone (ms, x the baseline's), rows in the suite's order."""
     from experiments import reasoning_suite as rs
 
     def ms(runs: list[dict]) -> float | None:
         times = [alone_ms(r) for r in runs if alone_ms(r) is not None]
         return statistics.mean(times) if times else None
 
-    lines = ["| row | " + " | ".join(f"{t}: exact %, gain (points), ms per answer alone" for t in tasks) + " |",
+    lines = ["| row | " + " | ".join(f"{t}: exact %, gain (points; p), ms per answer alone" for t in tasks) + " |",
              "|---|" + "---|" * len(tasks)]
     for label, *_ in rs.rows():
         cells = []
@@ -177,7 +220,9 @@ def summary_table(rows: list[dict], tasks: list[str]) -> str:
                 gain = [r["reasoning_gym"]["exact"] - base[r["seed"]]["reasoning_gym"]["exact"]
                         for r in runs if r["seed"] in base]
                 text = _mean_sd(gain).replace(" (1 seed)", "")
+                test = paired(runs, base)
                 cell += f", {text if text.startswith('-') else '+' + text}" if gain else ""
+                cell += f" ({test[test.index('(p') + 1:-1]})" if test else ""
             t, t0 = ms(runs), ms(list(base.values()))
             cell += "; " + (f"{t:.2f} ms" + (f" ({t / t0:.2f}x)" if t0 and label != "Baseline" else "")
                             if t is not None else "not timed alone")

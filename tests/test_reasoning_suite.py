@@ -175,7 +175,7 @@ def test_keep_folds_a_pack_into_the_results_without_machine_paths(tmp_path):
     (run / "config.yaml").write_text("model:\n  name_or_path: /tmp/cyb/smollm2\ntrain:\n"
                                      f"  out_dir: {suite / 'rg-gcd-baseline-s0'}\n")  # the machine's path
     (run / "final_metrics.json").write_text("{}")
-    (run / "eval" / "reasoning_gym.jsonl").write_text('{"index": 0}\n')
+    (run / "eval" / "reasoning_gym.jsonl").write_text('{"index": 0, "exact": true}\n')
     (suite / "rg-gcd-cyb-p3-private-s0").mkdir()  # cut by a deadline: not kept
     judged = {"task": "reasoning-gym:gcd", "exact": 0.5, "mean_score": 0.5, "mean_steps": 1.0,
               "seconds_per_answer": 0.01}
@@ -260,3 +260,19 @@ def test_the_summary_for_the_docs_gives_gain_and_time_against_the_baseline(tmp_p
     monkeypatch.setattr(reasoning_report, "RESULTS", kept)
     assert reasoning_report.main([str(kept)]) == 0
     assert "| Baseline | 41.0 ± 1.4 (2);" in doc.read_text() and "old" not in doc.read_text()
+
+
+def test_the_paired_sign_test_counts_questions_won_and_lost_per_seed():
+    """The questions a row answers and its baseline (same seed, same questions) does not, and the
+    reverse, summed over seeds; p of the exact two-sided sign test."""
+    from experiments import reasoning_report
+
+    assert reasoning_report.sign_test(0, 0) == 1.0
+    assert reasoning_report.sign_test(5, 0) == pytest.approx(2 / 32)
+    assert reasoning_report.sign_test(45, 29) == pytest.approx(0.0805, abs=5e-4)
+    assert reasoning_report.sign_test(3, 3) == 1.0
+    base = {0: {"answers": {0: True, 1: False, 2: False}}, 1: {"answers": {0: False, 1: False}}}
+    runs = [{"seed": 0, "answers": {0: False, 1: True, 2: True}}, {"seed": 1, "answers": {0: True, 1: False}},
+            {"seed": 2, "answers": {0: True}}]  # seed 2 has no baseline: left out
+    assert reasoning_report.paired(runs, base) == "+3 / -1 (p 0.62)"
+    assert reasoning_report.paired([{"seed": 0}], base) == ""
