@@ -271,3 +271,24 @@ def test_the_pauses_of_every_training_layout_are_found(method, kind, scheme):
     pm.hidden_states(prep.input_ids, prep.position_ids, prep.attention_mask, steps=prep.steps)
     mask = P.state_of(pm).mask
     assert mask.any() and torch.equal(mask, (prep.steps.step > 0).expand_as(mask) & prep.steps.valid.expand_as(mask))
+
+
+@pytest.mark.parametrize("visibility", ["shared", "private"])
+def test_an_adapted_projection_is_the_formula_in_float64(visibility):
+    """y = W x + [input is a pause] * (alpha / r) * B (A x) at every position, against the
+    formula written out in float64 (a scale that is not a power of two: alpha 8, rank 3)."""
+    pm = layout(visibility)
+    P.add_pause_adapters(pm, P.PauseAdapterSpec(rank=3, alpha=8.0))
+    randomise(pm)
+    pm.hf_model.double()
+    proj = P.state_of(pm).modules["model.layers.0.self_attn.q_proj"]
+    seen = {}
+    handle = proj.register_forward_hook(lambda m, args, out: seen.update(x=args[0], y=out))
+    pm(IDS, return_logits=True)
+    handle.remove()
+    x, a, b = seen["x"].double(), proj.pause_adapter_a.double(), proj.pause_adapter_b.double()
+    pause = P.state_of(pm).mask.unsqueeze(-1).double()
+    want = x @ proj.weight.double().T + (proj.bias.double() if proj.bias is not None else 0) \
+        + pause * (8.0 / 3) * (x @ a.T @ b.T)
+    assert pause.sum() > 0 and (1 - pause).sum() > 0
+    torch.testing.assert_close(seen["y"], want, rtol=1e-12, atol=1e-12)

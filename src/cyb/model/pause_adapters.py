@@ -143,6 +143,18 @@ class _State:
         self.modules: dict[str, torch.nn.Linear] = {}
         self.handles: list = []
         self.mask: torch.Tensor | None = None
+        self._weights: dict[torch.dtype, torch.Tensor] = {}  # the mask as [..., 1] of each dtype
+
+    def set_mask(self, mask: torch.Tensor) -> None:
+        self.mask, self._weights = mask, {}
+
+    def mask_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as ``[..., 1]`` 0/1 of ``dtype``, cast once per decoder call (every adapted
+        projection of the call multiplies by it)."""
+        m = self._weights.get(dtype)
+        if m is None:
+            m = self._weights[dtype] = self.mask.unsqueeze(-1).to(dtype)
+        return m
 
     def pauses(self, ids: torch.Tensor) -> torch.Tensor:
         """Bool ``ids.shape``: where ``ids`` is a pause id (comparisons with Python ints: no
@@ -204,7 +216,7 @@ def _mask_hook(state: _State):
         if ids is None:
             raise ValueError("a model with pause-step adapters runs on input_ids (the adapters find the pauses "
                              "by their ids), not on inputs_embeds")
-        state.mask = state.pauses(ids)
+        state.set_mask(state.pauses(ids))
     return hook
 
 
@@ -219,8 +231,9 @@ def _delta_hook(state: _State):
         b = getattr(module, B_NAME)
         spec = state.spec
         h = F.dropout(x, spec.dropout, training=module.training) if spec.dropout else x
-        delta = F.linear(F.linear(h, a.to(h.dtype)), b.to(h.dtype)) * spec.scale
-        return output + delta * mask.unsqueeze(-1).to(delta.dtype)
+        delta = F.linear(F.linear(h, a.to(h.dtype)), b.to(h.dtype))
+        # output + scale * delta * mask in one kernel (decoding runs this on every projection)
+        return torch.addcmul(output, delta, state.mask_as(delta.dtype), value=spec.scale)
     return hook
 
 
