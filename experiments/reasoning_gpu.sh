@@ -31,8 +31,9 @@
 # pause-step adapters do on text: on 5-digit addition the baselines given the pause rows' training compute and private CYB with
 # frozen pause rows (smollm2-arith), and on one epoch of techdocs private CYB with pause-step
 # adapters and gated CYB (smollm2 --scale smollm2-epoch; techdocs from .data/techdocs), seeds as
-# given; packed into $OUT/smollm2-arith.tar.gz and $OUT/smollm2-epoch.tar.gz. The timing pass
-# waits for them: decoding is timed with nothing training on the machine.
+# given; packed into $OUT/smollm2-arith.tar.gz and $OUT/smollm2-epoch.tar.gz (fold each with
+# python experiments/keep_pack.py PACK --into results/experiments/smollm2-arith, or -epoch).
+# The timing pass waits for them: decoding is timed with nothing training on the machine.
 set -u
 start=$(date +%s)  # the call's clock: staging counts against its seconds too
 # a run that outlived an earlier call (killed from outside) would train beside this call's runs

@@ -331,3 +331,35 @@ def test_at_the_deadline_a_run_scoring_its_trained_model_gets_the_grace(tmp_path
     monkeypatch.setattr(suite_runner.subprocess, "Popen", popen)
     rows = suite_runner.schedule(jobs, tmp_path, ["cpu/0", "cpu/1"], time.time() + 0.5, None, grace=30.0)
     assert {r["name"]: suite_runner.finished(r) for r in rows} == {"scoring": True, "training": False}
+
+
+def test_a_pack_folds_into_the_results_without_models_locks_or_machine_paths(tmp_path):
+    """experiments/keep_pack.py: the finished runs' files (no final/ model, no lock), the logs and
+    configs, the merged summary; a run the deadline cut is not kept; machine paths rewritten."""
+    from experiments import keep_pack
+
+    suite = tmp_path / "outputs" / "smollm2-arith"
+    done, cut = suite / "ar-baseline-4xsteps-s0", suite / "ar-baseline-4xdata-s0"
+    for run in (done, cut):
+        (run / "final").mkdir(parents=True)
+        (run / "final" / "config.json").write_text("{}")
+        (run / "train.lock").write_text("pid")
+        (run / "config.yaml").write_text(f"model:\n  name_or_path: /tmp/cyb/smollm2\ntrain:\n  out_dir: {run}\n"
+                                         "data:\n  source: /tmp/cyb/techdocs/train.jsonl.gz\n")
+    (done / "task.json").write_text('{"exact_match": 0.9}')
+    (suite / "logs").mkdir()
+    (suite / "logs" / "ar-baseline-4xsteps-s0.log").write_text(f"run folder: {done}\n")
+    (suite / "smollm2-arith" / "configs").mkdir(parents=True)
+    (suite / "smollm2-arith" / "configs" / "ar-baseline-4xsteps-s0.yaml").write_text("x: 1\n")
+    rows = [{"name": done.name, "final": {}, "returncode": 0}, {"name": cut.name, "returncode": -9}]
+    (suite / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    into = tmp_path / "results"
+    assert keep_pack.fold(suite, into) == 1
+    kept = sorted(str(p.relative_to(into)) for p in into.rglob("*") if p.is_file())
+    assert kept == ["ar-baseline-4xsteps-s0/config.yaml", "ar-baseline-4xsteps-s0/task.json",
+                    "logs/ar-baseline-4xsteps-s0.log", "smollm2-arith/configs/ar-baseline-4xsteps-s0.yaml",
+                    "summary.jsonl"]
+    config = (into / "ar-baseline-4xsteps-s0" / "config.yaml").read_text()
+    assert "name_or_path: smollm2-135m" in config and "out_dir: outputs/smollm2-arith/ar-baseline-4xsteps-s0" in config
+    assert "source: ../shared/data/techdocs/train.jsonl.gz" in config
+    assert str(tmp_path) not in (into / "logs" / "ar-baseline-4xsteps-s0.log").read_text()
