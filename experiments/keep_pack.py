@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{pack}: {n} finished runs kept in {args.into}")
     from experiments import make_results
 
-    sys.argv = ["make_results.py", str(args.into)]
-    make_results.main()
+    make_results.main([str(args.into)])
     return 0
 
 

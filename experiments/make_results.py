@@ -368,9 +368,10 @@ def fill_tables(doc: Path, tables: dict) -> None:
     doc.write_text(text)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     global SCALE
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
+    args = sys.argv[1:] if argv is None else argv
+    folder = Path(args[0]) if args else DEFAULT
     rows = load(folder)
     if (folder / "scale.json").is_file():
         SCALE = json.loads((folder / "scale.json").read_text()).get("scale", "gpu")

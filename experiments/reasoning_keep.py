@@ -23,7 +23,7 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:  # run as a script: the repository root holds experiments/
     sys.path.insert(0, REPO_ROOT)
 
-from experiments.keep_pack import fold, merge_rows, portable, unpacked  # noqa: E402
+from experiments.keep_pack import fold, unpacked  # noqa: E402
 
 #: Files of a run kept in the repository (beside the gzipped answers).
 KEEP = ("config.yaml", "metrics.jsonl", "final_metrics.json", "run.json", "eval/summary.txt",
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     return reasoning_report.main([str(args.into)])
 
 
-__all__ = ["ANSWERS", "KEEP", "keep", "main", "merge_rows", "portable"]
+__all__ = ["ANSWERS", "KEEP", "keep", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

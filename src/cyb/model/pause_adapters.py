@@ -143,17 +143,17 @@ class _State:
         self.modules: dict[str, torch.nn.Linear] = {}
         self.handles: list = []
         self.mask: torch.Tensor | None = None
-        self._weights: dict[torch.dtype, torch.Tensor] = {}  # the mask as [..., 1] of each dtype
+        self._mask_casts: dict[torch.dtype, torch.Tensor] = {}  # the mask as [..., 1] of each dtype
 
     def set_mask(self, mask: torch.Tensor) -> None:
-        self.mask, self._weights = mask, {}
+        self.mask, self._mask_casts = mask, {}
 
     def mask_as(self, dtype: torch.dtype) -> torch.Tensor:
         """The mask as ``[..., 1]`` 0/1 of ``dtype``, cast once per decoder call (every adapted
         projection of the call multiplies by it)."""
-        m = self._weights.get(dtype)
+        m = self._mask_casts.get(dtype)
         if m is None:
-            m = self._weights[dtype] = self.mask.unsqueeze(-1).to(dtype)
+            m = self._mask_casts[dtype] = self.mask.unsqueeze(-1).to(dtype)
         return m
 
     def pauses(self, ids: torch.Tensor) -> torch.Tensor:
