@@ -118,17 +118,51 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
                             start_new_session=True)
 
 
+#: A file larger than this is not packed (a pack must come back from a GPU call whole).
+PACK_FILE_LIMIT = 8 * 2**20
+
+
+def _partial(p: Path, out: Path) -> bool:
+    """Whether ``p`` lies in a folder or file a killed process left half written
+    (``final.tmp-PID``, ``.model.tmp-PID``, ``ckpt-N.tmp-X``: renamed into place only when complete)."""
+    return any(".tmp-" in part or part.startswith(".tmp") for part in p.relative_to(out).parts)
+
+
 def pack(out: Path, target: Path) -> None:
     """Everything under ``out`` but weights, optimiser states, the data copies and the tokenizer
     each saved model carries (3.5 MB for SmolLM2's: a suite's pack would outgrow what a GPU call
-    returns)."""
+    returns), the half-written saves of killed runs, and any other file over
+    :data:`PACK_FILE_LIMIT` (named on stderr)."""
     tmp = target.with_name(target.name + ".tmp")
     skip = (".safetensors", ".pt", ".jsonl.gz", "tokenizer.json", "tokenizer.model")
     with tarfile.open(tmp, "w:gz") as tar:
         for p in sorted(out.rglob("*")):
-            if p.is_file() and not p.name.endswith(skip) and "/ckpt-" not in str(p):
-                tar.add(p, arcname=str(Path(out.name) / p.relative_to(out)))
+            if not p.is_file() or p.name.endswith(skip) or "/ckpt-" in str(p) or _partial(p, out):
+                continue
+            if p.stat().st_size > PACK_FILE_LIMIT:
+                print(f"pack: left out {p} ({p.stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)
+                continue
+            tar.add(p, arcname=str(Path(out.name) / p.relative_to(out)))
     tmp.replace(target)
+
+
+#: How often a job that ran out of GPU memory beside others is queued again.
+OOM_RETRIES = 3
+
+#: What a job's log says when its GPU had too little memory: CUDA's own error, or ``cyb train``
+#: refusing to start (its memory check, beside other runs on the same GPU).
+OUT_OF_MEMORY = ("CUDA out of memory", "OutOfMemoryError", "GiB free; not starting")
+
+
+def out_of_memory(log: Path) -> bool:
+    """Whether the job's log ends on the GPU running out of memory."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 20_000))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(marker in tail for marker in OUT_OF_MEMORY)
 
 
 def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
@@ -139,7 +173,9 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     running jobs are killed, except those already scoring a trained model, which get up to
     ``grace`` seconds more.  A job that finished before is skipped, unless its name contains one
     of ``again`` and its final model is not in ``out`` (finished elsewhere, e.g. on another
-    session's machine)."""
+    session's machine).  A job that runs out of GPU memory beside other jobs is queued again (it
+    resumes from its checkpoint) and its GPU takes one job fewer at a time from then on; alone on
+    its GPU, or after :data:`OOM_RETRIES` such tries, it fails."""
     done_names = set()
     summary_path = out / "summary.jsonl"
     if summary_path.is_file():  # a rerun skips what already finished
@@ -153,6 +189,12 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                      key=lambda j: (not j.first, -j.priority, -j.cost))
     failed: set[str] = set()
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}  # slot -> (job, process, start)
+    gpu_of = {slot: slot.split("/")[0] for slot in slots}
+    limit = {g: list(gpu_of.values()).count(g) for g in set(gpu_of.values())}  # jobs at a time per GPU
+    oom_tries: dict[str, int] = {}
+
+    def busy(gpu: str) -> int:
+        return sum(gpu_of[s] == gpu for s in running)
 
     def stop(signum, _frame):  # the jobs run in sessions of their own: take them down with the driver
         for _, proc, _ in running.values():
@@ -167,7 +209,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     try:
         while pending or running:
             for slot in slots:
-                if slot in running or not pending:
+                if slot in running or not pending or busy(gpu_of[slot]) >= limit[gpu_of[slot]]:
                     continue
                 left = deadline - time.time()
                 ready = [j for j in pending if (j.needs is None or j.needs in done_names)
@@ -176,7 +218,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                     break
                 job = ready[0]
                 pending.remove(job)
-                running[slot] = (job, launch(job, out, slot.split("/")[0], log_dir, whole_valid), time.time())
+                running[slot] = (job, launch(job, out, gpu_of[slot], log_dir, whole_valid), time.time())
                 print(f"[{time.time() - start:6.0f} s] start {job.name} on {slot}", flush=True)
             for slot, (job, proc, t0) in list(running.items()):
                 if proc.poll() is None:
@@ -187,6 +229,15 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                     else:
                         continue
                 del running[slot]
+                gpu, neighbours = gpu_of[slot], busy(gpu_of[slot])
+                if (proc.returncode > 0 and neighbours and oom_tries.get(job.name, 0) < OOM_RETRIES
+                        and gpu != "cpu" and out_of_memory(log_dir / f"{job.name}.log")):
+                    oom_tries[job.name] = oom_tries.get(job.name, 0) + 1
+                    limit[gpu] = max(1, min(limit[gpu] - 1, neighbours))
+                    pending.insert(0, job)
+                    print(f"[{time.time() - start:6.0f} s] {job.name:32s} out of GPU memory beside {neighbours} "
+                          f"other runs: queued again; GPU {gpu} now takes at most {limit[gpu]} at a time", flush=True)
+                    continue
                 row = final_row(job, out, scale)
                 row["seconds"] = round(time.time() - t0, 1)
                 row["returncode"] = proc.returncode
@@ -213,4 +264,5 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
 
 
-__all__ = ["Job", "final_row", "finished", "launch", "pack", "rerun_command", "schedule", "trained"]
+__all__ = ["OOM_RETRIES", "OUT_OF_MEMORY", "PACK_FILE_LIMIT", "Job", "final_row", "finished", "launch",
+           "out_of_memory", "pack", "rerun_command", "schedule", "trained"]
