@@ -6,12 +6,12 @@ Writes ``tables.md`` (one table per task: each row's exact share and mean verifi
 and standard deviation over seeds, every seed, its gain over the baseline in points, the
 questions it gains and loses against the baseline with an exact sign test, steps per
 answer token, the exact share with the pauses removed or all taken at inference
-(``RUN/eval/ablations.json``),
-the measured decode time per answer, alone on its GPU (``RUN/eval/timing.json`` of
-``experiments/reasoning_timing.py``) and as ``cyb eval`` took it beside the suite's other runs,
-and the command) and ``score_time.png`` (exact share against measured decode time per answer,
-one point per row and seed, one panel per task; hollow where no time alone was measured)
-into the folder.  The pilot's choice (``reasoning-choice.json``) heads the tables.  For the kept
+(``RUN/eval/ablations.json``), the measured decode time per answer alone on its GPU
+(``RUN/eval/timing.json`` of ``experiments/reasoning_timing.py``), that time over the one of
+the models without pauses (the baselines) timed on the same task and the same kind of GPU
+(times from different cards are never compared), the cards, the time as ``cyb eval`` took it
+beside the suite's other runs, and the command) and ``score_time.png`` (exact share against
+that time ratio, one point per run timed alone, one panel per task) into the folder.  The pilot's choice (``reasoning-choice.json``) heads the tables.  For the kept
 results (``results/experiments/reasoning``) it also writes the compact summary (exact share,
 gain, decode time alone, per row and task) into docs/results.md, between
 ``<!-- table:reasoning -->`` and ``<!-- end table -->``.
@@ -99,6 +99,39 @@ def alone_ms(row: dict) -> float | None:
     return t["seconds_per_answer"] * 1e3 if t else None
 
 
+def card(row: dict) -> str | None:
+    """The short name of the GPU its time alone was measured on (``H200``), None if not timed."""
+    t = row.get("timing")
+    return t.get("device", "unknown").replace("NVIDIA ", "").split()[0] if t else None
+
+
+def no_pause_ms(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """(task, card) -> mean time alone of the models without pauses (the baselines, compute-matched
+    ones included: the same network decoding the same way) timed on that card."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if _label(r).startswith("Baseline") and alone_ms(r) is not None:
+            times.setdefault((_task(r), card(r)), []).append(alone_ms(r))
+    return {k: statistics.mean(v) for k, v in times.items()}
+
+
+def time_ratio(row: dict, reference: dict[tuple[str, str], float]) -> float | None:
+    """The run's decode time alone over that of the models without pauses on the same task and
+    card (:func:`no_pause_ms`); None where either is missing.  Times from different cards are
+    never compared."""
+    ms, ref = alone_ms(row), reference.get((_task(row), card(row)))
+    return ms / ref if ms is not None and ref else None
+
+
+def _cards(runs: list[dict]) -> str:
+    """Which cards timed these runs: ``H200 2, H100 1``."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        if card(r):
+            counts[card(r)] = counts.get(card(r), 0) + 1
+    return ", ".join(f"{c} {n}" for c, n in counts.items())
+
+
 def _task(row: dict) -> str:
     return row["reasoning_gym"]["task"].split(":", 1)[-1]
 
@@ -120,6 +153,7 @@ def tables(rows: list[dict]) -> str:
     from experiments import reasoning_suite as rs
 
     order = [label for label, *_ in rs.rows()]
+    reference = no_pause_ms(rows)
     out = []
     for task in sorted({_task(r) for r in rows}):
         mine = [r for r in rows if _task(r) == task]
@@ -127,7 +161,8 @@ def tables(rows: list[dict]) -> str:
         base = {seed: r["reasoning_gym"]["exact"] for seed, r in base_rows.items()}
         out.append(f"### {task}\n\n| method | exact % | per seed | vs Baseline (points) | answers vs Baseline | mean score | steps per "
                    "answer token | exact % without pauses at inference | exact % with every pause | ms per answer, alone | "
-                   "ms per answer, beside training | command |\n|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+                   "x a model without pauses (same card) | timed on | ms per answer, beside training | command |\n"
+                   "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|")
         for label in order:
             runs = sorted((r for r in mine if _label(r) == label), key=lambda r: r["seed"])
             if not runs:
@@ -145,13 +180,20 @@ def tables(rows: list[dict]) -> str:
                        f"{_mean_sd([x['mean_steps'] for x in g], 1.0, 2)} | "
                        f"{_ablation(runs, 'without_pauses')} | {_ablation(runs, 'every_pause')} | "
                        f"{_mean_sd([alone_ms(r) / 1e3 for r in runs if alone_ms(r) is not None], 1e3, 2)} | "
+                       f"{_mean_sd([x for r in runs if (x := time_ratio(r, reference)) is not None], 1.0, 2)} | "
+                       f"{_cards(runs)} | "
                        f"{_mean_sd([x['seconds_per_answer'] for x in g], 1e3, 2)} | `{command}` |")
         out.append("")
     return "\n".join(out)
 
 
+#: The issue's bound on a pause row's decode time: 1.3x the baseline's.
+TIME_BOUND = 1.3
+
+
 def figure(rows: list[dict], path: Path) -> None:
-    """Exact share against decode time per answer, one point per run, a panel per task."""
+    """Exact share against decode time per answer (over that of the models without pauses timed on
+    the same card), one point per run timed alone, a panel per task."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,34 +203,42 @@ def figure(rows: list[dict], path: Path) -> None:
     tasks = sorted({_task(r) for r in rows})
     labels = sorted({_label(r) for r in rows})
     colours = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
+    markers = {"H200": "o", "H100": "^"}
+    reference = no_pause_ms(rows)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4.6), squeeze=False)
+    untimed = 0
     for ax, task in zip(axes[0], tasks):
         for r in rows:
-            if _task(r) == task:
-                g, ms = r["reasoning_gym"], alone_ms(r)
-                alone = ms is not None
-                ax.scatter(ms if alone else g["seconds_per_answer"] * 1e3, 100 * g["exact"], s=18,
-                           color=colours[_label(r)] if alone else "none", edgecolors=colours[_label(r)],
-                           label=_label(r))
+            if _task(r) != task:
+                continue
+            ratio = time_ratio(r, reference)
+            if ratio is None:
+                untimed += 1
+                continue
+            ax.scatter(ratio, 100 * r["reasoning_gym"]["exact"], s=20, color=colours[_label(r)],
+                       marker=markers.get(card(r), "s"), label=_label(r))
         base = [100 * r["reasoning_gym"]["exact"] for r in rows if _task(r) == task and _label(r) == "Baseline"]
         if base:  # the bar a pause row has to clear
             ax.axhline(sum(base) / len(base), color="grey", lw=0.8, ls="--")
+        ax.axvline(TIME_BOUND, color="grey", lw=0.8, ls=":")
         ax.set_title(task)
-        # times beside training runs lie up to 10x off the ones alone: a log axis keeps both readable
         ax.set_xscale("log")
-        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30]))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([0.8, 1, 1.3, 1.6, 2, 2.5, 3]))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_xlabel("measured decode time per answer (ms, 256 at once; log)\n"
-                      "filled: alone on the GPU; hollow: beside training runs;\ndashed: the baseline's mean")
+        ax.set_xlabel("decode time per answer alone (256 at once; log),\nx the no-pause models' on the same card")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("exact answers (%)")
     handles = {}
     for ax in axes[0]:
         for h in ax.collections:
             handles.setdefault(h.get_label(), h)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=8)
-    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.04))
+    fig.text(0.5, 0.01, f"circles: timed on an H200; triangles: on an H100; dashed: the baseline's mean; dotted: "
+             f"{TIME_BOUND}x; {untimed} runs not timed alone are not shown", ha="center", fontsize=7.5)
+    fig.tight_layout(rect=(0, 0.19, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -196,12 +246,15 @@ def figure(rows: list[dict], path: Path) -> None:
 def summary_table(rows: list[dict], tasks: list[str]) -> str:
     """The compact table of docs/results.md: per row and task the exact share (mean ± sd, seeds),
     the gain over the same seed's baseline with the paired sign test's p (:func:`paired`), and the
-    decode time per answer measured alone (ms, x the baseline's), rows in the suite's order."""
+    decode time per answer measured alone (ms, and x that of the models without pauses on the same
+    task and card, :func:`time_ratio`), rows in the suite's order."""
     from experiments import reasoning_suite as rs
 
-    def ms(runs: list[dict]) -> float | None:
-        times = [alone_ms(r) for r in runs if alone_ms(r) is not None]
-        return statistics.mean(times) if times else None
+    reference = no_pause_ms(rows)
+
+    def mean(values: list) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.mean(values) if values else None
 
     lines = ["| row | " + " | ".join(f"{t}: exact %, gain (points; p), ms per answer alone" for t in tasks) + " |",
              "|---|" + "---|" * len(tasks)]
@@ -223,8 +276,8 @@ def summary_table(rows: list[dict], tasks: list[str]) -> str:
                 test = paired(runs, base)
                 cell += f", {text if text.startswith('-') else '+' + text}" if gain else ""
                 cell += f" ({test[test.index('(p') + 1:-1]})" if test else ""
-            t, t0 = ms(runs), ms(list(base.values()))
-            cell += "; " + (f"{t:.2f} ms" + (f" ({t / t0:.2f}x)" if t0 and label != "Baseline" else "")
+            t, ratio = mean([alone_ms(r) for r in runs]), mean([time_ratio(r, reference) for r in runs])
+            cell += "; " + (f"{t:.2f} ms" + (f" ({ratio:.2f}x)" if ratio is not None and label != "Baseline" else "")
                             if t is not None else "not timed alone")
             cells.append(cell)
         if any(cells):

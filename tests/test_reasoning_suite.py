@@ -140,14 +140,20 @@ def test_the_report_makes_a_table_per_task_and_the_score_time_figure(tmp_path):
     assert "| Baseline | 41.0 ± 1.0 | 40.0%, 41.0%, 42.0% | --- |" in text
     assert "| CYB 3 pauses, private, pause adapters r16 | 51.0 ± 1.0 | 50.0%, 51.0%, 52.0% | 10.0 ± 0.0 |" in text
     assert "--only rg-gcd-cyb-p3-gated-sN" in text and (tmp_path / "score_time.png").stat().st_size > 0
-    # a time measured alone (experiments/reasoning_timing.py) gets its own column
-    for seed in (0, 1, 2):
-        (tmp_path / rs.run_name("gcd", "baseline", seed) / "eval").mkdir(parents=True)
-        (tmp_path / rs.run_name("gcd", "baseline", seed) / "eval" / "timing.json").write_text(
-            json.dumps({"seconds_per_answer": 0.002 + 0.001 * seed}))
+    # a time measured alone (experiments/reasoning_timing.py) gets its own column, and its ratio to
+    # the models without pauses is taken on the same card only
+    h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    for short, seed, ms, device in (("baseline", 0, 2, h200), ("baseline", 1, 3, h200), ("baseline", 2, 4, h100),
+                                    ("cyb-p3-private", 0, 6, h100), ("cyb-p3-private", 1, 5, h200)):
+        (tmp_path / rs.run_name("gcd", short, seed) / "eval").mkdir(parents=True)
+        (tmp_path / rs.run_name("gcd", short, seed) / "eval" / "timing.json").write_text(
+            json.dumps({"seconds_per_answer": ms / 1e3, "device": device}))
     assert reasoning_report.main([str(tmp_path)]) == 0
-    gcd = (tmp_path / "tables.md").read_text().split("### gcd")[1]
-    assert "| 1.20 ± 0.00 |  |  | 3.00 ± 1.00 | 5.00 ± 1.00 |" in gcd.splitlines()[4]
+    gcd = (tmp_path / "tables.md").read_text().split("### gcd")[1].splitlines()
+    assert "| 1.20 ± 0.00 |  |  | 3.00 ± 1.00 | 1.00 ± 0.20 | H200 2, H100 1 | 5.00 ± 1.00 |" in gcd[4]
+    private = next(line for line in gcd if line.startswith("| CYB 3 pauses, private |"))
+    assert "| 5.50 ± 0.71 | 1.75 ± 0.35 | H100 1, H200 1 |" in private  # 6 / 4 on the H100, 5 / 2.5 on the H200
+    assert "5.50 ms (1.75x)" in reasoning_report.summary_table(reasoning_report.load(tmp_path), ["gcd"])
 
 
 def test_the_pack_leaves_out_weights_and_tokenizers(tmp_path):
