@@ -23,15 +23,18 @@
 # each returned reasoning.tar.gz into the repository with experiments/reasoning_keep.py: a
 # machine without outputs/reasoning starts from results/experiments/reasoning/summary.jsonl.
 #
-# CYB_GPUS (default 0) and CYB_PER_GPU (default 3) say where the runs go. Results (no weights)
-# are packed into $OUT/reasoning.tar.gz after every finished run.
+# CYB_GPUS (default 0) and CYB_PER_GPU (default 3) say where the runs go: 6 per GPU fit an H200
+# (141 GB), 4 an H100 (80 GB); a run that runs out of GPU memory beside others is queued again and
+# its GPU takes one run fewer from then on. Results (no weights) are packed into
+# $OUT/reasoning.tar.gz after every finished run.
 #
 # CYB_BESIDE=1 also runs, on the same GPUs (CYB_BESIDE_PER_GPU jobs of each per GPU, default 1)
 # and to the same deadline, the SmolLM2 rows that say where the gain comes from and what
 # pause-step adapters do on text: on 5-digit addition the baselines given the pause rows' training compute and private CYB with
 # frozen pause rows (smollm2-arith), and on one epoch of techdocs private CYB with pause-step
 # adapters and gated CYB (smollm2 --scale smollm2-epoch; techdocs from .data/techdocs), seeds as
-# given; packed into $OUT/smollm2-arith.tar.gz and $OUT/smollm2-epoch.tar.gz (fold each with
+# given (a one-epoch text run takes about 33 GiB of GPU memory: beside the reasoning suite on an
+# H100, run it with fewer reasoning runs per GPU); packed into $OUT/smollm2-arith.tar.gz and $OUT/smollm2-epoch.tar.gz (fold each with
 # python experiments/keep_pack.py PACK --into results/experiments/smollm2-arith, or -epoch).
 # The timing pass waits for them: decoding is timed with nothing training on the machine.
 set -u

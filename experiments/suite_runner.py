@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -149,20 +150,35 @@ def pack(out: Path, target: Path) -> None:
 #: How often a job that ran out of GPU memory beside others is queued again.
 OOM_RETRIES = 3
 
-#: What a job's log says when its GPU had too little memory: CUDA's own error, or ``cyb train``
+#: Seconds a job that ran out of GPU memory beside another driver's jobs waits before it tries again.
+OOM_WAIT_S = 60.0
+
+#: What a job's log says when its GPU had too little memory: CUDA's own errors, or ``cyb train``
 #: refusing to start (its memory check, beside other runs on the same GPU).
-OUT_OF_MEMORY = ("CUDA out of memory", "OutOfMemoryError", "GiB free; not starting")
+OUT_OF_MEMORY = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "GiB free; not starting")
+
+
+def _tail(log: Path, size: int = 20_000) -> str:
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def out_of_memory(log: Path) -> bool:
     """Whether the job's log ends on the GPU running out of memory."""
-    try:
-        with log.open("rb") as f:
-            f.seek(max(0, log.stat().st_size - 20_000))
-            tail = f.read().decode("utf-8", "replace")
-    except OSError:
-        return False
+    tail = _tail(log)
     return any(marker in tail for marker in OUT_OF_MEMORY)
+
+
+def crowded(log: Path) -> bool:
+    """Whether the job's log says other processes held its GPU's memory (CUDA's message names
+    them, ``Process 7792 has 7.52 GiB memory in use``; ``cyb train`` refusing to start saw the
+    GPU partly taken): worth another try once they are gone."""
+    tail = _tail(log)
+    return bool(re.search(r"Process \d+ has", tail)) or "GiB free; not starting" in tail
 
 
 def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack_to: Path | None,
@@ -175,7 +191,8 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     of ``again`` and its final model is not in ``out`` (finished elsewhere, e.g. on another
     session's machine).  A job that runs out of GPU memory beside other jobs is queued again (it
     resumes from its checkpoint) and its GPU takes one job fewer at a time from then on; alone on
-    its GPU, or after :data:`OOM_RETRIES` such tries, it fails."""
+    its GPU, or after :data:`OOM_RETRIES` such tries, it fails.  A job out of memory beside other
+    processes only (another driver's jobs) tries again after :data:`OOM_WAIT_S` seconds."""
     done_names = set()
     summary_path = out / "summary.jsonl"
     if summary_path.is_file():  # a rerun skips what already finished
@@ -192,6 +209,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     gpu_of = {slot: slot.split("/")[0] for slot in slots}
     limit = {g: list(gpu_of.values()).count(g) for g in set(gpu_of.values())}  # jobs at a time per GPU
     oom_tries: dict[str, int] = {}
+    not_before: dict[str, float] = {}  # a job out of memory beside another driver's jobs waits
 
     def busy(gpu: str) -> int:
         return sum(gpu_of[s] == gpu for s in running)
@@ -213,7 +231,7 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                     continue
                 left = deadline - time.time()
                 ready = [j for j in pending if (j.needs is None or j.needs in done_names)
-                         and j.cost * unit_seconds < left]  # one that cannot finish is not started
+                         and j.cost * unit_seconds < left and not_before.get(j.name, 0) <= time.time()]  # one that cannot finish is not started
                 if not ready:
                     break
                 job = ready[0]
@@ -229,14 +247,19 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                     else:
                         continue
                 del running[slot]
-                gpu, neighbours = gpu_of[slot], busy(gpu_of[slot])
-                if (proc.returncode > 0 and neighbours and oom_tries.get(job.name, 0) < OOM_RETRIES
-                        and gpu != "cpu" and out_of_memory(log_dir / f"{job.name}.log")):
+                gpu, neighbours, log = gpu_of[slot], busy(gpu_of[slot]), log_dir / f"{job.name}.log"
+                if (proc.returncode > 0 and gpu != "cpu" and oom_tries.get(job.name, 0) < OOM_RETRIES
+                        and out_of_memory(log) and (neighbours or crowded(log))):
                     oom_tries[job.name] = oom_tries.get(job.name, 0) + 1
-                    limit[gpu] = max(1, min(limit[gpu] - 1, neighbours))
                     pending.insert(0, job)
+                    if neighbours:
+                        limit[gpu] = max(1, min(limit[gpu] - 1, neighbours))
+                        then = f"GPU {gpu} now takes at most {limit[gpu]} at a time"
+                    else:
+                        not_before[job.name] = time.time() + OOM_WAIT_S
+                        then = f"tries again in {OOM_WAIT_S:.0f} s"
                     print(f"[{time.time() - start:6.0f} s] {job.name:32s} out of GPU memory beside {neighbours} "
-                          f"other runs: queued again; GPU {gpu} now takes at most {limit[gpu]} at a time", flush=True)
+                          f"other runs of this suite: queued again; {then}", flush=True)
                     continue
                 row = final_row(job, out, scale)
                 row["seconds"] = round(time.time() - t0, 1)
@@ -264,5 +287,5 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
 
 
-__all__ = ["OOM_RETRIES", "OUT_OF_MEMORY", "PACK_FILE_LIMIT", "Job", "final_row", "finished", "launch",
-           "out_of_memory", "pack", "rerun_command", "schedule", "trained"]
+__all__ = ["OOM_RETRIES", "OOM_WAIT_S", "OUT_OF_MEMORY", "PACK_FILE_LIMIT", "Job", "final_row", "finished", "launch",
+           "crowded", "out_of_memory", "pack", "rerun_command", "schedule", "trained"]
