@@ -13,8 +13,9 @@ the models without pauses (the baselines) timed on the same task and the same ki
 beside the suite's other runs, and the command) and ``score_time.png`` (exact share against
 that time ratio, one point per run timed alone, one panel per task) into the folder.  The pilot's choice (``reasoning-choice.json``) heads the tables.  For the kept
 results (``results/experiments/reasoning``) it also writes the compact summary (exact share,
-gain, decode time alone, per row and task) into docs/results.md, between
-``<!-- table:reasoning -->`` and ``<!-- end table -->``.
+gain, decode time alone, per row and task) and the answers read out at a fixed step into
+docs/results.md, between ``<!-- table:reasoning -->`` (``reasoning-ablations``) and
+``<!-- end table -->``.
 """
 
 from __future__ import annotations
@@ -89,8 +90,33 @@ def paired(runs: list[dict], base: dict[int, dict]) -> str:
 
 
 def _ablation(runs: list[dict], key: str) -> str:
-    """Mean and spread of the exact share of an ablation (``RUN/eval/ablations.json``)."""
-    return _mean_sd([r["ablations"][key]["exact"] for r in runs if key in r.get("ablations", {})])
+    """Mean and spread of the exact share of an ablation (``RUN/eval/ablations.json``), with how
+    many of the row's runs it covers where that is not all of them."""
+    values = [r["ablations"][key]["exact"] for r in runs if key in r.get("ablations", {})]
+    text = _mean_sd(values).replace(" (1 seed)", "")
+    return text + (f" ({len(values)} of {len(runs)})" if values and len(values) < len(runs) else "")
+
+
+def ablation_table(rows: list[dict], tasks: list[str]) -> str:
+    """The pause rows' answers read out three ways on the same runs (those with
+    ``RUN/eval/ablations.json``): adaptive / every token at its first step (pauses removed at
+    inference) / every token at its last (every pause taken), exact %, means over the runs, whose
+    number is in brackets."""
+    from experiments import reasoning_suite as rs
+
+    lines = ["| row | " + " | ".join(f"{t}: adaptive / step 1 / step 4" for t in tasks) + " |",
+             "|---|" + "---|" * len(tasks)]
+    for label, *_ in rs.rows():
+        cells = []
+        for task in tasks:
+            runs = [r for r in rows if _task(r) == task and _label(r) == label
+                    and {"without_pauses", "every_pause"} <= set(r.get("ablations", {}))]
+            cells.append(" / ".join(f"{100 * statistics.mean(v):.1f}" for v in (
+                [r["reasoning_gym"]["exact"] for r in runs], [r["ablations"]["without_pauses"]["exact"] for r in runs],
+                [r["ablations"]["every_pause"]["exact"] for r in runs])) + f" ({len(runs)})" if runs else "")
+        if any(cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def alone_ms(row: dict) -> float | None:
@@ -305,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         from experiments.make_results import DOC, fill_tables
 
         tasks = json.loads(choice.read_text())["chosen"] if choice.is_file() else sorted({_task(r) for r in rows})
-        fill_tables(DOC, {"reasoning": summary_table(rows, tasks)})
+        fill_tables(DOC, {"reasoning": summary_table(rows, tasks), "reasoning-ablations": ablation_table(rows, tasks)})
     print(f"wrote {folder / 'tables.md'} and {folder / 'score_time.png'} ({len(rows)} runs)")
     return 0
 

@@ -282,3 +282,20 @@ def test_the_paired_sign_test_counts_questions_won_and_lost_per_seed():
             {"seed": 2, "answers": {0: True}}]  # seed 2 has no baseline: left out
     assert reasoning_report.paired(runs, base) == "+3 / -1 (p 0.62)"
     assert reasoning_report.paired([{"seed": 0}], base) == ""
+
+
+def test_the_readout_table_takes_the_adaptive_share_over_the_runs_it_reads_out():
+    """Ablations exist only for the runs timed alone: the adaptive share beside them is over those
+    same runs, and their number is given."""
+    from experiments import reasoning_report
+
+    def row(seed, exact, ablations=None):
+        r = {"name": rs.run_name("gcd", "cyb-p3-private", seed), "label": "CYB 3 pauses, private [gcd]", "seed": seed,
+             "reasoning_gym": {"task": "reasoning-gym:gcd", "exact": exact}}
+        return dict(r, ablations=ablations) if ablations else r
+
+    rows = [row(0, 0.30), row(1, 0.40, {"without_pauses": {"exact": 0.41}, "every_pause": {"exact": 0.0}}),
+            row(2, 0.50, {"without_pauses": {"exact": 0.49}, "every_pause": {"exact": 0.1}})]
+    table = reasoning_report.ablation_table(rows, ["gcd"]).splitlines()
+    assert table[2] == "| CYB 3 pauses, private | 45.0 / 45.0 / 5.0 (2) |"
+    assert reasoning_report._ablation(rows, "without_pauses") == "45.0 ± 5.7 (2 of 3)"
