@@ -235,9 +235,13 @@ def test_final_model_round_trip(tmp_path):
     from cyb.model import PauseModel
 
     cfg = tiny_cfg(tmp_path / "run", train={"steps": 3})
+    stale = tmp_path / "run" / "final.tmp-999999"  # what a save killed half-way leaves
+    stale.mkdir(parents=True)
+    (stale / ".tmpBiIj37").write_bytes(b"0" * 1000)
     trainer = Trainer(cfg)
     trainer.run()
     final = tmp_path / "run" / "final"
+    assert not stale.exists()
     ids = torch.randint(3, 40, (2, 7))
     reloaded = PauseModel.from_pretrained(final)
     trainer.model.eval()

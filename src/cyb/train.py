@@ -419,8 +419,9 @@ class Trainer:
                      if k not in tied}  # as HF saves them
         final = self.run_dir / "final"
         if self.info.is_main:
+            for stale in self.run_dir.glob("final.tmp-*"):  # a killed save's half-written model
+                shutil.rmtree(stale, ignore_errors=True)
             tmp = self.run_dir / f"final.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
             with _quiet_hf_progress():
                 self.model.save_pretrained(tmp, state_dict=state)
             (tmp / TRAINING_STATE_FILE).write_text(json.dumps(self.training_state(), indent=2))
