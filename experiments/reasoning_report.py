@@ -312,8 +312,16 @@ def summary_table(rows: list[dict], tasks: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    folder = Path(args[0] if args else "outputs/reasoning")
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", nargs="?", type=Path, default=Path("outputs/reasoning"),
+                   help="the suite's folder, with its summary.jsonl (default: outputs/reasoning)")
+    folder = p.parse_args(argv).folder
+    if not (folder / "summary.jsonl").is_file():
+        print(f"{folder / 'summary.jsonl'} does not exist: give the folder of a reasoning suite "
+              "(experiments/run_suite.py reasoning --out FOLDER)", file=sys.stderr)
+        return 1
     rows = load(folder)
     if not rows:
         print(f"{folder / 'summary.jsonl'} holds no scored run of the reasoning suite yet", file=sys.stderr)
