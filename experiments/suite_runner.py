@@ -231,7 +231,8 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
                     continue
                 left = deadline - time.time()
                 ready = [j for j in pending if (j.needs is None or j.needs in done_names)
-                         and j.cost * unit_seconds < left and not_before.get(j.name, 0) <= time.time()]  # one that cannot finish is not started
+                         and j.cost * unit_seconds < left  # one that cannot finish is not started
+                         and not_before.get(j.name, 0) <= time.time()]
                 if not ready:
                     break
                 job = ready[0]
