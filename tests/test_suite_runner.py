@@ -84,7 +84,8 @@ def test_a_job_out_of_memory_beside_another_drivers_jobs_waits_and_tries_again(t
 
 def test_out_of_memory_is_read_from_the_log(tmp_path):
     log = tmp_path / "x.log"
-    log.write_text("step 10\n" * 5000 + "this run needs about 9.1 GiB per GPU but the GPU has 2.0 GiB free; not starting.\n")
+    log.write_text("step 10\n" * 5000
+                   + "this run needs about 9.1 GiB per GPU but the GPU has 2.0 GiB free; not starting.\n")
     assert suite_runner.out_of_memory(log)
     log.write_text("Traceback ...\nValueError: no\n")
     assert not suite_runner.out_of_memory(log)
