@@ -12,8 +12,9 @@ the models without pauses (the baselines) timed on the same task and the same ki
 (times from different cards are never compared), the cards, the time as ``cyb eval`` took it
 beside the suite's other runs, and the command) and ``score_time.png`` (exact share against
 that time ratio, one point per run timed alone, one panel per task) into the folder.  The
-pilot's choice (``reasoning-choice.json``) heads the tables.  For the kept results (``results/experiments/reasoning``) it also writes the compact summary (exact share,
-gain, decode time alone, per row and task) and the answers read out at a fixed step into
+pilot's choice (``reasoning-choice.json``) heads the tables.  For the kept results
+(``results/experiments/reasoning``) it also writes the compact summary (exact share, gain,
+decode time alone, per row and task) and the answers read out at a fixed step into
 docs/results.md, between ``<!-- table:reasoning -->`` (``reasoning-ablations``) and
 ``<!-- end table -->``.
 """
