@@ -250,11 +250,6 @@ def dataset_split(cfg, tokenizer, split: str) -> ReasoningGymDataset:
     return ReasoningGymDataset(d.task, tokenizer, n, seed=seed, split=split, settings=d.task_kwargs)
 
 
-def dataset_sets(cfg, tokenizer) -> tuple[ReasoningGymDataset, ReasoningGymDataset]:
-    """A run's train and held-out sets (:func:`dataset_split` of each)."""
-    return dataset_split(cfg, tokenizer, "train"), dataset_split(cfg, tokenizer, "test")
-
-
 def describe(task: str, settings: dict | None = None) -> str:
     """One line naming the task and its settings (for headers and cards)."""
     kw = ", ".join(f"{k}={v}" for k, v in (settings or {}).items())
@@ -262,6 +257,6 @@ def describe(task: str, settings: dict | None = None) -> str:
 
 
 __all__ = ["COMPLETION_TEMPLATE", "EXTRA", "GENERATOR_SIZE", "PREFIX", "PROMPT_TEMPLATE", "ReasoningGymDataset",
-           "TEST_FRACTION", "available_tasks", "check_task", "completion_of", "dataset_sets", "dataset_split", "describe",
+           "TEST_FRACTION", "available_tasks", "check_task", "completion_of", "dataset_split", "describe",
            "draw_entries", "generator_seed", "is_reasoning_gym", "prompt_of", "require", "score_answer",
            "task_name"]
