@@ -204,7 +204,8 @@ SUITE_TABLES = {
                  "CYB-ponder tau=-0.2, private", "CYB-ponder tau=-0.5, private", "TBYS 3 pauses, private",
                  "TBYS 3 pauses, shared", "Baseline, LoRA", "CYB 3 pauses, private, LoRA"],
                 ("Baseline", "TBYS 3 pauses, shared", "CYB 3 pauses, shared", "Baseline, LoRA"), 2),
-    "smollm2-epoch": (["Baseline", "CYB 3 pauses, private"], ("Baseline",), 2),
+    "smollm2-epoch": (["Baseline", "CYB 3 pauses, private", "CYB 3 pauses, private, pause adapters r16",
+                       "CYB 3 pauses, gated"], ("Baseline",), 2),
     "visibility": (["Pretrained base, not fine-tuned", "Baseline", "TBYS 3 pauses, shared",
                     "TBYS 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, private"],
                    ("Baseline", "TBYS 3 pauses, shared", "CYB 3 pauses, shared"), 1),
@@ -217,7 +218,7 @@ SUITE_TABLES = {
 CURVE_ROWS = {
     "smollm2": ["Baseline", "Baseline 4xseq", "CYB 3 pauses, private", "CYB 3 pauses, shared", "CYB 3 pauses, gated",
                 "CYB 3 pauses, private, dk prior 0.99", "CYB-ponder tau=-0.2, private", "TBYS 3 pauses, shared"],
-    "smollm2-epoch": ["Baseline", "CYB 3 pauses, private"],
+    "smollm2-epoch": ["Baseline", "CYB 3 pauses, private", "CYB 3 pauses, private, pause adapters r16"],
 }
 
 
