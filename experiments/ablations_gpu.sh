@@ -10,9 +10,12 @@
 #   CYB with its pause rows frozen (about 8.4 GiB);
 # - one epoch of techdocs (run_suite.py smollm2 --scale smollm2-epoch): private CYB with pause-step
 #   adapters of rank 16, and gated CYB (about 34 GiB each).
-# Laid out so that no GPU holds more than about 72 GiB: the text runs two each on GPUs 0 and 1 and
-# one each on 2 and 3, the compute-matched baselines two each on 2 and 3 and one each on 0 and 1,
-# the frozen-row runs on 2 and 3. The three drivers share SECONDS (runs still training then are
+# Laid out by their memory estimates (about 72 GiB at most on a GPU; nvidia-smi showed 77.5 of 80
+# GiB used on GPUs 0 and 1): the text runs two each on GPUs 0 and 1 and one each on 2 and 3, the
+# compute-matched baselines two each on 2 and 3 and one each on 0 and 1, the frozen-row runs on 2
+# and 3. Measured so on 4 x H100: the compute-matched baselines about 990 s, the frozen-row runs
+# 480-560 s, the adapter runs about 1,100 s with their scoring; the gated text runs reached only
+# steps 810-1215 of 1,620 in 1,380 s (two to a GPU): give them about twice that. The three drivers share SECONDS (runs still training then are
 # killed; runs scoring their trained model get GRACE_S, default 100, more) and write their packs
 # (no weights) to OUTDIR after every finished run: smollm2-arith-4x.tar.gz, smollm2-arith-frozen.tar.gz
 # (the two drivers share outputs/smollm2-arith) and smollm2-epoch.tar.gz; OUTDIR/done marks the end.

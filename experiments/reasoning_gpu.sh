@@ -28,15 +28,8 @@
 # its GPU takes one run fewer from then on. Results (no weights) are packed into
 # $OUT/reasoning.tar.gz after every finished run.
 #
-# CYB_BESIDE=1 also runs, on the same GPUs (CYB_BESIDE_PER_GPU jobs of each per GPU, default 1)
-# and to the same deadline, the SmolLM2 rows that say where the gain comes from and what
-# pause-step adapters do on text: on 5-digit addition the baselines given the pause rows' training compute and private CYB with
-# frozen pause rows (smollm2-arith), and on one epoch of techdocs private CYB with pause-step
-# adapters and gated CYB (smollm2 --scale smollm2-epoch; techdocs from .data/techdocs), seeds as
-# given (a one-epoch text run takes about 33 GiB of GPU memory: beside the reasoning suite on an
-# H100, run it with fewer reasoning runs per GPU); packed into $OUT/smollm2-arith.tar.gz and $OUT/smollm2-epoch.tar.gz (fold each with
-# python experiments/keep_pack.py PACK --into results/experiments/smollm2-arith, or -epoch).
-# The timing pass waits for them: decoding is timed with nothing training on the machine.
+# The SmolLM2 rows that say where the gain comes from (addition) and what pause-step adapters do
+# on text have their own script: experiments/ablations_gpu.sh.
 set -u
 start=$(date +%s)  # the call's clock: staging counts against its seconds too
 # a run that outlived an earlier call (killed from outside) would train beside this call's runs
@@ -68,22 +61,10 @@ if [ ! -f outputs/reasoning/reasoning-choice.json ]; then
     | tee -a "$out/driver.log"
 fi
 left=$(( total - ($(date +%s) - start) - timing - grace ))
-beside() {  # NAME SUITE [run_suite.py options]: a suite beside the reasoning suite, to the same deadline
-  local name=$1
-  shift
-  python3 experiments/run_suite.py "$@" --seeds "$seeds" --out "outputs/$name" --gpus "${CYB_GPUS:-0}" \
-    --per-gpu "${CYB_BESIDE_PER_GPU:-1}" --deadline "$left" --grace "$grace" --pack "$out/$name.tar.gz" >> "$out/$name.log" 2>&1
-}
-if [ "${CYB_BESIDE:-0}" = 1 ] && [ "$left" -gt 60 ]; then
-  beside smollm2-arith smollm2-arith --scale smollm2-arith --only ar-cyb-p3-private-frozenrows ar-baseline-4x &
-  beside smollm2-epoch smollm2 --scale smollm2-epoch --only sm-cyb-p3-adapters16-private sm-cyb-p3-gated &
-fi
 if [ -f outputs/reasoning/reasoning-choice.json ] && [ "$left" -gt 60 ]; then
   python3 experiments/run_suite.py reasoning --seeds "$seeds" --deadline "$left" --grace "$grace" "${common[@]}" "${@:3}" 2>&1 \
     | tee -a "$out/driver.log"
 fi
-wait  # the suites beside it end at the same deadline
-tail -n 2 "$out"/smollm2-*.log 2>/dev/null
 # each finished run's decoding timed again with nothing else on its GPU (RUN/eval/timing.json)
 left=$(( total - ($(date +%s) - start) ))
 if [ "$left" -gt 20 ]; then
