@@ -15,19 +15,24 @@
 # compute-matched baselines two each on 2 and 3 and one each on 0 and 1, the frozen-row runs on 2
 # and 3. Measured so on 4 x H100: the compute-matched baselines about 990 s, the frozen-row runs
 # 480-560 s, the adapter runs about 1,100 s with their scoring; the gated text runs reached only
-# steps 810-1215 of 1,620 in 1,380 s (two to a GPU): give them about twice that. The three drivers share SECONDS (runs still training then are
-# killed; runs scoring their trained model get GRACE_S, default 100, more) and write their packs
-# (no weights) to OUTDIR after every finished run: smollm2-arith-4x.tar.gz, smollm2-arith-frozen.tar.gz
-# (the two drivers share outputs/smollm2-arith) and smollm2-epoch.tar.gz; OUTDIR/done marks the end.
+# steps 810-1215 of 1,620 in 1,380 s (two to a GPU): give them about twice that.
+# The three drivers share SECONDS (runs still training then are killed; runs scoring their
+# trained model get GRACE_S, default 100, more) and write their packs (no weights) to OUTDIR after
+# every finished run: smollm2-arith-4x.tar.gz, smollm2-arith-frozen.tar.gz (the two drivers share
+# outputs/smollm2-arith) and smollm2-epoch.tar.gz.
 # Fold them with python experiments/keep_pack.py PACK... --into results/experiments/smollm2-arith
-# (or smollm2-epoch).
+# (or smollm2-epoch). A machine without outputs/smollm2-arith (or -epoch) starts from the kept
+# summary.jsonl in results/experiments/: finished runs are not run again. EPOCH_ONLY (default
+# "sm-cyb-p3-adapters16-private sm-cyb-p3-gated") names the text rows to run: the adapter runs of
+# seeds 0 and 1 lack only their whole-file evaluation, so EPOCH_ONLY=sm-cyb-p3-gated runs what is
+# missing.
 #
 # The compute-matched baselines train for about 15 minutes, longer than one GPU call: start the
-# script in a session of its own, so that it outlives the call, and have later calls on the same
-# machine wait for OUTDIR/done and copy OUTDIR back:
+# script in a session of its own (experiments/detached.sh), so that it outlives the call, and have
+# each later call on the same machine wait for it and bring OUTDIR back through $OUT:
 #
-#   mkdir -p /tmp/ablations && setsid nohup bash experiments/ablations_gpu.sh 1350 /tmp/ablations \
-#       > /tmp/ablations/driver.log 2>&1 < /dev/null &
+#   bash experiments/detached.sh start /tmp/ablations bash experiments/ablations_gpu.sh 1380 /tmp/ablations
+#   bash experiments/detached.sh wait /tmp/ablations 570     # in the same call, then in each later one
 set -u
 [ $# -ge 2 ] || { echo "usage: bash experiments/ablations_gpu.sh SECONDS OUTDIR [SEEDS]"; exit 2; }
 total=$1
@@ -38,6 +43,11 @@ mkdir -p "$out"
 source experiments/stage_smollm2.sh
 stage_smollm2 || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
+for name in smollm2-arith smollm2-epoch; do  # runs finished in earlier sessions are not run again
+  if [ ! -f "outputs/$name/summary.jsonl" ] && [ -f "results/experiments/$name/summary.jsonl" ]; then
+    mkdir -p "outputs/$name" && cp "results/experiments/$name/summary.jsonl" "outputs/$name/"
+  fi
+done
 left=$(( total - ($(date +%s) - start) ))
 suite() {  # NAME GPUS PER_GPU run_suite.py arguments...
   local name=$1 gpus=$2 per=$3
@@ -46,10 +56,9 @@ suite() {  # NAME GPUS PER_GPU run_suite.py arguments...
     --grace "${GRACE_S:-100}" --pack "$out/$name.tar.gz" > "$out/$name.log" 2>&1
 }
 suite smollm2-epoch 0,1,2,3 2 smollm2 --scale smollm2-epoch --out outputs/smollm2-epoch \
-  --only sm-cyb-p3-adapters16-private sm-cyb-p3-gated &
+  --only ${EPOCH_ONLY:-sm-cyb-p3-adapters16-private sm-cyb-p3-gated} &
 suite smollm2-arith-4x 2,3,0,1 2 smollm2-arith --scale smollm2-arith --out outputs/smollm2-arith --only ar-baseline-4x &
 suite smollm2-arith-frozen 2,3 2 smollm2-arith --scale smollm2-arith --out outputs/smollm2-arith \
   --only ar-cyb-p3-private-frozenrows &
 wait
 tail -n 1 "$out"/smollm2-*.log
-touch "$out/done"
