@@ -15,6 +15,12 @@ stamp=.venv/.cyb-setup-$( (cat pyproject.toml scripts/setup.sh; echo "$extras") 
 if [ -f "$stamp" ]; then
   exit 0
 fi
+# A full set-up (torch, the test extras, triton) takes about 3 GB in .venv; pip's own error on a full
+# disk names neither.
+free_mb=$(df -Pm . | awk 'NR==2 {print $4}')
+if [ -n "$free_mb" ] && [ "$free_mb" -lt 4000 ]; then
+  echo "setup: warning: only ${free_mb} MB free on this disk; .venv with torch and the test extras takes about 3,000 MB" >&2
+fi
 "$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   if [ -n "${CYB_TORCH:-}" ]; then
