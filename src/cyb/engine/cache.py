@@ -1,7 +1,10 @@
 """The engine's KV cache: one row of columns per slot, preallocated, written where each row is.
 
-:class:`SlotCache` holds every layer's keys and values in ``[slots, kv_heads, capacity +
-scratch, head_dim]`` buffers.  It speaks the cache protocol of Hugging Face decoders (each
+:class:`SlotCache` owns everything the engine keeps per column of a slot: every layer's keys
+and values in ``[slots, kv_heads, capacity + scratch, head_dim]`` buffers, and, where the
+model needs them, which columns hold pauses (gated pauses: attention adds the layer's gate to
+other tokens' pauses) and each column's rotary position (private pauses under sliding windows:
+windows count positions).  :meth:`SlotCache.move` moves all of it at once.  It speaks the cache protocol of Hugging Face decoders (each
 attention layer calls :meth:`SlotCache.update` with its new keys and values and attends to what
 it returns), and the runner tells it, before each forward, where the new positions go
 (:meth:`for_decode`, :meth:`for_prefill`):
@@ -53,15 +56,21 @@ class SlotCache:
 
     is_compileable = True  # fixed shapes and addresses
 
-    def __init__(self, model, slots: int, capacity: int, scratch: int) -> None:
+    def __init__(self, model, slots: int, capacity: int, scratch: int, *, pause_tags: bool = False,
+                 column_positions: bool = False) -> None:
         if slots < 1 or capacity < 1 or scratch < 1:
             raise ValueError(f"slots, capacity and scratch must be >= 1, got {slots}, {capacity}, {scratch}")
         layers, kv_heads, head_dim = kv_shape(model)
         self.slots, self.capacity, self.scratch = slots, capacity, scratch
-        shape = (slots, kv_heads, capacity + scratch, head_dim)
+        width = capacity + scratch
+        shape = (slots, kv_heads, width, head_dim)
         device, dtype = model.device, model.dtype
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        #: ``[slots, width]`` bool: which columns hold pauses (``pause_tags``), else None
+        self.tags = torch.zeros(slots, width, dtype=torch.bool, device=device) if pause_tags else None
+        #: ``[slots, width]`` long: each column's rotary position (``column_positions``), else None
+        self.col_pos = torch.zeros(slots, width, dtype=torch.long, device=device) if column_positions else None
         self._rows: torch.Tensor | None = None  # prefill: the slots written; decode: None (rows 0..n-1)
         self._write_rows: torch.Tensor | None = None
         self._write_cols: torch.Tensor | None = None
@@ -69,6 +78,14 @@ class SlotCache:
         self.limit = capacity
         #: ``0 .. slots-1`` on the device (rows of a decoding step)
         self.row_index = torch.arange(slots, device=device)
+
+    @classmethod
+    def for_model(cls, model, slots: int, capacity: int, scratch: int) -> "SlotCache":
+        """The cache ``model`` (a :class:`cyb.PauseModel`) decodes with: pause tags for gated
+        pauses, column positions for private pauses in a model with sliding-window layers."""
+        visibility = model.pause_visibility
+        return cls(model, slots, capacity, scratch, pause_tags=visibility == "gated",
+                   column_positions=visibility == "private" and hf.has_sliding_window(model.config))
 
     @property
     def nbytes(self) -> int:
@@ -102,10 +119,19 @@ class SlotCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions and masks are explicit; nothing reads this
 
+    def per_slot(self) -> list[torch.Tensor]:
+        """Every tensor that holds per-column state (first dimension: the slots)."""
+        extra = [t for t in (self.tags, self.col_pos) if t is not None]
+        return self.keys + self.values + extra
+
     def move(self, src: int, dst: int, columns: int) -> None:
-        """Copy the first ``columns`` columns of row ``src`` into row ``dst`` (every layer)."""
+        """Row ``src``'s first ``columns`` columns (keys and values of every layer, tags and
+        positions) go to row ``dst``."""
         for t in self.keys + self.values:
             t[dst, :, :columns].copy_(t[src, :, :columns])
+        for t in (self.tags, self.col_pos):
+            if t is not None:
+                t[dst, :columns].copy_(t[src, :columns])
 
 
 __all__ = ["SlotCache", "bytes_per_column", "kv_shape"]

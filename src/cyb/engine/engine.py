@@ -168,7 +168,7 @@ class Engine:
                              f"{self.capacity} columns ({per_row / 2**20:.1f} MiB): raise cache_bytes "
                              "or lower max_new_tokens / the prompt length")
         self.slots = max(1, min(slots, opts.max_slots, fit))
-        self.cache = SlotCache(model, self.slots, self.capacity, scratch=self.q)
+        self.cache = SlotCache.for_model(model, self.slots, self.capacity, scratch=self.q)
         limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
         self._position_limit = limit if isinstance(limit, int) else None
         device = model.device
@@ -185,8 +185,10 @@ class Engine:
         self._roster: _Roster | None = None
         self._max_real = 0  # private pauses: the most real columns a decoding row has
         self._to_stop: list[Tracked] = []
-        self._host_out = (torch.empty((self.slots, OUT_FIXED_COLUMNS + m), dtype=torch.float32, pin_memory=True)
-                          if device.type == "cuda" else None)
+        #: on CUDA, two pinned buffers that steps' outputs are copied into in turn: step N + 1 is
+        #: launched (with its copy) before step N's output is read, so one buffer would race
+        self._host_out = ([torch.empty((self.slots, OUT_FIXED_COLUMNS + m), dtype=torch.float32, pin_memory=True)
+                           for _ in range(2)] if device.type == "cuda" else None)
         #: counters: decoding steps, positions fed by them (active rows only), prefill positions
         self.stats = {"steps": 0, "decode_positions": 0, "prefill_positions": 0, "prefill_forwards": 0}
 
@@ -313,9 +315,10 @@ class Engine:
 
     def _prefill(self, batch: list[Tracked], chunk: int) -> None:
         r = len(batch)
-        ids = torch.zeros((r, chunk), dtype=torch.long)
-        pos = torch.zeros((r, chunk), dtype=torch.long)
-        cols = torch.full((r, chunk), self.capacity, dtype=torch.long)  # padding: a scratch column
+        pinned = self.model.device.type == "cuda"  # staged: the host does not wait (rows.to_device)
+        ids = torch.zeros((r, chunk), dtype=torch.long, pin_memory=pinned)
+        pos = torch.zeros((r, chunk), dtype=torch.long, pin_memory=pinned)
+        cols = torch.full((r, chunk), self.capacity, dtype=torch.long, pin_memory=pinned)  # padding: scratch
         end = 0
         for i, t in enumerate(batch):
             n = min(chunk, t.prefill_left)
@@ -353,8 +356,6 @@ class Engine:
         for t, dst in self.scheduler.compaction(self._rows_bucket):
             self.cache.move(t.slot, dst, min(self._bound(t) + self.q, self.capacity))
             self.rows.move(t.slot, dst)
-            if self.runner.tags is not None:
-                self.runner.tags[dst].copy_(self.runner.tags[t.slot])
             self.scheduler.moved(t, dst)
 
     def _bound(self, t: Tracked) -> int:
@@ -399,7 +400,7 @@ class Engine:
         self.stats["decode_positions"] += len(ros.rows) * self.q
         if self._host_out is None:
             return self.rows.out[:ros.n], ros, None
-        host = self._host_out[:ros.n]
+        host = self._host_out[self.stats["steps"] % 2][:ros.n]
         host.copy_(self.rows.out[:ros.n], non_blocking=True)
         done = torch.cuda.Event()
         done.record()

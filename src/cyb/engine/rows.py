@@ -27,6 +27,18 @@ from .readout import RowReadout, SamplingKind
 
 #: the columns of the step's output rows: emitted, token, steps, E[S], then d_1 .. d_M
 OUT_FIXED_COLUMNS = 4
+#: tensors of :class:`Rows` that are not per-row state: the last step's output and constants
+NOT_STATE = ("out", "pause_ids", "offsets")
+
+
+def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` (a list, or a list of equal-length lists) as a tensor on ``device``.  On CUDA
+    it is staged in pinned memory and copied without the host waiting for the device (a copy
+    from pageable memory waits for everything queued before it, which would empty the queue
+    of steps that the host keeps ahead); the pinned block is not reused before the copy ends."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 class Rows:
@@ -75,52 +87,43 @@ class Rows:
               keys: list[int], fixed: list[bool], greedy: list[bool], temperature: list[float],
               top_k: list[int], top_p: list[float]) -> None:
         """Rows ``slots`` begin decoding: each feeds its prompt's last token (``tokens``) at
-        ``positions``, column ``cols``, deciding its first new token (one write per field)."""
-        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
-
-        def put(t: torch.Tensor, values) -> None:
-            t.index_copy_(0, idx, torch.tensor(values, dtype=t.dtype).to(self.device))
-
-        put(self.feed, tokens)
-        put(self.pos, positions)
-        put(self.real_pos, positions)
-        put(self.col, cols)
-        put(self.real_col, cols)
-        put(self.key, keys)
-        put(self.fixed, fixed)
-        put(self.greedy, greedy)
-        put(self.temperature, temperature)
-        put(self.top_k, top_k)
-        put(self.top_p, top_p)
+        ``positions``, column ``cols``, deciding its first new token.  Every field of the rows
+        is set, from two staged host copies (:func:`to_device`: the host does not wait)."""
+        longs = to_device([slots, tokens, positions, cols, keys, fixed, greedy, top_k], torch.long, self.device)
+        floats = to_device([temperature, top_p], torch.float32, self.device)
+        idx = longs[0]
+        for t, v in ((self.feed, longs[1]), (self.pos, longs[2]), (self.real_pos, longs[2]),
+                     (self.col, longs[3]), (self.real_col, longs[3]), (self.key, longs[4]),
+                     (self.fixed, longs[5]), (self.greedy, longs[6]), (self.top_k, longs[7]),
+                     (self.temperature, floats[0]), (self.top_p, floats[1])):
+            t.index_copy_(0, idx, v.to(t.dtype))
         self.step.index_fill_(0, idx, 1)
-        self.counter.index_fill_(0, idx, 0)
-        self.stopped.index_fill_(0, idx, False)
-        self.log_d.index_fill_(0, idx, 0.0)
-        self.log_not_d.index_fill_(0, idx, 0.0)
         self.active.index_fill_(0, idx, True)
+        for t in (self.counter, self.stopped, self.answer, self.stop_step, self.log_d, self.log_not_d):
+            t.index_fill_(0, idx, 0)
 
     def stop(self, slots: list[int]) -> None:
         """Rows ``slots`` stop decoding (their slots are free or being prefilled)."""
-        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
-        self.active.index_fill_(0, idx, False)
+        self.active.index_fill_(0, to_device(slots, torch.long, self.device), False)
 
     def move(self, src: int, dst: int) -> None:
-        """Row ``src``'s state goes to row ``dst`` (the cache rows move separately)."""
-        for t in self._state():
+        """Row ``src``'s whole state (:meth:`per_slot`) goes to row ``dst``; ``src`` stops (the
+        cache's columns move separately: :meth:`cyb.engine.cache.SlotCache.move`)."""
+        for t in self.per_slot():
             t[dst].copy_(t[src])
         self.active[src] = False
 
-    def _state(self) -> list[torch.Tensor]:
-        return [self.active, self.feed, self.pos, self.col, self.real_col, self.real_pos, self.step,
-                self.counter, self.key, self.fixed, self.greedy, self.temperature, self.top_k, self.top_p,
-                self.stopped, self.answer, self.stop_step, self.log_d, self.log_not_d]
+    def per_slot(self) -> list[torch.Tensor]:
+        """Every tensor of per-row state (first dimension: the slots): each attribute of this
+        object that is a tensor, but the step's output and the constants (:data:`NOT_STATE`)."""
+        return [v for k, v in vars(self).items() if isinstance(v, torch.Tensor) and k not in NOT_STATE]
 
     def snapshot(self) -> list[torch.Tensor]:
         """Copies of everything a step changes (to undo a graph capture's warm-up)."""
-        return [t.clone() for t in self._state() + [self.out]]
+        return [t.clone() for t in self.per_slot() + [self.out]]
 
     def restore(self, saved: list[torch.Tensor]) -> None:
-        for t, v in zip(self._state() + [self.out], saved):
+        for t, v in zip(self.per_slot() + [self.out], saved):
             t.copy_(v)
 
     # ------------------------------------------------------------------ a step's inputs
@@ -213,7 +216,6 @@ class Rows:
     def _write_out(self, n: int, emit, token, steps, log_d, log_not_d, fixed) -> None:
         """The step's output rows: emitted, token, steps, E[S] (fixed rows; NaN for others),
         ``d_1 .. d_M`` (NaN after the stop step in adaptive rows; ``d_M = 0``)."""
-        m = self.m
         d = log_d.exp()
         d[:, -1] = 0.0
         ran = self.offsets.unsqueeze(0) < steps.unsqueeze(1)

@@ -26,7 +26,7 @@ from ..model import attention, hf
 from ..runtime import growing_attention
 from .cache import SlotCache
 from .readout import SamplingKind
-from .rows import Rows
+from .rows import Rows, to_device
 
 
 class Runner:
@@ -49,16 +49,17 @@ class Runner:
         device = model.device
         self.device = device
         self.columns = torch.arange(cache.capacity + cache.scratch, device=device)
-        width = cache.capacity + cache.scratch
-        #: gated models: which columns of each row hold pauses
-        self.tags = (torch.zeros(cache.slots, width, dtype=torch.bool, device=device)
-                     if self.layout.gated else None)
+        #: gated models: which columns of each row hold pauses (the cache's tags)
+        self.tags = cache.tags
         #: models with sliding-window layers: windows count columns (shared and gated pauses: the
         #: sequence as fed) or positions (private pauses: the real tokens, as in training), so a
-        #: private row keeps each column's position
+        #: private row keeps each column's position (the cache's column positions)
         self.sliding = hf.has_sliding_window(model.config)
-        self.col_pos = (torch.zeros(cache.slots, width, dtype=torch.long, device=device)
-                        if self.sliding and self.layout.real_only else None)
+        self.col_pos = cache.col_pos
+        if self.layout.gated != (self.tags is not None) or (
+                self.sliding and self.layout.real_only) != (self.col_pos is not None):
+            raise ValueError("the cache's per-column tags and positions do not match the model "
+                             "(SlotCache.for_model builds the cache a model needs)")
         self.use_graph = bool(cuda_graph)
         if self.use_graph and device.type != "cuda":
             raise ValueError("cuda_graph needs the model on a CUDA device")
@@ -144,13 +145,13 @@ class Runner:
     # ------------------------------------------------------------------ prefill
     def prefill(self, slots: list[int], ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor,
                 limit: int) -> None:
-        """Write prompt chunks: rows ``slots``, ``ids``/``pos``/``cols`` ``[r, C]`` (host or
-        device tensors; padding positions at a scratch column).  Columns of the Recipe 1 prompt
+        """Write prompt chunks: rows ``slots``, ``ids``/``pos``/``cols`` ``[r, C]`` (host tensors,
+        pinned on CUDA, or device tensors; padding positions at a scratch column).  Columns of the Recipe 1 prompt
         layout: under gated pauses, a column ``k`` is a pause when ``k % M != 0`` and belongs to
         token ``k // M``."""
         dev = self.device
-        rows = torch.tensor(slots, dtype=torch.long, device=dev)
-        ids, pos, cols = ids.to(dev), pos.to(dev), cols.to(dev)
+        rows = to_device(slots, torch.long, dev)
+        ids, pos, cols = (t.to(dev, non_blocking=True) for t in (ids, pos, cols))
         self.cache.for_prefill(rows, cols, limit)
         extra = {}
         if self.tags is not None:

@@ -1,0 +1,236 @@
+"""The engine under traffic: seeded random schedules against the no-cache reference.
+
+Each schedule draws a model (every pause layout and position scheme on Llama, and Gemma 3 with
+sliding windows of 4 under shared and private pauses), engine options (1-8 slots, prefill
+chunks of 2-8 columns, 1-4 rows per prefill forward, refill thresholds, attention buckets that
+change with the columns in use, one position or whole blocks per step) and 3-9 requests
+(prompts of 1-24 tokens, so several prefill chunks; 1-12 new tokens; fixed or adaptive mode;
+greedy or sampled with their own keys, temperatures, top-k and top-p) that arrive while others
+decode.  Some end at an EOS taken from their own answer, some are aborted after a few tokens;
+rows finish at different times, so slots are reused and decoding rows are compacted.
+
+Every request's tokens, steps and ``d`` must be the reference's for its prompt alone, cut where
+it ended.  The same schedules run on the CPU in the suite and on CUDA under ``-m gpu`` (steps
+captured as graphs, the host reading one step behind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+
+import pytest
+import torch
+
+from cyb.engine import Engine, EngineOptions, Request
+from cyb.engine.layout import RowLayout
+from engine_helpers import LAYOUTS, M, Sampling, assert_same, layout_model, reference
+from generation_helpers import encode
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SCHEDULES = 24
+MODELS = [f"llama-{v}-{s}" for v, s in LAYOUTS] + ["gemma3-shared", "gemma3-private"]
+
+
+@functools.lru_cache(maxsize=None)
+def schedule_model(name: str, device: str):
+    """A test model by name, float32 on ``device`` (built once per session)."""
+    family, visibility = name.split("-")[:2]
+    if family == "llama":
+        pm = layout_model(visibility, scheme=name.split("-")[2])
+    else:
+        pm = sliding_model(visibility)
+    return pm.to(device)
+
+
+def sliding_model(visibility: str):
+    """Gemma 3 with sliding windows of 4 (prompts are longer), every other layer full."""
+    import transformers
+
+    from cyb.data.synthetic import CharTokenizer
+    from cyb.model import PauseModel
+    from generation_helpers import TOK
+
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, head_dim=8, initializer_range=0.3,
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    pm = PauseModel.from_config(cfg, CharTokenizer().to_hf(), num_steps=M, psi_dk=0.5,
+                                pause_visibility=visibility, attn_implementation="eager").eval()
+    with torch.no_grad():
+        w = pm.hf_model.get_output_embeddings().weight
+        w[pm.settings.dk_id] = torch.randn(w.shape[1]) * 0.3
+    return pm
+
+
+@dataclasses.dataclass
+class Planned:
+    """One request of a schedule: what it asks, when it arrives (engine steps), and how it ends
+    early (an EOS index into its own reference answer, or an abort after some tokens)."""
+
+    prompt: tuple
+    max_new: int
+    mode: str
+    sampling: Sampling
+    key: int
+    arrive: int
+    eos_at: int | None = None
+    abort_after: int | None = None
+
+
+@dataclasses.dataclass
+class Schedule:
+    model: str
+    options: EngineOptions
+    requests: list
+
+
+def make_schedule(seed: int) -> Schedule:
+    rng = random.Random(seed)
+    model = MODELS[seed % len(MODELS)]
+    options = EngineOptions(
+        max_slots=rng.randint(1, 8), prefill_chunk=rng.choice([2, 3, 5, 8]), prefill_rows=rng.choice([1, 2, 4]),
+        refill=rng.choice([0, 1, 2]), attention_bucket=rng.choice([4, 8, 16]),
+        bucket_min_rows=rng.choice([1, 2, 8]), positions=rng.choice(["one", "block"]))
+    vocab = "0123456789+-=abcdefghijklmnopqrstuvwxyz "
+    requests = []
+    for i in range(rng.randint(3, 9)):
+        prompt = tuple(encode("".join(rng.choices(vocab, k=rng.randint(1, 24)))))
+        sampled = rng.random() < 0.5
+        sampling = (Sampling(True, rng.choice([0.7, 1.0, 1.3]), rng.choice([0, 5, 20]), rng.choice([1.0, 0.9, 0.6]))
+                    if sampled else Sampling())
+        p = Planned(prompt, rng.randint(1, 12), rng.choice(["fixed", "adaptive"]), sampling, rng.randrange(1 << 30),
+                    arrive=0 if i < 2 else rng.randint(0, 30))
+        ending = rng.random()
+        if ending < 0.2:
+            p.eos_at = rng.randrange(p.max_new)
+        elif ending < 0.35:
+            p.abort_after = rng.randint(1, p.max_new)
+        requests.append(p)
+    return Schedule(model, options, requests)
+
+
+_REFERENCES: dict = {}
+
+
+def reference_of(pm, name: str, p: Planned):
+    """The no-cache reference of ``p`` alone (kept per model and request)."""
+    key = (name, str(pm.device), p.prompt, p.max_new, p.mode, dataclasses.astuple(p.sampling), p.key)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = reference(pm, list(p.prompt), p.max_new, p.mode, p.sampling, p.key)
+    return _REFERENCES[key]
+
+
+def drive(pm, sched: Schedule, wants: list):
+    """Run ``sched`` through one engine; returns per request ``(tokens, steps, d, reason)``."""
+    layout = RowLayout.of(pm.vocab, pm.pause_visibility)
+    reqs = []
+    for p, want in zip(sched.requests, wants):
+        eos = frozenset() if p.eos_at is None else frozenset({want[0][p.eos_at]})
+        s = p.sampling
+        reqs.append(Request(p.prompt, p.max_new, mode=p.mode, sample=s.sample, temperature=s.temperature,
+                            top_k=s.top_k, top_p=s.top_p, key=p.key, eos=eos))
+    capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in reqs)
+    q = 1 if sched.options.positions == "one" else M
+    engine = Engine(pm, capacity=capacity, slots=sched.options.max_slots, positions=q, options=sched.options)
+    order = sorted(range(len(reqs)), key=lambda i: sched.requests[i].arrive)
+    got = {i: ([], [], [], None) for i in range(len(reqs))}
+    index: dict[int, int] = {}
+    step = 0
+    while order or engine.busy:
+        while order and sched.requests[order[0]].arrive <= step:
+            i = order.pop(0)
+            index[engine.submit(reqs[i])] = i
+        for e in engine.step():
+            i = index[e.request]
+            tokens, steps, d, reason = got[i]
+            if reason is not None:
+                raise AssertionError(f"request {i} decided a token after it ended ({reason})")
+            tokens.append(e.token), steps.append(e.steps), d.append(list(e.d))
+            reason = e.finished
+            if reason is None and sched.requests[i].abort_after == len(tokens):
+                engine.abort(e.request)
+                reason = "abort"
+            got[i] = (tokens, steps, d, reason)
+        step += 1
+        assert step < 5000, "the schedule did not finish"
+    assert engine.slots_in_use == 0 and engine.queued == 0
+    return got, engine
+
+
+def check_schedule(seed: int, device: str) -> None:
+    sched = make_schedule(seed)
+    pm = schedule_model(sched.model, device)
+    wants = [reference_of(pm, sched.model, p) for p in sched.requests]
+    got, engine = drive(pm, sched, wants)
+    for i, (p, want) in enumerate(zip(sched.requests, wants)):
+        tokens, steps, d, reason = got[i]
+        n = len(tokens)
+        if p.eos_at is not None:
+            cut = want[0].index(want[0][p.eos_at]) + 1
+            assert (n, reason) == (cut, "eos"), (i, p)
+        elif p.abort_after is not None:
+            assert (n, reason) == (p.abort_after, "abort" if p.abort_after < p.max_new else "length"), (i, p)
+        else:
+            assert (n, reason) == (p.max_new, "length"), (i, p)
+        try:
+            assert_same((tokens, steps, d), tuple(x[:n] for x in want))
+        except AssertionError as e:
+            raise AssertionError(f"schedule {seed} ({sched.model}, {sched.options}), request {i} {p}: {e}") from e
+
+
+@pytest.mark.parametrize("seed", range(SCHEDULES))
+def test_random_schedules_equal_the_reference(seed):
+    check_schedule(seed, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", range(SCHEDULES))
+def test_random_schedules_equal_the_reference_on_cuda(seed):
+    check_schedule(seed, "cuda")
+
+
+def test_schedules_cover_what_traffic_does():
+    """The schedules reach every case they are meant to: waiting rows, reused slots, chunked
+    prompts, compaction, early ends of both kinds, mixed modes, every model."""
+    seen = {"models": set(), "eos": 0, "abort": 0, "late": 0, "waited": 0, "chunked": 0, "mixed modes": 0}
+    for seed in range(SCHEDULES):
+        s = make_schedule(seed)
+        seen["models"].add(s.model)
+        seen["eos"] += sum(p.eos_at is not None for p in s.requests)
+        seen["abort"] += sum(p.abort_after is not None for p in s.requests)
+        seen["late"] += sum(p.arrive > 0 for p in s.requests)
+        seen["waited"] += len(s.requests) > s.options.max_slots
+        seen["chunked"] += any(len(p.prompt) > 2 * s.options.prefill_chunk for p in s.requests)
+        seen["mixed modes"] += len({p.mode for p in s.requests}) == 2
+    assert seen["models"] == set(MODELS)
+    assert min(v for k, v in seen.items() if k != "models") >= 3, seen
+
+
+def test_compaction_keeps_a_sliding_window_row_private(monkeypatch):
+    """One long prompt beside three that end after one token: the long row moves from the last
+    slot to the first, and decodes what it decodes alone (private pauses under sliding windows
+    read each column's position, which moves with the row)."""
+    pm = schedule_model("gemma3-private", "cpu")
+    long = tuple(encode("the quick brown fox 12"))
+    plans = [Planned(tuple(encode("1+2")), 1, "adaptive", Sampling(), 1, 0) for _ in range(3)]
+    plans.append(Planned(long, 10, "adaptive", Sampling(), 2, 0))
+    sched = Schedule("gemma3-private", EngineOptions(max_slots=4, bucket_min_rows=1), plans)
+    wants = [reference_of(pm, sched.model, p) for p in plans]
+    moves = []
+    original = Engine._compact
+
+    def spy(self):
+        before = {t.id: t.slot for t in self.scheduler.decoding.values()}
+        original(self)
+        moves.extend((before[t.id], t.slot) for t in self.scheduler.decoding.values() if before[t.id] != t.slot)
+
+    monkeypatch.setattr(Engine, "_compact", spy)
+    got, _ = drive(pm, sched, wants)
+    assert (3, 0) in moves
+    assert_same(got[3][:3], wants[3])
