@@ -224,7 +224,8 @@ def job(count: int, prompt_lengths, answer_lengths, limit: int, seed: int) -> li
 class ChildServer:
     """``cyb serve`` in a child process (its standard error kept in :attr:`log`)."""
 
-    def __init__(self, folder: str, *, slots: int, max_model_len: int, device, dtype: str, cache_bytes: int) -> None:
+    def __init__(self, folder: str, *, slots: int, max_model_len: int, device, dtype: str, cache_bytes: int,
+                 mode: str) -> None:
         import cyb
 
         src = os.path.dirname(os.path.dirname(os.path.abspath(cyb.__file__)))
@@ -234,7 +235,7 @@ class ChildServer:
         cmd = [sys.executable, "-m", "cyb", "serve", folder, "--port", "0", "--served-model-name", NAME,
                "--slots", str(slots), "--max-model-len", str(max_model_len), "--device", str(device),
                "--dtype", torch_dtype, "--max-concurrency", str(4 * slots + 64),
-               "--cache-memory", f"{cache_bytes / 2**30:.4f}", "--grace-period", "5"]
+               "--cache-memory", f"{cache_bytes / 2**30:.4f}", "--grace-period", "5", "--mode", mode]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
         self.url = None
@@ -260,12 +261,12 @@ class ChildServer:
 
 
 class ThreadServer:
-    def __init__(self, model, *, slots: int, max_model_len: int, cache_bytes: int) -> None:
+    def __init__(self, model, *, slots: int, max_model_len: int, cache_bytes: int, mode: str) -> None:
         from ..serve import ServeOptions
         from ..serve.served import ServedModel
         from ..serve.server import start_background
 
-        served = ServedModel(model, NAME, max_model_len=max_model_len)
+        served = ServedModel(model, NAME, max_model_len=max_model_len, mode=mode)
         self.srv = start_background(served, ServeOptions(port=0, slots=slots, cache_bytes=cache_bytes,
                                                          max_concurrency=4 * slots + 64, grace_s=5))
         self.url = self.srv.url
@@ -278,15 +279,16 @@ class ThreadServer:
 
 
 def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_bytes: int) -> dict:
-    """The engine with the server's options (one position per row per step, refill 1) and
-    ``slots`` slots, every request submitted at once."""
-    from ..engine import Engine, EngineOptions, Request
+    """The engine with the server's options (refill 1; the positions per step of a server whose
+    default mode is ``mode``) and ``slots`` slots, every request submitted at once."""
+    from ..engine import Engine, EngineOptions, Request, choose_positions
 
     reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
     opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes, refill=1)
     sync(model.device)
     t0 = time.perf_counter()
-    engine = Engine(model, capacity=capacity, slots=slots, positions=1, options=opts)
+    engine = Engine(model, capacity=capacity, slots=slots, positions=choose_positions(model, [mode], slots),
+                    options=opts)
     for r in reqs:
         engine.submit(r)
     tokens = steps = 0
@@ -385,9 +387,9 @@ def run(cfg: ServeBenchConfig, *, out=None, log=print) -> dict:
                     if id(pm) not in folders:
                         folders[id(pm)] = str(pm.save_pretrained(os.path.join(tmp, f"model{len(folders)}")))
                     server = ChildServer(folders[id(pm)], slots=max_c, max_model_len=max_len, device=device,
-                                         dtype=cfg.dtype, cache_bytes=cache)
+                                         dtype=cfg.dtype, cache_bytes=cache, mode=mode)
                 else:
-                    server = ThreadServer(pm, slots=max_c, max_model_len=max_len, cache_bytes=cache)
+                    server = ThreadServer(pm, slots=max_c, max_model_len=max_len, cache_bytes=cache, mode=mode)
                 rows = []
                 for c in cfg.concurrency:
                     row = {"case": case, "mode": mode, "visibility": "none" if case == "none" else pm.pause_visibility,

@@ -329,7 +329,9 @@ class Engine:
             t.written += n
             end = max(end, a + n)
             self.stats["prefill_positions"] += n
-        self.runner.prefill([t.slot for t in batch], ids, pos, cols, self._limit(end, r))
+        # (prefill runs eagerly: nothing is captured per limit, so it covers the columns in use)
+        self.runner.prefill([t.slot for t in batch], ids, pos, cols,
+                            min(-(-end // EAGER_BUCKET) * EAGER_BUCKET, self.capacity))
         self.stats["prefill_forwards"] += 1
 
     def _start(self, ready: list[Tracked]) -> None:

@@ -95,13 +95,15 @@ class Scheduler:
     def next_prefill(self) -> tuple[list[Tracked], int] | None:
         """The rows of the next prefill forward and its chunk length ``C`` (each row writes
         ``min(C, what it has left)`` columns), or None when no prompt is left to write.  Rows
-        are taken in arrival order while ``rows x C`` stays within ``prefill_rows`` full chunks
-        (``C``: the longest remainder among them, at most ``prefill_chunk``)."""
+        are taken longest remainder first while ``rows x C`` stays within ``prefill_rows`` full
+        chunks (``C``: the longest remainder among them, at most ``prefill_chunk``): rows of
+        similar length share a forward, so little of it is padding, and many short prompts fit
+        in one."""
         budget = self.prefill_rows * self.prefill_chunk
         batch, chunk = [], 0
-        for t in self.prefilling:
+        for t in sorted(self.prefilling, key=lambda t: -t.prefill_left):
             if t.prefill_left <= 0:
-                continue
+                break
             c = max(chunk, min(self.prefill_chunk, t.prefill_left))
             if batch and (len(batch) + 1) * c > budget:
                 break

@@ -23,7 +23,7 @@ import traceback
 from collections import deque
 from typing import Callable
 
-from ..engine import Engine, EngineOptions
+from ..engine import Engine, EngineOptions, choose_positions
 from .protocol import first_line
 
 log = logging.getLogger("cyb.serve")
@@ -127,7 +127,10 @@ class EngineWorker:
     def _build(self) -> Engine:
         served = self.served
         options = EngineOptions(max_slots=self._slots_wanted, cache_bytes=self._cache_bytes, refill=1)
-        return Engine(served.model, capacity=served.columns, slots=self._slots_wanted, positions=1,
+        # the default mode decides the positions a step feeds: a fixed-mode model feeds whole
+        # blocks (one step per token, not M); requests of the other mode decide the same tokens
+        positions = choose_positions(served.model, [served.default_mode], self._slots_wanted)
+        return Engine(served.model, capacity=served.columns, slots=self._slots_wanted, positions=positions,
                       options=options)
 
     def _run(self) -> None:

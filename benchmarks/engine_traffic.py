@@ -1,0 +1,190 @@
+"""The engine under traffic on one GPU: the continuous engine offline against static batches of
+the same engine on the serve benchmark's workload, with a profile of where the time goes.
+
+    python benchmarks/engine_traffic.py --out DIR [--cases none shared-fixed private-adaptive]
+        [--concurrency 256] [--requests 512] [--profile]
+
+For each case (the 134 M Llama, random weights, bf16, M = 4 for pause cases): prompts of 16-512
+tokens and answers of 8-256 (seeded, no EOS), ``C`` slots:
+
+* ``continuous``: one engine with ``C`` slots, every request submitted at once (continuous
+  batching; graph captures taken out, as the server captures its own in a warm-up);
+* ``static``: :func:`cyb.generation.generate` on batches of ``C`` prompts, one after another;
+* ``steady``: the engine's steady decoding step at ``C`` rows, and its prefill rate, from which
+  a ceiling of the job follows: its prefill tokens at the prefill rate plus its decode steps
+  (``sum(answers) / C``, every slot busy) at the steady step time.
+
+``--profile`` runs the continuous job once more under :mod:`torch.profiler` and writes the
+busy share of the GPU, host-device copies, synchronisations and kernel launches.
+Writes ``traffic.json`` (after every case) and prints one line per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
+from cyb.bench.engine_runs import mixed_job  # noqa: E402
+from cyb.bench.models import SHAPE_134M, SHAPE_TINY, adaptive_fixture, build_hf_model, random_ids  # noqa: E402
+from cyb.bench.models import real_ids_limit, spread_weights, wrap  # noqa: E402
+from cyb.engine import Engine, EngineOptions, Request, choose_positions  # noqa: E402
+from cyb.engine.layout import RowLayout  # noqa: E402
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def continuous(pm, items, *, slots, mode, options=None):
+    reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
+    layout = RowLayout.of(pm.vocab, pm.pause_visibility)
+    capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in reqs)
+    opts = options or EngineOptions(max_slots=slots)
+    sync()
+    t0 = time.perf_counter()
+    engine = Engine(pm, capacity=capacity, slots=slots, positions=choose_positions(pm, [mode], slots),
+                    options=opts)
+    for r in reqs:
+        engine.submit(r)
+    tokens = steps = 0
+    for e in engine.run():
+        tokens += 1
+        steps += e.steps
+    sync()
+    capture_s = engine.runner.capture_ms / 1e3
+    seconds = time.perf_counter() - t0 - capture_s
+    return {"seconds": seconds, "capture_s": capture_s, "tokens": tokens, "tok_s": tokens / seconds,
+            "mean_steps": steps / max(tokens, 1), "stats": dict(engine.stats), "graphs": len(engine.runner.graphs)}, engine
+
+
+def static(pm, items, *, batch, mode):
+    from cyb.generation import generate
+
+    sync()
+    t0 = time.perf_counter()
+    for s in range(0, len(items), batch):
+        part = items[s:s + batch]
+        generate(pm, [p for p, _ in part], mode=mode, max_new_tokens=max(n for _, n in part), eos_token_ids=(),
+                 max_batch=batch)
+    sync()
+    seconds = time.perf_counter() - t0
+    tokens = sum(n for _, n in items)
+    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds}
+
+
+def profile(pm, items, *, slots, mode, options=None):
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+
+    continuous(pm, items[: slots], slots=slots, mode=mode, options=options)  # graphs captured
+    with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        res, _ = continuous(pm, items, slots=slots, mode=mode, options=options)
+    events = prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    busy, cur_s, cur_e = 0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    wall_us = (spans[-1][1] - spans[0][0]) if spans else 0
+    counts = {}
+    for e in prof.key_averages():
+        for key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync",
+                    "cudaLaunchKernel", "cudaGraphLaunch", "aten::linear", "aten::copy_", "aten::to",
+                    "aten::_local_scalar_dense", "cudaHostAlloc", "cudaStreamWaitEvent"):
+            if e.key == key:
+                counts[key] = {"count": e.count, "cpu_ms": e.cpu_time_total / 1e3}
+    top = [(e.key, e.count, round(e.self_cpu_time_total / 1e3, 1)) for e in
+           sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]]
+    return {"wall_s": res["seconds"], "gpu_busy_share": busy / wall_us if wall_us else None,
+            "gpu_busy_s": busy / 1e6, "counts": counts, "top_self_cpu": top}
+
+
+def steady(pm, *, rows, mode, prompt_len=256, timed=50):
+    from cyb.bench.engine_runs import engine_rate
+
+    limit = real_ids_limit(pm.vocab.vocab_size, pm.vocab.num_steps)
+    prompts = random_ids(rows, prompt_len, limit, seed=1).tolist()
+    r = engine_rate(pm, prompts, mode=mode, positions="one", warmup=4, timed=timed)
+    columns = RowLayout.of(pm.vocab, pm.pause_visibility).prefill(prompts[0]).columns
+    return {"step_ms": r["step_ms"], "tok_s": r.get("real_tokens_per_s"), "prefill_columns_s":
+            rows * columns / r["prefill_s"]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", nargs="+", default=["none", "shared-fixed", "private-adaptive"])
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-static", action="store_true")
+    ap.add_argument("--refill", type=int, nargs="+", default=[0, 1],
+                    help="EngineOptions.refill values of the continuous runs (0: an eighth of the slots; 1: the server's)")
+    ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (a smoke run)")
+    a = ap.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    dev = torch.device("cpu" if a.quick else "cuda")
+    m, vocab = 4, (256 if a.quick else 32768)
+    shape = SHAPE_TINY if a.quick else SHAPE_134M
+    hf = build_hf_model(shape, vocab, dtype=torch.float32 if a.quick else torch.bfloat16, device=dev, max_positions=(512 + 256 + 8) * m + 64,
+                        seed=0).eval()
+    spread_weights(hf, 0)
+    limit = real_ids_limit(vocab, m)
+    items = list(zip(*mixed_job(a.requests, (16, 512), (8, 256), limit, seed=a.concurrency)))
+    calib = random_ids(64, 64, limit, seed=0).to(dev)
+    result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__, "concurrency": a.concurrency,
+              "requests": a.requests, "cases": {}}
+    for case in a.cases:
+        if case == "none":
+            pm, mode = wrap(hf, "baseline", 1), "fixed"
+        else:
+            vis, mode = case.split("-")
+            pm, _ = adaptive_fixture(hf, m, calib, 0.1, vis)
+        row = {}
+        continuous(pm, items[:8], slots=a.concurrency, mode=mode)  # warm-up
+        for refill in a.refill:
+            opts = EngineOptions(max_slots=a.concurrency, refill=refill)
+            cont, _ = continuous(pm, items, slots=a.concurrency, mode=mode, options=opts)
+            row[f"continuous_refill{refill}"] = cont
+            print(case, f"continuous refill={refill}", json.dumps(cont), flush=True)
+        cont = max((row[f"continuous_refill{r}"] for r in a.refill), key=lambda c: c["tok_s"])
+        if not a.no_static:
+            row["static"] = static(pm, items, batch=a.concurrency, mode=mode)
+            print(case, "static", json.dumps(row["static"]), flush=True)
+            row["continuous_vs_static"] = cont["tok_s"] / row["static"]["tok_s"]
+        st = steady(pm, rows=a.concurrency, mode=mode)
+        row["steady"] = st
+        layout = RowLayout.of(pm.vocab, pm.pause_visibility)
+        prefill_columns = sum(layout.prefill(list(p)).columns for p, _ in items)
+        decode_steps = cont["stats"]["decode_positions"] / a.concurrency  # every slot busy
+        ceiling_s = prefill_columns / st["prefill_columns_s"] + decode_steps * st["step_ms"] / 1e3
+        row["ceiling_tok_s"] = sum(n for _, n in items) / ceiling_s
+        row["continuous_vs_ceiling"] = cont["tok_s"] / row["ceiling_tok_s"]
+        print(case, "steady", json.dumps(st), "ceiling", round(row["ceiling_tok_s"]), flush=True)
+        if a.profile and case == a.cases[0]:
+            opts = EngineOptions(max_slots=a.concurrency, refill=a.refill[0])
+            row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, options=opts)
+            print(case, "profile", json.dumps(row["profile"]), flush=True)
+        result["cases"][case] = row
+        with open(os.path.join(a.out, "traffic.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
