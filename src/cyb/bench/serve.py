@@ -279,12 +279,12 @@ class ThreadServer:
 
 
 def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_bytes: int) -> dict:
-    """The engine with the server's options (refill 1; the positions per step of a server whose
-    default mode is ``mode``) and ``slots`` slots, every request submitted at once."""
+    """The engine with the server's options (the positions per step of a server whose default
+    mode is ``mode``) and ``slots`` slots, every request submitted at once."""
     from ..engine import Engine, EngineOptions, Request, choose_positions
 
     reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
-    opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes, refill=1)
+    opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes)
     sync(model.device)
     t0 = time.perf_counter()
     engine = Engine(model, capacity=capacity, slots=slots, positions=choose_positions(model, [mode], slots),

@@ -362,10 +362,8 @@ class Engine:
 
     def _bound(self, t: Tracked) -> int:
         """A column no position of ``t``'s row has reached yet at its next step."""
-        bound = t.prefill.columns + (self.stats["steps"] - t.first_step) * self.q
-        if self.layout.real_only:
-            bound = min(bound, t.prefill.columns + t.tokens + 2 + self.layout.num_steps)
-        return bound
+        return self.layout.column_bound(t.prefill.columns, self.stats["steps"] - t.first_step, self.q,
+                                        t.prefill.columns + t.tokens)
 
     def _sampling_kind(self, roster: list[Tracked]) -> SamplingKind:
         sampled = [t.request for t in roster if not t.request.greedy]
@@ -394,9 +392,7 @@ class Engine:
         if self._roster is None or self._roster.version != sched.version:  # rows came or went
             self._roster = self._make_roster()
         ros = self._roster
-        bound = ros.base + self.stats["steps"] * self.q  # the largest of every row's _bound
-        if self.layout.real_only:
-            bound = min(bound, self._max_real + 2 + self.layout.num_steps)
+        bound = self.layout.column_bound(ros.base, self.stats["steps"], self.q, self._max_real)  # covers every row
         self.runner.decode(ros.n, self.q, self._limit(bound + self.q, ros.n), ros.kind)
         self.stats["steps"] += 1
         self.stats["decode_positions"] += len(ros.rows) * self.q

@@ -93,6 +93,18 @@ class RowLayout:
             return (prompt_len - 1) + max_new_tokens + (m - 1)
         return (prompt_len - 1) * m + max_new_tokens * m
 
+    def column_bound(self, columns: int, steps: int, q: int, real: int) -> int:
+        """A column that no position of a row has reached at its next decoding step: ``columns``
+        prefill columns, ``steps`` decoding steps run since it started (``q`` positions each),
+        ``real`` its real columns as the host knows them (prefill plus the tokens reported).
+        Rows that append reach at most ``columns + steps x q``; a private row keeps real tokens
+        only, so it reaches at most ``real`` plus the token the host has not read yet, the one
+        being fed and its ``M`` steps."""
+        bound = columns + steps * q
+        if self.real_only:
+            bound = min(bound, real + 2 + self.num_steps)
+        return bound
+
     def last_position(self, prompt_len: int, max_new_tokens: int) -> int:
         """The largest rotary position a request may feed (its last new token is never fed)."""
         fed = prompt_len + max_new_tokens - 1  # real tokens that go through the network

@@ -126,7 +126,10 @@ class EngineWorker:
     # ------------------------------------------------------------------ the thread
     def _build(self) -> Engine:
         served = self.served
-        options = EngineOptions(max_slots=self._slots_wanted, cache_bytes=self._cache_bytes, refill=1)
+        # the engine's own admission: under a queue longer than the free slots, prompts start in
+        # groups (a few large prefill forwards); starting each as soon as a slot is free halved the
+        # throughput of a mixed load (benchmarks/engine_traffic.py, docs/benchmarks.md)
+        options = EngineOptions(max_slots=self._slots_wanted, cache_bytes=self._cache_bytes)
         # the default mode decides the positions a step feeds: a fixed-mode model feeds whole
         # blocks (one step per token, not M); requests of the other mode decide the same tokens
         positions = choose_positions(served.model, [served.default_mode], self._slots_wanted)
