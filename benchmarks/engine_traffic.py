@@ -10,12 +10,15 @@ tokens and answers of 8-256 (seeded, no EOS), ``C`` slots:
 * ``continuous``: one engine with ``C`` slots, every request submitted at once (continuous
   batching; graph captures taken out, as the server captures its own in a warm-up);
 * ``static``: :func:`cyb.generation.generate` on batches of ``C`` prompts, one after another;
-* ``steady``: the engine's steady decoding step at ``C`` rows, and its prefill rate, from which
-  a ceiling of the job follows: its prefill tokens at the prefill rate plus its decode steps
-  (``sum(answers) / C``, every slot busy) at the steady step time.
+* ``steady``: the engine's steady decoding step at ``C`` rows (the positions per step the
+  continuous run used), and its prefill rate, from which a ceiling of the job follows: its
+  prefill columns at the prefill rate plus its decode steps (the positions it fed over ``C``
+  rows, every slot busy) at the steady step time.
 
-``--profile`` runs the continuous job once more under :mod:`torch.profiler` and writes the
-busy share of the GPU, host-device copies, synchronisations and kernel launches.
+``--profile`` runs the first case's continuous job once more under :mod:`torch.profiler` and
+writes the GPU's kernel time, host-device copies, synchronisations and kernel launches; the
+busy share of the GPU is its kernel time over the wall time of the unprofiled run (the
+profiler slows the host: it traces every kernel of every graph).
 Writes ``traffic.json`` (after every case) and prints one line per measurement.
 """
 
@@ -119,9 +122,9 @@ def steady(pm, *, rows, mode, prompt_len=256, timed=50):
 
     limit = real_ids_limit(pm.vocab.vocab_size, pm.vocab.num_steps)
     prompts = random_ids(rows, prompt_len, limit, seed=1).tolist()
-    r = engine_rate(pm, prompts, mode=mode, positions="one", warmup=4, timed=timed)
+    r = engine_rate(pm, prompts, mode=mode, positions="auto", warmup=4, timed=timed)  # as `continuous` runs
     columns = RowLayout.of(pm.vocab, pm.pause_visibility).prefill(prompts[0]).columns
-    return {"step_ms": r["step_ms"], "tok_s": r.get("real_tokens_per_s"), "prefill_columns_s":
+    return {"step_ms": r["step_ms"], "positions_per_step": r["positions_per_step"], "tok_s": r.get("real_tokens_per_s"), "prefill_columns_s":
             rows * columns / r["prefill_s"]}
 
 
@@ -171,7 +174,7 @@ def main(argv=None):
         row["steady"] = st
         layout = RowLayout.of(pm.vocab, pm.pause_visibility)
         prefill_columns = sum(layout.prefill(list(p)).columns for p, _ in items)
-        decode_steps = cont["stats"]["decode_positions"] / a.concurrency  # every slot busy
+        decode_steps = cont["stats"]["decode_positions"] / (a.concurrency * st["positions_per_step"])  # all slots busy
         ceiling_s = prefill_columns / st["prefill_columns_s"] + decode_steps * st["step_ms"] / 1e3
         row["ceiling_tok_s"] = sum(n for _, n in items) / ceiling_s
         row["continuous_vs_ceiling"] = cont["tok_s"] / row["ceiling_tok_s"]
@@ -179,6 +182,9 @@ def main(argv=None):
         if a.profile and case == a.cases[0]:
             opts = EngineOptions(max_slots=a.concurrency, refill=a.refill[0])
             row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, options=opts)
+            # the profiler slows the host (every kernel of a graph is traced): the GPU's kernel time
+            # over the wall time of the same job unprofiled
+            row["gpu_busy_share_unprofiled"] = row["profile"]["gpu_busy_s"] / row[f"continuous_refill{a.refill[0]}"]["seconds"]
             print(case, "profile", json.dumps(row["profile"]), flush=True)
         result["cases"][case] = row
         with open(os.path.join(a.out, "traffic.json"), "w") as f:
