@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from cyb.bench.engine_runs import mixed_job  # noqa: E402
 from cyb.bench.models import SHAPE_134M, SHAPE_TINY, adaptive_fixture, build_hf_model, random_ids  # noqa: E402
 from cyb.bench.models import real_ids_limit, spread_weights, wrap  # noqa: E402
-from cyb.engine import Engine, EngineOptions, Request, choose_positions  # noqa: E402
+from cyb.bench.serve import offline_engine  # noqa: E402
 from cyb.engine.layout import RowLayout  # noqa: E402
 
 
@@ -46,26 +46,11 @@ def sync():
         torch.cuda.synchronize()
 
 
-def continuous(pm, items, *, slots, mode, options=None):
-    reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
+def continuous(pm, items, *, slots, mode, refill=0):
+    """The continuous engine offline: every request submitted at once (graph captures taken out)."""
     layout = RowLayout.of(pm.vocab, pm.pause_visibility)
-    capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in reqs)
-    opts = options or EngineOptions(max_slots=slots)
-    sync()
-    t0 = time.perf_counter()
-    engine = Engine(pm, capacity=capacity, slots=slots, positions=choose_positions(pm, [mode], slots),
-                    options=opts)
-    for r in reqs:
-        engine.submit(r)
-    tokens = steps = 0
-    for e in engine.run():
-        tokens += 1
-        steps += e.steps
-    sync()
-    capture_s = engine.runner.capture_ms / 1e3
-    seconds = time.perf_counter() - t0 - capture_s
-    return {"seconds": seconds, "capture_s": capture_s, "tokens": tokens, "tok_s": tokens / seconds,
-            "mean_steps": steps / max(tokens, 1), "stats": dict(engine.stats), "graphs": len(engine.runner.graphs)}, engine
+    capacity = max(layout.columns_needed(len(p), n) for p, n in items)
+    return offline_engine(pm, items, slots=slots, mode=mode, capacity=capacity, refill=refill)
 
 
 def static(pm, items, *, batch, mode):
@@ -83,13 +68,12 @@ def static(pm, items, *, batch, mode):
     return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds}
 
 
-def profile(pm, items, *, slots, mode, options=None):
+def profile(pm, items, *, slots, mode, refill=0):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof_ctx
 
-    continuous(pm, items[: slots], slots=slots, mode=mode, options=options)  # graphs captured
     with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        res, _ = continuous(pm, items, slots=slots, mode=mode, options=options)
+        res = continuous(pm, items, slots=slots, mode=mode, refill=refill)
     events = prof.events()
     spans = sorted((e.time_range.start, e.time_range.end) for e in events
                    if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
@@ -124,8 +108,8 @@ def steady(pm, *, rows, mode, prompt_len=256, timed=50):
     prompts = random_ids(rows, prompt_len, limit, seed=1).tolist()
     r = engine_rate(pm, prompts, mode=mode, positions="auto", warmup=4, timed=timed)  # as `continuous` runs
     columns = RowLayout.of(pm.vocab, pm.pause_visibility).prefill(prompts[0]).columns
-    return {"step_ms": r["step_ms"], "positions_per_step": r["positions_per_step"], "tok_s": r.get("real_tokens_per_s"), "prefill_columns_s":
-            rows * columns / r["prefill_s"]}
+    return {"step_ms": r["step_ms"], "positions_per_step": r["positions_per_step"],
+            "tok_s": r.get("real_tokens_per_s"), "prefill_columns_s": rows * columns / r["prefill_s"]}
 
 
 def main(argv=None):
@@ -137,21 +121,22 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-static", action="store_true")
     ap.add_argument("--refill", type=int, nargs="+", default=[0, 1],
-                    help="EngineOptions.refill values of the continuous runs (0: an eighth of the slots; 1: the server's)")
+                    help="EngineOptions.refill values of the continuous runs (0: groups of an eighth of the "
+                         "slots; 1: each prompt as soon as a slot is free)")
     ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (a smoke run)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     dev = torch.device("cpu" if a.quick else "cuda")
     m, vocab = 4, (256 if a.quick else 32768)
     shape = SHAPE_TINY if a.quick else SHAPE_134M
-    hf = build_hf_model(shape, vocab, dtype=torch.float32 if a.quick else torch.bfloat16, device=dev, max_positions=(512 + 256 + 8) * m + 64,
-                        seed=0).eval()
+    dtype = torch.float32 if a.quick else torch.bfloat16
+    hf = build_hf_model(shape, vocab, dtype=dtype, device=dev, max_positions=(512 + 256 + 8) * m + 64, seed=0).eval()
     spread_weights(hf, 0)
     limit = real_ids_limit(vocab, m)
     items = list(zip(*mixed_job(a.requests, (16, 512), (8, 256), limit, seed=a.concurrency)))
     calib = random_ids(64, 64, limit, seed=0).to(dev)
-    result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__, "concurrency": a.concurrency,
-              "requests": a.requests, "cases": {}}
+    result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+              "concurrency": a.concurrency, "requests": a.requests, "cases": {}}
     for case in a.cases:
         if case == "none":
             pm, mode = wrap(hf, "baseline", 1), "fixed"
@@ -161,15 +146,14 @@ def main(argv=None):
         row = {}
         continuous(pm, items[:8], slots=a.concurrency, mode=mode)  # warm-up
         for refill in a.refill:
-            opts = EngineOptions(max_slots=a.concurrency, refill=refill)
-            cont, _ = continuous(pm, items, slots=a.concurrency, mode=mode, options=opts)
+            cont = continuous(pm, items, slots=a.concurrency, mode=mode, refill=refill)
             row[f"continuous_refill{refill}"] = cont
             print(case, f"continuous refill={refill}", json.dumps(cont), flush=True)
-        cont = max((row[f"continuous_refill{r}"] for r in a.refill), key=lambda c: c["tok_s"])
+        cont = max((row[f"continuous_refill{r}"] for r in a.refill), key=lambda c: c["real_tokens_per_s"])
         if not a.no_static:
             row["static"] = static(pm, items, batch=a.concurrency, mode=mode)
             print(case, "static", json.dumps(row["static"]), flush=True)
-            row["continuous_vs_static"] = cont["tok_s"] / row["static"]["tok_s"]
+            row["continuous_vs_static"] = cont["real_tokens_per_s"] / row["static"]["tok_s"]
         st = steady(pm, rows=a.concurrency, mode=mode)
         row["steady"] = st
         layout = RowLayout.of(pm.vocab, pm.pause_visibility)
@@ -177,14 +161,14 @@ def main(argv=None):
         decode_steps = cont["stats"]["decode_positions"] / (a.concurrency * st["positions_per_step"])  # all slots busy
         ceiling_s = prefill_columns / st["prefill_columns_s"] + decode_steps * st["step_ms"] / 1e3
         row["ceiling_tok_s"] = sum(n for _, n in items) / ceiling_s
-        row["continuous_vs_ceiling"] = cont["tok_s"] / row["ceiling_tok_s"]
+        row["continuous_vs_ceiling"] = cont["real_tokens_per_s"] / row["ceiling_tok_s"]
         print(case, "steady", json.dumps(st), "ceiling", round(row["ceiling_tok_s"]), flush=True)
         if a.profile and case == a.cases[0]:
-            opts = EngineOptions(max_slots=a.concurrency, refill=a.refill[0])
-            row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, options=opts)
+            row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, refill=a.refill[0])
             # the profiler slows the host (every kernel of a graph is traced): the GPU's kernel time
             # over the wall time of the same job unprofiled
-            row["gpu_busy_share_unprofiled"] = row["profile"]["gpu_busy_s"] / row[f"continuous_refill{a.refill[0]}"]["seconds"]
+            wall = row[f"continuous_refill{a.refill[0]}"]["seconds"]
+            row["gpu_busy_share_unprofiled"] = row["profile"]["gpu_busy_s"] / wall
             print(case, "profile", json.dumps(row["profile"]), flush=True)
         result["cases"][case] = row
         with open(os.path.join(a.out, "traffic.json"), "w") as f:

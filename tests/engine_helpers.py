@@ -151,6 +151,33 @@ def assert_same(got, want):
                                equal_nan=True, atol=1e-5, rtol=1e-4)
 
 
+def sliding_model(family: str, visibility: str) -> PauseModel:
+    """A model with sliding-window layers, prompts longer than its windows: ``gemma2``
+    (softcapped, every other layer sliding, windows of 6) or ``gemma3`` (windows of 4, every
+    other layer full), eager attention, with a dk row that makes both dk and answers occur."""
+    import transformers
+
+    from cyb.data.synthetic import CharTokenizer
+    from generation_helpers import TOK
+
+    common = dict(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, head_dim=8,
+                  initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                  eos_token_id=2)
+    if family == "gemma2":
+        cfg = transformers.Gemma2Config(**common, sliding_window=6, final_logit_softcapping=3.0)
+    else:
+        cfg = transformers.Gemma3TextConfig(**common, sliding_window=4,
+                                            layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    pm = PauseModel.from_config(cfg, CharTokenizer().to_hf(), num_steps=M, psi_dk=0.5,
+                                pause_visibility=visibility, attn_implementation="eager").eval()
+    with torch.no_grad():
+        w = pm.hf_model.get_output_embeddings().weight
+        w[pm.settings.dk_id] = torch.randn(w.shape[1]) * 0.3
+    return pm
+
+
 SAMPLED = Sampling(True, 0.9, 20, 0.9)
 LAYOUTS = [("shared", "shared"), ("shared", "advance"), ("private", "shared"), ("private", "advance"),
            ("gated", "shared"), ("gated", "advance")]

@@ -18,8 +18,8 @@ import torch
 
 from cyb.decision import row_keys, stream_uniforms
 from cyb.engine import Engine, EngineOptions, Request
-from cyb.model import PauseModel
 from engine_helpers import LAYOUTS, M, SAMPLED, Sampling, assert_same, engine_run, layout_model, reference
+from engine_helpers import sliding_model
 from generation_helpers import PROMPTS, encode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,26 +50,7 @@ def test_sliding_window_models(visibility, mode):
     """Gemma 2 (softcapped, every other layer sliding, eager attention) and Gemma 3 (windows of
     4): the windows cut columns under shared pauses (the sequence as fed) and positions under
     private ones (the real tokens, as in training); prompts longer than a window."""
-    import transformers
-
-    from generation_helpers import TOK
-    from cyb.data.synthetic import CharTokenizer
-
-    common = dict(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, head_dim=8,
-                  initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
-                  eos_token_id=2)
-    if visibility == "shared":
-        cfg = transformers.Gemma2Config(**common, sliding_window=6, final_logit_softcapping=3.0)
-    else:
-        cfg = transformers.Gemma3TextConfig(**common, sliding_window=4,
-                                            layer_types=["sliding_attention", "full_attention"])
-    torch.manual_seed(0)
-    pm = PauseModel.from_config(cfg, CharTokenizer().to_hf(), num_steps=M, psi_dk=0.5,
-                                pause_visibility=visibility, attn_implementation="eager").eval()
-    with torch.no_grad():
-        w = pm.hf_model.get_output_embeddings().weight
-        w[pm.settings.dk_id] = torch.randn(w.shape[1]) * 0.3
+    pm = sliding_model("gemma2" if visibility == "shared" else "gemma3", visibility)
     prompts = [encode(p) for p in PROMPTS]
     keys = row_keys(len(prompts), seed=6)
     for s in (Sampling(), SAMPLED):

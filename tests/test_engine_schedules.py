@@ -25,7 +25,7 @@ import torch
 
 from cyb.engine import Engine, EngineOptions, Request
 from cyb.engine.layout import RowLayout
-from engine_helpers import LAYOUTS, M, Sampling, assert_same, layout_model, reference
+from engine_helpers import LAYOUTS, M, Sampling, assert_same, layout_model, reference, sliding_model
 from generation_helpers import encode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,30 +41,8 @@ def schedule_model(name: str, device: str):
     if family == "llama":
         pm = layout_model(visibility, scheme=name.split("-")[2])
     else:
-        pm = sliding_model(visibility)
+        pm = sliding_model("gemma3", visibility)
     return pm.to(device)
-
-
-def sliding_model(visibility: str):
-    """Gemma 3 with sliding windows of 4 (prompts are longer), every other layer full."""
-    import transformers
-
-    from cyb.data.synthetic import CharTokenizer
-    from cyb.model import PauseModel
-    from generation_helpers import TOK
-
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, head_dim=8, initializer_range=0.3,
-        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"])
-    torch.manual_seed(0)
-    pm = PauseModel.from_config(cfg, CharTokenizer().to_hf(), num_steps=M, psi_dk=0.5,
-                                pause_visibility=visibility, attn_implementation="eager").eval()
-    with torch.no_grad():
-        w = pm.hf_model.get_output_embeddings().weight
-        w[pm.settings.dk_id] = torch.randn(w.shape[1]) * 0.3
-    return pm
 
 
 @dataclasses.dataclass

@@ -47,8 +47,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import torch
-
 from ..runtime import resolve_device
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, adaptive_fixture, build_hf_model
 from .models import random_ids, real_ids_limit, spread_weights, wrap
@@ -278,13 +276,15 @@ class ThreadServer:
 # --------------------------------------------------------------------------- offline
 
 
-def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_bytes: int) -> dict:
+def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_bytes: int | None = None,
+                   refill: int = 0) -> dict:
     """The engine with the server's options (the positions per step of a server whose default
-    mode is ``mode``) and ``slots`` slots, every request submitted at once."""
+    mode is ``mode``; ``refill``: :class:`~cyb.engine.EngineOptions`) and ``slots`` slots, every
+    request submitted at once."""
     from ..engine import Engine, EngineOptions, Request, choose_positions
 
     reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
-    opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes)
+    opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes, refill=refill)
     sync(model.device)
     t0 = time.perf_counter()
     engine = Engine(model, capacity=capacity, slots=slots, positions=choose_positions(model, [mode], slots),
@@ -299,7 +299,8 @@ def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_
     capture_s = engine.runner.capture_ms / 1e3  # CUDA graphs: the server captured its own in the warm-up
     seconds = time.perf_counter() - t0 - capture_s
     return {"seconds": seconds, "capture_s": capture_s, "real_tokens": tokens, "real_tokens_per_s": tokens / seconds,
-            "mean_steps": steps / tokens if tokens else None, "slots": engine.slots}
+            "mean_steps": steps / tokens if tokens else None, "slots": engine.slots, "stats": dict(engine.stats),
+            "graphs": len(engine.runner.graphs)}
 
 
 def static_generate(model, items, *, batch: int, mode: str) -> dict:

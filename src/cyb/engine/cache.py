@@ -4,10 +4,10 @@
 and values in ``[slots, kv_heads, capacity + scratch, head_dim]`` buffers, and, where the
 model needs them, which columns hold pauses (gated pauses: attention adds the layer's gate to
 other tokens' pauses) and each column's rotary position (private pauses under sliding windows:
-windows count positions).  :meth:`SlotCache.move` moves all of it at once.  It speaks the cache protocol of Hugging Face decoders (each
-attention layer calls :meth:`SlotCache.update` with its new keys and values and attends to what
-it returns), and the runner tells it, before each forward, where the new positions go
-(:meth:`for_decode`, :meth:`for_prefill`):
+windows count positions).  :meth:`SlotCache.move` moves all of it at once.  It speaks the
+cache protocol of Hugging Face decoders (each attention layer calls :meth:`SlotCache.update`
+with its new keys and values and attends to what it returns), and the runner tells it, before
+each forward, where the new positions go (:meth:`for_decode`, :meth:`for_prefill`):
 
 * a decoding step covers rows ``0 .. n-1``; row ``b`` writes its ``Q`` new positions at columns
   ``cols[b] .. cols[b] + Q - 1`` and attends over columns ``0 .. limit-1`` of its own row (the
