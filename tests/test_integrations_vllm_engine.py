@@ -201,7 +201,7 @@ def server(saved, tmp_path_factory):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"vllm serve did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
-        yield url, str(runs["shared"])
+        yield url, str(runs["shared"]), log
     finally:
         proc.terminate()
         try:
@@ -216,7 +216,8 @@ def test_vllm_serve_answers_the_openai_client_on_a_run_folder(saved, server):
 
     models, _, _ = saved
     pm = models["shared"]
-    url, name = server
+    url, name, log = server
+    assert f"cyb: {name}: the pause model in {name}/final (M = 3, shared positions" in log.read_text()
     client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     [w] = generate(pm, PROMPTS[0], mode="fixed", max_new_tokens=N, eos_token_ids=())
     r = client.completions.create(model=name, prompt=PROMPTS[0], max_tokens=N * M, temperature=0, logprobs=0,

@@ -20,7 +20,7 @@ from cyb.model import PauseModel
 from serve_helpers import CHAT_TEMPLATE, CORPUS
 
 M = 3
-#: prompts of mixed lengths (1 to about 40 tokens)
+#: prompts of mixed lengths (1 to 28 tokens)
 PROMPTS = ["The quick brown fox", "Water", "Q: There are 15 trees in the grove. How many trees?",
            "A", "Answer: 5", "freezes at zero degrees Celsius.\nA. one\nB. two", "lazy dog", "B. two\nC."]
 

@@ -158,6 +158,15 @@ def prepare(args) -> None:
     args.logits_processors = [*procs, readout]
     if args.logprobs_mode == "raw_logprobs":
         args.logprobs_mode = "processed_logits"
+    _say(f"cyb: {given}: the pause model in {folder} (M = {pauses.num_steps}, {pauses.position_scheme} positions, "
+         f"default mode {pauses.default_mode}; pause ids {list(pauses.pause_ids)}, dk id {pauses.dk_id})")
+
+
+def _say(line: str) -> None:
+    """One line through vLLM's logger (its handlers print the lines of loggers named vllm.*)."""
+    import logging
+
+    logging.getLogger("vllm.cyb").info(line)
 
 
 __all__ = ["TOKENIZER_MODE", "install", "model_folder", "overrides", "prepare", "refuse"]
