@@ -1,0 +1,211 @@
+"""cyb.integrations.vllm without vLLM: the prompt layout, the steps read back from an output,
+the refusals, the readout's decisions against cyb.decision, the readout's per-request state,
+and the engine arguments set for a cyb folder.  (vLLM itself: test_integrations_vllm_engine.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cyb.decision import greedy_decision, row_keys, sample_decision, stream_uniforms
+from cyb.integrations.vllm import ServedPauses, Unservable, real_tokens, steps_per_token
+from cyb.integrations.vllm import engine_args, readout
+from cyb.integrations.vllm.pauses import mode_error, refusal, settings_of
+from vllm_helpers import M, build, save_run, tokenizer
+
+SHARED = ServedPauses(3, (10, 11), 12, 1.5, "shared")
+ADVANCE = ServedPauses(3, (10, 10), 12, 1.5, "advance")
+
+
+def test_prompts_are_laid_out_as_training_laid_them_out():
+    assert SHARED.layout([5, 6, 7]) == [5, 10, 11, 6, 10, 11, 7]
+    assert ADVANCE.layout([5, 6]) == [5, 10, 10, 6]
+    assert SHARED.layout([5]) == [5]
+    with pytest.raises(ValueError, match="prompt token 1 is id 12, reserved for pauses"):
+        SHARED.layout([5, 12])
+    with pytest.raises(ValueError, match="empty"):
+        SHARED.layout([])
+
+
+def test_default_modes_and_the_mode_each_layout_allows():
+    assert SHARED.default_mode == "fixed" and ADVANCE.default_mode == "adaptive"
+    assert dataclasses.replace(ADVANCE, dk_id=None).default_mode == "fixed"  # TBYS reads out at step M
+    assert SHARED.mode_error("fixed") is None and ADVANCE.mode_error("adaptive") is None
+    assert "per-request position offsets" in SHARED.mode_error("adaptive")
+    assert "cyb serve" in SHARED.mode_error("adaptive")
+    assert "must be one of fixed, adaptive" in mode_error("greedy", False)
+    assert ServedPauses(1, (), None, 0.0, "shared").mode_error("adaptive") is None  # no pauses, no offsets
+
+
+def test_steps_are_read_from_the_pauses_or_the_codes():
+    ids = [10, 20, 21, 10, 11, 22, 10]  # 20 after a pause, 21 at once, 22 after two, a pause left over
+    assert real_tokens(ids, (10, 11)) == [20, 21, 22]
+    assert steps_per_token(ids, (10, 11)) == [2, 1, 3]
+    # fixed mode feeds every pause: the steps are in the codes (each token's logprob)
+    fixed = [10, 11, 20, 10, 11, 21]
+    assert steps_per_token(fixed, (10, 11), [0.0, 0.0, 1.0, 0.0, 0.0, 2.9999]) == [1, 3]
+    with pytest.raises(ValueError, match="no step in codes"):
+        steps_per_token(fixed, (10, 11), [0.0] * 6)
+    with pytest.raises(ValueError, match="one value per output token"):
+        steps_per_token(fixed, (10, 11), [1.0])
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def test_models_vllm_cannot_run_are_refused_in_one_line(tok, tmp_path):
+    for visibility, words in (("private", "hides other tokens' pauses"), ("gated", "adds a learned gate")):
+        folder = tmp_path / visibility
+        build(tok, visibility=visibility).save_pretrained(folder)
+        why = refusal(folder, settings_of(folder))
+        assert words in why and "cyb serve" in why and "\n" not in why
+    folder = tmp_path / "shared"
+    build(tok).save_pretrained(folder)
+    assert refusal(folder, settings_of(folder)) is None
+    for name, words in (("cyb_lora.json", "LoRA adapters"), ("pause_adapters.json", "pause-step adapters")):
+        (folder / name).write_text("{}")
+        assert words in refusal(folder, settings_of(folder))
+        (folder / name).unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).rename(folder / (name + ".away"))
+    assert "no Hugging Face tokenizer" in refusal(folder, settings_of(folder))
+
+
+@pytest.mark.parametrize("dk", [True, False])
+def test_the_readout_decides_as_cyb_decision_does(dk):
+    """Step by step over a block, :func:`readout.decide` stops where the sequential readout of
+    cyb.decision stops and answers its token, greedy and sampled (the same uniforms)."""
+    g = torch.Generator().manual_seed(0)
+    n, v = 64, 40
+    pauses = ServedPauses(M, (30, 31), 32 if dk else None, 1.2 if dk else 0.0, "advance")
+    logits = torch.randn(n, M, v, generator=g) * 2
+    keys = torch.tensor(row_keys(n, seed=3))
+    counter = torch.randint(0, 50, (n,), generator=g)
+    for sample in (False, True):
+        z = logits.clone()
+        z[..., [30, 31]] = float("-inf")  # pauses are never answers
+        if sample:
+            u = stream_uniforms(keys, counter, M + 1)
+            want_tok, want_steps = sample_decision(z, dk_id=pauses.dk_id, dk_bias=pauses.dk_bias, temperature=0.7,
+                                                   top_k=5, top_p=0.9, uniforms=u)
+        else:
+            want_tok, want_steps = greedy_decision(z, dk_id=pauses.dk_id, dk_bias=pauses.dk_bias)
+        steps = torch.full((n,), M + 1)
+        token = torch.zeros(n, dtype=torch.long)
+        for s in range(M, 0, -1):  # the first step that answers wins
+            answers, tok_s = readout.decide(
+                pauses, logits[:, s - 1], torch.full((n,), s), keys, counter, torch.full((n,), not sample),
+                torch.full((n,), 0.7), torch.full((n,), 5), torch.full((n,), 0.9))
+            steps = torch.where(answers, s, steps)
+            token = torch.where(answers, tok_s, token)
+        assert torch.equal(steps, want_steps) and torch.equal(token, want_tok)
+        if dk:
+            assert 1 < len(set(steps.tolist()))
+
+
+def _processor(pauses):
+    hf_config = SimpleNamespace(**{readout.CONFIG_KEY: readout.config_value(pauses)})
+    return readout.PauseReadout(SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config)), "cpu", False)
+
+
+def _params(**kw):
+    base = dict(extra_args=None, temperature=0.0, top_k=0, top_p=1.0, seed=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_the_processor_feeds_fixed_blocks_and_keeps_the_first_answer():
+    p = _processor(SHARED)
+    out: list[int] = []
+    p.rows[0] = readout._Row(_params(), out, SHARED.default_mode)
+    v = 16
+
+    def step(best: int, dk_wins: bool):
+        z = torch.zeros(1, v)
+        z[0, best] = 5.0
+        z[0, 12] = 10.0 if dk_wins else -10.0
+        got = p.apply(z)
+        finite = torch.isfinite(got[0]).nonzero().flatten().tolist()
+        assert len(finite) == 1
+        return finite[0], float(got[0, finite[0]])
+
+    # step 1 dk, step 2 answers 7, step 3 would answer 8: fixed mode feeds the pauses, then 7 (steps 2)
+    assert step(3, True) == (10, 0.0)
+    out.append(10)
+    assert step(7, False) == (11, 0.0)
+    out.append(11)
+    assert step(8, False) == (7, 2.0)
+    out.append(7)
+    # a step computed again (vLLM recomputes a preempted request) replaces what it decided before
+    assert step(5, False) == (10, 0.0)
+    assert step(6, True) == (10, 0.0)
+    out.append(10)
+    assert step(9, True) == (11, 0.0)
+    out.append(11)
+    assert step(4, False) == (4, 3.0)  # dk at steps 1 and 2: the answer of step 3
+
+
+def test_the_processor_in_adaptive_mode_and_its_codes_under_temperature():
+    p = _processor(ADVANCE)
+    out: list[int] = []
+    p.rows[0] = readout._Row(_params(temperature=0.5, seed=1), out, ADVANCE.default_mode)
+    z = torch.zeros(1, 16)
+    z[0, 12] = 30.0  # dk certain at steps 1 and 2
+    got = p.apply(z.clone())
+    assert torch.isfinite(got).sum() == 1 and float(got[0, 10]) == 0.0
+    out.append(10)
+    out.append(10)
+    got = p.apply(z.clone())  # step 3: an answer, whatever dk says; its code is 3, times the temperature
+    t = int(torch.isfinite(got[0]).nonzero())
+    assert t not in (10, 12) and float(got[0, t]) == pytest.approx(3 * 0.5)
+
+
+class _Config(SimpleNamespace):
+    """What vLLM's Hugging Face config offers an override: ``update``."""
+
+    def update(self, values: dict) -> None:
+        self.__dict__.update(values)
+
+
+def test_the_engine_arguments_of_a_run_folder(tok, tmp_path):
+    run = save_run(build(tok), tmp_path / "run")
+    args = SimpleNamespace(model=str(run), tokenizer=None, served_model_name=None, tokenizer_mode="auto",
+                           hf_overrides={"rope_theta": 5.0}, logits_processors=None, logprobs_mode="raw_logprobs")
+    engine_args.prepare(args)
+    assert args.model == args.tokenizer == str(run / "final") and args.served_model_name == str(run)
+    assert args.tokenizer_mode == engine_args.TOKENIZER_MODE and args.logprobs_mode == "processed_logits"
+    assert args.logits_processors == ["cyb.integrations.vllm.readout:SharedPositionsReadout"]
+    assert args.hf_overrides["architectures"] == ["CybSharedLlamaForCausalLM"]
+    assert args.hf_overrides["max_position_embeddings"] == 256 * M and args.hf_overrides["rope_theta"] == 5.0
+    assert readout.pauses_of(SimpleNamespace(**args.hf_overrides)) == ServedPauses.of(settings_of(run / "final"))
+    engine_args.prepare(args)  # again (vLLM may build the config twice): nothing doubles
+    assert len(args.logits_processors) == 1
+    # pauses that advance positions: the plain architecture, adaptive by default
+    adv = build(tok, scheme="advance")
+    adv.save_pretrained(tmp_path / "advance")
+    args = SimpleNamespace(model=str(tmp_path / "advance"), tokenizer=None, served_model_name=None,
+                           tokenizer_mode="auto", hf_overrides=lambda c: c, logits_processors=["x:Y"],
+                           logprobs_mode="raw_logits")
+    engine_args.prepare(args)
+    assert args.logits_processors == ["x:Y", "cyb.integrations.vllm.readout:AdaptiveReadout"]
+    assert args.logprobs_mode == "raw_logits"  # what was asked for stays
+    config = args.hf_overrides(_Config())  # a callable of the user's runs first, then the layout is set
+    assert readout.pauses_of(config).position_scheme == "advance"
+    # anything else is vLLM's; a private model is refused
+    other = SimpleNamespace(model=str(tmp_path), tokenizer=None)
+    engine_args.prepare(other)
+    assert other.model == str(tmp_path)
+    build(tok, visibility="private").save_pretrained(tmp_path / "private")
+    with pytest.raises(Unservable, match="private"):
+        engine_args.prepare(SimpleNamespace(model=str(tmp_path / "private")))
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.yaml").write_text("{}")
+    (unfinished / "run.json").write_text("{}")
+    with pytest.raises(Unservable, match="training has not finished"):
+        engine_args.prepare(SimpleNamespace(model=str(unfinished)))
+
