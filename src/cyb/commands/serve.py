@@ -86,7 +86,8 @@ def load(model_arg: str, options, *, device=None, dtype=None):
     """The :class:`cyb.serve.served.ServedModel` of ``model_arg`` (as ``cyb generate`` reads it)."""
     from ..engine import unsupported_reason
     from ..model import PauseModel
-    from ..model.sources import plain_model_kwargs, plain_model_note, saved_model_folder
+    from ..model.sources import plain_model_kwargs, plain_model_note
+    from ..run_models import saved_model_folder
     from ..runtime import resolve_device
     from ..serve.served import ServedModel
 

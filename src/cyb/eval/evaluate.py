@@ -80,7 +80,8 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
     name (``smollm2-135m``), evaluated as a no-pause baseline.  Raises FileNotFoundError /
     ValueError naming the path."""
     from ..model.sources import plain_model_kwargs, resolve_model_source
-    from ..run_models import checkpoint_model, checkpoint_step, is_checkpoint, is_run_folder
+    from ..model.run_folders import checkpoint_step, is_checkpoint, is_run_folder, run_final
+    from ..run_models import checkpoint_model
 
     p = Path(str(path)).expanduser()
     if is_checkpoint(p):  # the model it holds, with its run's configuration (held-out data, method)
@@ -94,8 +95,6 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
     if not p.is_dir():
         raise ValueError(f"{p} is a file; give a run folder (config.yaml + final/) or a saved cyb model folder")
     if _is_run(p):
-        from ..run_models import run_final
-
         return EvalTarget(p, run_final(p), p, RunConfig.load_run(p))  # an unfinished run: which checkpoint to give
     if (p / SETTINGS_FILE).is_file():
         parent = p.parent
