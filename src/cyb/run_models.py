@@ -75,6 +75,7 @@ def _build_checkpoint_model(ckpt: Path, folder: Path) -> None:
     from .files import replace_dir
     from .model.lora import is_lora, load_trainable_state
     from .model.settings import TRAINING_STATE_FILE
+    from .run_data import trained_task
 
     step = checkpoint_step(ckpt)
     meta = json.loads((ckpt / "meta.json").read_text(encoding="utf-8"))
@@ -101,7 +102,7 @@ def _build_checkpoint_model(ckpt: Path, folder: Path) -> None:
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    (tmp / TRAINING_STATE_FILE).write_text(json.dumps({"step": step}, indent=2))
+    (tmp / TRAINING_STATE_FILE).write_text(json.dumps({"step": step, **trained_task(cfg)}, indent=2))
     _write_card(tmp, cfg, model, run, step)
     (tmp / CHECKPOINT_SOURCE).write_text(json.dumps(
         {"run": str(run), "checkpoint": str(ckpt), "step": step, "key": folder.name}, indent=2))

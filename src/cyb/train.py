@@ -43,7 +43,7 @@ from .model.lora import is_lora, load_trainable_state, trainable_state, trainabl
 from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
 from .objective import LossModule, Objective, merge_sums, summarise
-from .run_data import build_data, row_tokens
+from .run_data import build_data, row_tokens, trained_task
 from .resume import CannotResume, check_resumable, rng_state, set_rng_state
 from .run_lock import lock_run
 from .run_models import prepare as prepare_model
@@ -388,11 +388,13 @@ class Trainer:
 
     def training_state(self) -> dict:
         """Where training stands: ``step``, ``epochs`` over the training data (None while
-        unknown) and ``real_tokens_seen`` (real input tokens of the optimiser steps so far)."""
+        unknown) and ``real_tokens_seen`` (real input tokens of the optimiser steps so far); for a
+        task run its task (:func:`cyb.run_data.trained_task`)."""
         t = self.cfg.train
         rows = self.cfg.method.spec.context(self.cfg.method, self.cfg.data.block_len)
         return {"step": self.step, "epochs": self.train_data.epochs(),
-                "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows}
+                "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows,
+                **trained_task(self.cfg)}
 
     def save_final(self) -> Path:
         """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``; for a LoRA
