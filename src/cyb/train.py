@@ -30,6 +30,7 @@ from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
 from .config import RunConfig
+from .cpu_numerics import describe as describe_numerics
 from .data.packing import resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, main_first, no_sync,
@@ -468,7 +469,8 @@ class Trainer:
         progress.write(
             f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {sizes}, "
             f"{self.device} x {self.info.world_size} process(es)"
-            + (f" ({torch.get_num_threads()} CPU thread(s))" if self.device.type == "cpu" else "")
+            + (f" ({torch.get_num_threads()} CPU thread(s), {describe_numerics()})"
+               if self.device.type == "cpu" else "")
             + f", batch {t.batch_size} = "
             f"{self.info.world_size} x {self.accum} x {self.micro}, peak lr {self.lr:.3g}, "
             f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))
