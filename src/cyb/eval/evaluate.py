@@ -317,6 +317,15 @@ def _p_text(p) -> str:
     return "p < 0.001" if p < 1e-3 else f"p = {p:.3g}"
 
 
+def _whole(d: dict) -> str:
+    """What a source scored whole (``--data``) covered: all its documents, or where --tokens stopped."""
+    if "documents" not in d:
+        return ""
+    if d.get("complete"):
+        return f" (every token of its {d['documents']} document(s))"
+    return f" (its first {d['documents']} document(s): --tokens stopped it, --tokens 0 scores them all)"
+
+
 def format_summary(metrics: dict) -> str:
     """A few human-readable lines of ``metrics``."""
     t, d, ppl = metrics["target"], metrics["data"], metrics["perplexity"]
@@ -324,7 +333,7 @@ def format_summary(metrics: dict) -> str:
     if t.get("epochs") is not None:
         trained += f" ({t['epochs']:.2f} epochs)"
     lines = [f"{t['name']} ({t['path']}{trained})",
-             f"data: {d['source']}; {ppl['tokens']} tokens in {d['sequences']} sequences",
+             f"data: {d['source']}{_whole(d)}; {ppl['tokens']} tokens in {d['sequences']} sequences",
              f"perplexity {ppl['ppl']:.4f} (loss {ppl['loss']:.4f}; {ppl['readout']})"]
     if "train_setting" in ppl:
         ts = ppl["train_setting"]
