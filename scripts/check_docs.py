@@ -58,6 +58,7 @@ RUNS: dict[str, list[str]] = {
                      "--set train.out_dir=runs/measure-tbys"],
     "tiny-gated": ["cyb train {repo}/configs/cpu-tiny.yaml --set method.pause_visibility=gated "
                    "--set train.out_dir=runs/tiny-gated"],
+    "reasoning": ["cyb train {repo}/configs/cpu-reasoning.yaml --set train.out_dir={work}/reasoning"],
     "demo": ["cyb demo"],
     "smollm2": ["cyb train {repo}/configs/smollm2-135m.yaml"],
     "smollm2-baseline": ["cyb train {repo}/configs/smollm2-135m.yaml --set method.name=baseline "
@@ -67,9 +68,10 @@ RUNS: dict[str, list[str]] = {
 }
 #: Where a page's command names a run: the run it needs first.
 RUN_PATHS = (("/tmp/add-base", "add-base"), ("/tmp/add", "add"), ("/tmp/tinyfull", "tinyfull"),
+             ("/tmp/reasoning", "reasoning"),
              ("runs/demo", "demo"), ("runs/smollm2-135m-cyb", "smollm2"))
 #: What is not compared: timings.
-TIMING = re.compile(r"\b\d+(?:\.\d+)? s\b|\b\d+ min \d+ s\b|\b\d[\d,]* tok/s\b")
+TIMING = re.compile(r"\b\d+(?:\.\d+)? m?s\b|\b\d+ min \d+ s\b|\b\d[\d,]* tok/s\b")
 
 
 class Context:
@@ -169,6 +171,20 @@ def demo_generation(ctx: Context) -> str:
     text = demo_report(ctx)
     return _lines_between(text, "cyb generating", "  (adaptive") + "\n" + _lines_between(
         text, "cyb_decoupled generating", "  (adaptive")
+
+
+def reasoning_steps(ctx: Context) -> str:
+    """The held-out lines of docs/training.md's reasoning-gym run (configs/cpu-reasoning.yaml)."""
+    log = ctx.run("reasoning")
+    return "".join(line + "\n" for line in log.splitlines() if re.match(r"step \d+: held-out", line))
+
+
+def reasoning_eval(ctx: Context) -> str:
+    """What ``cyb eval`` of that run says of its answers: the teacher-forced exact match and the
+    verifier's score of the generated answers."""
+    ctx.run("reasoning")
+    out = ctx.shell(f"cyb eval {ctx.work}/reasoning --no-progress")[0]
+    return "".join(line + "\n" for line in out.splitlines() if line.startswith(("task:", "reasoning-gym:")))
 
 
 def smollm2_steps(ctx: Context) -> str:
@@ -285,6 +301,8 @@ BLOCKS: dict[str, Block] = {
     "demo-report": Block(demo_report, (TIMING, re.compile(r"(?<=\| )\d+(?= \|$)", re.M))),
     "demo-table": Block(demo_table, (re.compile(r"(?<=\| )\d+(?= \|$)", re.M),)),
     "demo-generation": Block(demo_generation),
+    "reasoning-steps": Block(reasoning_steps),
+    "reasoning-eval": Block(reasoning_eval),
     "smollm2-steps": Block(smollm2_steps),
     "smollm2-generate": Block(lambda ctx: smollm2_generate(ctx)),
     "eval-tinyfull": Block(eval_tinyfull),
