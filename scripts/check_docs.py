@@ -19,9 +19,9 @@ What is checked:
 
 Every command runs in the work folder (``--work``, default ``/tmp/cyb-docs``; kept, so that a
 second check reuses the runs that finished, ``--fresh`` starts over), where the pages' ``/tmp/NAME``
-is the work folder's ``NAME``, with ``CYB_NUM_THREADS=1`` (cyb's default, with which the pages'
-numbers were made; the thread count decides the last bits of the sums, docs/training.md "CPU
-threads"),
+is the work folder's ``NAME``, with ``CYB_NUM_THREADS=1`` and the CPU's numerics pinned (cyb's
+defaults, with which the pages' numbers were made; the thread count and the instruction sets
+decide the last bits of the sums, docs/training.md "CPU threads" and "CPU numerics"),
 ``HF_HUB_OFFLINE=1`` (SmolLM2 comes from its PyPI wheel), a model cache inside the work folder
 (``CYB_CACHE``; ``--cache DIR`` shares one) and ``TQDM_DISABLE=1``.  Timings (seconds, tokens per
 second, minutes) are not compared.  Exit status 1 when anything differs.
@@ -85,6 +85,7 @@ class Context:
         self.env = {**os.environ, "CYB_NUM_THREADS": THREADS, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
                     "CYB_CACHE": str(cache or work / "cache"), "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
         self.env.pop("OMP_NUM_THREADS", None)
+        self.env.pop("CYB_CPU_NUMERICS", None)  # pinned, as the pages' numbers were made
         self.outputs: dict[str, tuple[str, str]] = {}
         self.verbose = verbose
 
