@@ -9,15 +9,15 @@ last bits:
   initial weights (``torch.randn``) differ.  ``ATEN_CPU_CAPABILITY`` fixes the set.
 * MKL's matrix products take a code path per CPU, and on a CPU not made by Intel it takes its own
   whatever it is asked for, except its *compatible* path (``MKL_CBWR=COMPATIBLE``: SSE2 code,
-  which gives the same results on every x86-64 CPU).
+  which MKL documents as giving the same results on Intel and compatible processors).
 * oneDNN (bf16 and some other paths) takes the widest set too: ``ONEDNN_MAX_CPU_ISA``.
 
 :func:`pin` sets the three, so that a command computes alike on every x86-64 CPU with AVX2 (Intel
 since 2013, AMD since 2015): AVX2 kernels for torch and oneDNN, MKL's compatible path.  On an
 AMD EPYC with AVX-512, 30 steps of ``configs/cpu-addition.yaml`` ended with other weights under
 each of torch's three settings, and with identical ones under the pin whatever the setting
-around it (``tests/test_cpu_numerics.py``); MKL's compatible path costs speed
-(docs/training.md, "CPU numerics").  The libraries read the variables once, at their first
+around it (``tests/test_cpu_numerics.py`` holds a shorter run to it); MKL's compatible path costs
+1.3x to 1.7x the CPU time there (docs/training.md, "CPU numerics").  The libraries read the variables once, at their first
 computation, so :func:`pin` must run before torch computes anything: the command line calls it
 first thing (``cyb ...`` and ``python -m cyb.integrations.lm_eval``), before torch is imported.
 
