@@ -1,6 +1,6 @@
 """Run the examples of README.md and docs/*.md and compare what they print with what the pages show.
 
-    bash scripts/check_docs.sh                       # check every page (about 30 min on 2 cores)
+    bash scripts/check_docs.sh                       # check every page (about an hour on 2 cores)
     bash scripts/check_docs.sh --pages README.md     # some pages only (only the runs they need)
     bash scripts/check_docs.sh --write --pages README.md,docs/demo.md   # put what ran into the pages
     bash scripts/check_docs.sh --list                # what is checked, without running anything
