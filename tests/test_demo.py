@@ -248,18 +248,71 @@ def test_reading_says_what_the_numbers_show():
     assert "pauses do not pay in this run" in format_reading({"methods": results})
 
 
-def test_decoding_note_says_when_adaptive_mode_keeps_the_answers():
-    from cyb.demo import format_decoding
+def _modes(fixed, adaptive, fixed_positions=4.0, adaptive_positions=1.89):
+    return {"fixed": {"exact_match": fixed, "positions_per_token": fixed_positions, "seconds": 0.1},
+            "adaptive": {"exact_match": adaptive, "positions_per_token": adaptive_positions, "seconds": 0.2}}
 
-    kept = {"fixed": {"exact_match": 0.938, "positions_per_token": 4.0, "seconds": 0.1},
-            "adaptive": {"exact_match": 0.939, "positions_per_token": 1.89, "seconds": 0.2}}
-    text = format_decoding("cyb_decoupled", kept, 4)
-    assert "here it keeps the exact match with 2.1x fewer positions per token" in text
+
+def test_decoding_note_says_when_adaptive_mode_keeps_the_answers():
+    from cyb.demo import decoding_note, format_decoding
+
+    text = format_decoding("cyb_decoupled", _modes(0.938, 0.939), 4)
+    assert "(adaptive mode feeds a pause only after <don't know>: here it keeps the exact match with 2.1x fewer " \
+           "positions per token)" in text
     assert "Recipe 1" not in text
-    lost = {"fixed": {**kept["fixed"]}, "adaptive": {**kept["adaptive"], "exact_match": 0.5}}
-    assert "Recipe 1" in format_decoding("cyb", lost, 4)
-    nothing = {"fixed": {**kept["fixed"], "exact_match": 0.004}, "adaptive": {**kept["adaptive"], "exact_match": 0.006}}
-    assert "keeps the exact match" not in format_decoding("cyb", nothing, 4)
+    # within two points is kept; nearly every pause taken saves nothing
+    assert "keeps the exact match with" in decoding_note(_modes(0.938, 0.920))
+    note = decoding_note(_modes(0.938, 0.938, adaptive_positions=3.9))
+    assert "keeps the exact match but takes nearly every pause (3.90 positions per token against 4.00)" in note
+
+
+def test_decoding_note_of_a_model_that_keeps_most_of_its_answers_gives_no_reason_for_failing():
+    """cyb_decoupled kept 90.6% of 94.3% adaptively: no note on why adaptive mode fails."""
+    from cyb.demo import decoding_note
+
+    note = decoding_note(_modes(0.943, 0.906, adaptive_positions=2.02))
+    assert note == ("adaptive mode feeds a pause only after <don't know>: here it keeps most of the exact match, "
+                    "90.6% of 94.3% (3.7 points fewer), with 2.0x fewer positions per token")
+    assert "Recipe" not in note and "never saw" not in note
+
+
+def test_decoding_note_says_why_when_adaptive_mode_loses_most_answers():
+    from cyb.demo import decoding_note
+
+    lost = _modes(0.926, 0.002, adaptive_positions=1.04)
+    note = decoding_note(lost)
+    assert "here it loses most of its answers (0.2% against 92.6%)" in note and "Recipe 1" in note
+    assert "Recipe 2 training" in decoding_note(lost, recipe=2)
+    assert "keeps" not in note
+
+
+def test_decoding_note_of_a_model_that_learned_little_compares_nothing():
+    from cyb.demo import decoding_note
+
+    note = decoding_note(_modes(0.004, 0.006))
+    assert "answers only 0.4% of the prompts exactly, too few to say what adaptive mode keeps" in note
+    assert "keeps the exact match" not in note and "Recipe" not in note
+
+
+def test_decoding_note_of_private_pauses():
+    from cyb.demo import decoding_note
+
+    same = decoding_note(_modes(0.5, 0.5), visibility="private")
+    assert same.startswith("private pauses: no token reads another token's pauses") and "2.1x fewer" in same
+    differs = decoding_note(_modes(0.5, 0.3), visibility="private")
+    assert "should make fixed mode's decisions, yet it answers 30.0% exactly against 50.0%" in differs
+    assert decoding_note({"fixed": _modes(0.5, 0.5)["fixed"]}) == ""
+
+
+def test_reading_gives_the_mean_steps_where_no_position_is_hard():
+    from cyb.demo import format_reading
+
+    flat = [1.0, 1.0, 1.0, 1.0]
+    results = {"baseline": _result(0.9, flat, [1, 1, 1, 1]), "tbys": _result(0.9, flat, [4, 4, 4, 4]),
+               "cyb": _result(0.9, flat, [1.5, 1.5, 1.5, 1.5])}
+    text = format_reading({"methods": results})
+    assert "- cyb: 90.0% exact (baseline 90.0%, tbys 90.0%); E[S] 1.50; it does not meet the demo's criterion" in text
+    assert "pauses do not pay in this run" in text
 
 
 def test_the_demo_resumes_when_interrupted_runs_again_and_starts_afresh(quick_demo, tmp_path, capsys):

@@ -54,3 +54,36 @@ def test_install_commands_name_the_clone_not_the_package_index(page):
     text = page.read_text(encoding="utf-8")
     assert not re.search(r"pip install[^\n`]*cyb\[", text), f"{page.relative_to(ROOT)} installs cyb[...] from the index"
     assert not re.search(r"(?m)^\s*pip install", text), f"{page.relative_to(ROOT)} runs a bare pip outside .venv"
+
+
+def _sections(text: str) -> dict[str, str]:
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_the_readme_is_read_in_two_minutes():
+    """At most 150 lines; the quick start's two commands as .ci/run and new users call them; one
+    table of what holds (at most 8 rows, each linking its page); every section names its extras."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    sections = _sections(text)
+    assert list(sections)[:3] == ["Quick start", "What the demo shows", "What holds"]
+    quick = sections["Quick start"]
+    assert "\nbash scripts/demo.sh " in quick and "\nbash scripts/test.sh " in quick
+    rows = [line for line in sections["What holds"].splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert 1 <= len(rows) <= 8
+    for row in rows:
+        assert re.search(r"\]\((docs/[\w.]+\.md)(#[\w-]+)?\)", row), row
+    for name, body in sections.items():
+        assert "extra" in body.lower(), f"the README's section {name!r} does not say which extras it needs"
+
+
+def test_each_number_of_the_readmes_findings_is_on_the_page_it_links():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in _sections(text)["What holds"].splitlines() if line.startswith("| ") and "](docs/" in line]
+    for row in rows:
+        measured = row.split(" | ")[1]
+        page = re.search(r"\]\((docs/[\w.]+\.md)", row).group(1)
+        body = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        for number in re.findall(r"\d[\d,.]*\d|\d", measured):
+            assert number in body, f"{number} ({measured}) is not on {page}"

@@ -139,6 +139,53 @@ def test_eval_of_a_text_run_matches_its_final_evaluation(tmp_path, method, kw):
     assert metrics["target"]["epochs"] == pytest.approx(state["epochs"])
 
 
+@pytest.mark.parametrize("method", ["cyb", "baseline"])
+def test_eval_data_scores_every_token_of_every_document(tmp_path, method):
+    """--data FILE: a document longer than a row and two shorter than one (an empty one has no
+    token): every token of each, and the end-of-sequence token after it, is a target exactly once."""
+    from cyb.data.tokenizer import eos_token_id
+    from cyb.eval.collect import collect_records
+    from cyb.eval import load_model
+
+    run = _text_run(tmp_path, method)
+    docs = ["the kernel pause token model step loss data block of to and is in " * 3, "the loss", "", "data block"]
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    metrics = evaluate(run, data=str(small), max_tokens=None, batch_size=3, progress=False, write=False)
+    target = resolve_target(run)
+    model = load_model(target, device="cpu")
+    tok = model.tokenizer
+    eos = eos_token_id(tok)
+    stream = [i for d in docs if d for i in [*tok(d, add_special_tokens=False)["input_ids"], eos]]
+    assert metrics["perplexity"]["tokens"] == len(stream) and len(stream) > 12  # more than one row of block_len 12
+    assert metrics["data"]["documents"] == 3 and metrics["data"]["complete"]
+    spec = resolve_data(target.config, str(small))
+    assert spec.whole and spec.block_len == 12
+    rec = collect_records(model, target.config.method, spec.batches(tok, 3), progress=False)
+    assert rec.target_ids.tolist() == stream  # in order, none twice, none left out
+    assert "(every token of its 3 document(s))" in evaluate.__globals__["format_summary"](metrics)
+    one = tmp_path / "one.txt"
+    one.write_text("the loss")  # shorter than any block: still scored
+    short = evaluate(run, data=str(one), block_len=256, progress=False, write=False)
+    assert short["perplexity"]["tokens"] == len(tok("the loss", add_special_tokens=False)["input_ids"]) + 1
+    cut = evaluate(run, data=str(small), max_tokens=5, batch_size=1, progress=False, write=False)
+    assert not cut["data"]["complete"] and "--tokens 0 scores them all" in evaluate.__globals__["format_summary"](cut)
+
+
+def test_eval_of_held_out_blocks_too_long_for_the_data_names_block_len(tmp_path):
+    from cyb.eval.data import EvalData
+
+    run = _text_run(tmp_path, "baseline")
+    cfg = RunConfig.load_run(run)
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("the loss")
+    spec = EvalData("text", str(tiny), cfg, str(tiny), block_len=64)  # blocks as the run's evaluations cut them
+    model = evaluate.__globals__["load_model"](resolve_target(run), device="cpu")
+    with pytest.raises(ValueError, match=r"holds 0 block\(s\) of block_len=64 .*give a smaller --block-len, or "
+                                         r"--data FILE, which scores every token"):
+        list(spec.batches(model.tokenizer, 2))
+
+
 def test_eval_of_a_gated_run_reports_what_its_gates_let_through(tmp_path):
     """A gated run's evaluation gives each layer's gates and the share of attention on other
     tokens' pauses (a few tenths of a percent at the starting -8 after 6 steps), and says so."""

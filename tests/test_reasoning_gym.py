@@ -94,9 +94,7 @@ def test_one_line_errors():
     with pytest.raises(ConfigError) as e:
         RunConfig.from_dict(base).validate()
     assert str(e.value).count("\n") == 0 and "reasoning-gym:leg_counting" in str(e.value)
-    with pytest.raises(ConfigError, match="data.task: reasoning-gym:chain_sum is written as text: set "
-                                          "model.name_or_path"):
-        RunConfig.from_dict({"data": {"task": TASK}}).validate()
+    RunConfig.from_dict({"data": {"task": TASK}}).validate()  # from scratch: a BPE of its own questions
 
 
 def test_a_missing_package_is_one_line(monkeypatch, tmp_path, capsys):
@@ -170,6 +168,26 @@ def test_a_run_on_a_task_is_scored_by_its_verifier(pretrained, tmp_path, capsys)
         forced = json.loads((tmp_path / f"read-at-{step}" / "metrics.json").read_text())["reasoning_gym"]
         assert forced["read_at"] == step and forced["mean_steps"] == step
         assert f"read out at step {step}" in capsys.readouterr().out
+
+
+def test_the_small_config_trains_from_scratch_with_a_bpe_of_the_tasks_own_questions(tmp_path, capsys):
+    """configs/cpu-reasoning.yaml (here 6 steps): no pretrained model, no data.tokenizer: the run
+    trains a BPE on its training questions, saves it with the model, and cyb eval scores it."""
+    from pathlib import Path
+
+    from cyb.cli import main
+    from cyb.data.tokenizer import load_tokenizer
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "cpu-reasoning.yaml"
+    out = tmp_path / "run"
+    assert main(["train", str(config), "--set", f"train.out_dir={out}", "--set", "train.steps=6",
+                 "--set", "train.eval_every=6", "--set", "data.num_train_examples=64",
+                 "--set", "data.num_valid_examples=8", "--set", "data.bpe_train_docs=64"]) == 0
+    tok = load_tokenizer(out / "tokenizer")
+    assert len(tok) == 320 and "Answer" in tok.decode(tok("Answer: 5")["input_ids"])
+    assert len(load_tokenizer(out / "final")) == len(tok) + 2  # with the pause and dk tokens
+    assert main(["eval", str(out), "--no-progress", "--passages", "0"]) == 0
+    assert "reasoning-gym:chain_sum: mean score" in capsys.readouterr().out
 
 
 def test_read_at_is_for_reasoning_runs_only(tmp_path):

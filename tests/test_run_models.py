@@ -73,10 +73,13 @@ def _ids():
 
 
 def test_a_checkpoint_loads_as_the_model_it_holds(text_run, cache, capsys):
-    from cyb.run_models import CHECKPOINT_SOURCE, checkpoint_of
+    from cyb.run_models import CHECKPOINT_SOURCE, checkpoint_of, prepare
 
     run, trainer = text_run
     last = run / "ckpt-00000004"  # the same weights as final/
+    with pytest.raises(ValueError, match="is not in the cache yet: cyb.run_models.checkpoint_model"):
+        PauseModel.from_pretrained(last)  # the model layer reads the cache, never builds
+    prepare(last)
     model = PauseModel.from_pretrained(last)
     torch.testing.assert_close(_logits(model, _ids()), _logits(trainer.model, _ids()), rtol=0, atol=0)
     err = capsys.readouterr().err
@@ -87,6 +90,7 @@ def test_a_checkpoint_loads_as_the_model_it_holds(text_run, cache, capsys):
     card = (folder / "README.md").read_text()
     assert "checkpoint step 4" in card
     assert json.loads((folder / "training_state.json").read_text())["step"] == 4
+    prepare(run / "ckpt-00000002")
     earlier = PauseModel.from_pretrained(run / "ckpt-00000002")  # another step: other weights
     assert not torch.equal(_logits(earlier, _ids()), _logits(model, _ids()))
     again = PauseModel.from_pretrained(last)  # built once: later uses read the cache
@@ -151,10 +155,10 @@ def test_merge_takes_a_lora_runs_checkpoint(tmp_path):
     trainer = Trainer(cfg)
     trainer.run()
     ids = torch.randint(3, 20, (2, 5))
+    assert main(["merge", str(run / "ckpt-00000002"), str(tmp_path / "merged")]) == 0  # writes its model first
     from_ckpt = PauseModel.from_pretrained(run / "ckpt-00000002")
     assert lora.is_lora(from_ckpt)
     torch.testing.assert_close(_logits(from_ckpt, ids), _logits(trainer.model, ids))
-    assert main(["merge", str(run / "ckpt-00000002"), str(tmp_path / "merged")]) == 0
     merged = PauseModel.from_pretrained(tmp_path / "merged")
     assert not lora.is_lora(merged)
     torch.testing.assert_close(_logits(merged, ids), _logits(trainer.model, ids), atol=1e-5, rtol=1e-5)

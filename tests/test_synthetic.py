@@ -163,6 +163,16 @@ def test_task_answers_are_correct(name, kw):
         assert answer == reference_answer(name, task, prompt), prompt
         assert len(prompt) <= task.max_prompt_len and len(answer) <= task.max_answer_len
         tok.encode(prompt + answer)  # every character is in the shared alphabet
+        assert set(prompt + answer) <= set(task.characters), prompt + answer  # and among the task's own
+
+
+@pytest.mark.parametrize("name,kw", ALL_TASKS)
+def test_a_tasks_characters_are_those_its_examples_use(name, kw):
+    task = make_task(name, **kw)
+    used = set("".join(p + a for p, a in samples(task, 2000)))
+    assert set(task.characters) <= set(CharTokenizer().alphabet)
+    if name != "lookup":  # lookup names draw from 26 letters, not all in every sample
+        assert used == set(task.characters)
 
 
 @pytest.mark.parametrize("name,kw", ALL_TASKS)

@@ -32,12 +32,22 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
     """The run's tokenizer (a Hugging Face tokenizer), saved under ``run_dir/tokenizer``.
 
     Synthetic tasks use the character tokenizer, or a pretrained model's own
-    (:func:`task_tokenizer`); text runs use ``data.tokenizer``, else the
+    (:func:`task_tokenizer`); a reasoning-gym task without either a byte-level BPE trained on
+    its own training questions and answers; text runs use ``data.tokenizer``, else the
     pretrained model's, else a byte-level BPE trained on the training documents.
     """
-    from .data.tokenizer import load_tokenizer, train_bpe_tokenizer
+    from .data.tokenizer import load_tokenizer
 
     saved = run_dir / TOKENIZER_DIR
+    if cfg.data.task and own_task_bpe(cfg):  # questions as text, written with a vocabulary of their own
+        from .data import reasoning_gym
+
+        def questions():
+            n = min(cfg.data.bpe_train_docs, cfg.data.num_train_examples)
+            entries = reasoning_gym.draw_entries(cfg.data.task, cfg.data.task_kwargs, n, cfg.train.seed, "train")
+            return [reasoning_gym.prompt_of(e) + reasoning_gym.completion_of(e) for e in entries]
+
+        return _saved_bpe(cfg, saved, info, questions, f"the questions of data.task ({cfg.data.task})")
     if cfg.data.task:  # characters, or the pretrained model's tokenizer (tasks as text)
         return task_tokenizer(cfg)
     if cfg.data.tokenizer:
@@ -48,20 +58,41 @@ def build_tokenizer(cfg: RunConfig, run_dir: Path, info: DistInfo):
         tok = _named(lambda name: load_tokenizer(resolve_model_source(name)), cfg.model.name_or_path,
                      "model.name_or_path")
         return covering(tok, cfg, "model.name_or_path")
+
+    def documents():
+        texts, _ = train_texts(cfg)
+        try:
+            return list(itertools.islice(texts(), cfg.data.bpe_train_docs))
+        except ValueError as e:
+            raise ValueError(f"data.source: {e}") from None
+
+    return _saved_bpe(cfg, saved, info, documents, f"data.source ({cfg.data.source}, data.text_field = "
+                                                   f"{cfg.data.text_field!r})")
+
+
+def own_task_bpe(cfg: RunConfig) -> bool:
+    """Whether the run trains a BPE of its own on its task's text: a reasoning-gym task (its
+    questions are text, beyond the characters of the synthetic tasks) from scratch, with neither
+    ``data.tokenizer`` nor ``model.name_or_path``."""
+    from .data import reasoning_gym
+
+    return reasoning_gym.is_reasoning_gym(cfg.data.task) and not (cfg.data.tokenizer or cfg.model.name_or_path)
+
+
+def _saved_bpe(cfg: RunConfig, saved: Path, info: DistInfo, docs, what: str):
+    """The byte-level BPE in ``saved`` (the run folder's ``tokenizer/``), trained first on
+    ``docs()`` (``data.bpe_vocab_size``) by the first process when it is not there yet."""
+    from .data.tokenizer import load_tokenizer, train_bpe_tokenizer
+
     with main_first(info):
         if not (saved / "tokenizer.json").is_file() and info.is_main:
-            texts, _ = train_texts(cfg)
-            try:
-                docs = list(itertools.islice(texts(), cfg.data.bpe_train_docs))
-            except ValueError as e:
-                raise ValueError(f"data.source: {e}") from None
-            if not any(doc.strip() for doc in docs):
-                raise ValueError(f"data.source ({cfg.data.source}) holds no text to train a tokenizer "
-                                 f"on (data.text_field = {cfg.data.text_field!r}); check the path and field")
+            texts = docs()
+            if not any(doc.strip() for doc in texts):
+                raise ValueError(f"{what} holds no text to train a tokenizer on; check the path and field")
             # written beside and renamed into place: a killed run never leaves half a tokenizer
-            tmp = run_dir / f"{TOKENIZER_DIR}.tmp-{os.getpid()}"
+            tmp = saved.parent / f"{saved.name}.tmp-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
-            train_bpe_tokenizer(docs, cfg.data.bpe_vocab_size, tmp)
+            train_bpe_tokenizer(texts, cfg.data.bpe_vocab_size, tmp)
             replace_dir(tmp, saved)
     return load_tokenizer(saved)
 

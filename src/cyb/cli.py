@@ -58,12 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    try:
+        if argv is None:  # the program itself: the CPU's numerics, pinned before torch computes anything
+            from .cpu_numerics import pin
+
+            pin()
+    except ValueError as e:
+        print(f"cyb {args.command}: error: {e}", file=sys.stderr)
+        return 2
     _quiet_weight_loading()
     try:
         if argv is None:  # the program itself (not a caller passing arguments): its CPU threads
+            from .cpu_numerics import check
             from .threads import configure
 
             configure()
+            problem = check()
+            if problem:
+                print(f"warning: {problem}", file=sys.stderr)
         return int(mods[args.command].run(args) or 0)
     except KeyboardInterrupt as e:  # training says what is lost and how to resume
         print(str(e) or "interrupted", file=sys.stderr)

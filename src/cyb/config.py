@@ -233,8 +233,6 @@ class RunConfig:
               "method.pause_visibility", "gated pauses need model.attn_implementation sdpa")
         _validate_pause_adapters(self)
         _validate_data(self.data)
-        _need(not (self.data.task or "").startswith("reasoning-gym:") or bool(self.model.name_or_path or self.data.tokenizer),
-              "data.task", f"{self.data.task} is written as text: set model.name_or_path (a pretrained model and its tokenizer) or data.tokenizer")
         _validate_optim(self.optim)
         _validate_train(self.train)
         self._valid_state = state

@@ -298,6 +298,23 @@ class Objective:
         return sums
 
 
+class LossModule(torch.nn.Module):
+    """The model and its objective as one module, so DDP/FSDP hooks see every forward.
+
+    ``forward(prep)`` returns ``(loss_sum, sums)`` (plain containers, which the wrappers look
+    through for tensors).
+    """
+
+    def __init__(self, model, objective: Objective):
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, prep: Prepared):
+        out = self.objective.loss(self.model, prep)
+        return out.loss_sum, out.sums
+
+
 def merge_sums(total: dict, part: dict) -> dict:
     """Accumulate metric sums in place (tensors and numbers add; vectors add element-wise).
 

@@ -168,6 +168,15 @@ def task_split(cfg: RunConfig, tokenizer=None, split: str = "train"):
     return SyntheticDataset(task, CharTokenizer(), n, seed=seed, split=split)
 
 
+def trained_task(cfg: RunConfig) -> dict:
+    """What a saved model's ``training_state.json`` says of the task it was trained on:
+    ``{"task": NAME, "task_kwargs": {...}}`` for a task run (what a server reads to refuse prompts
+    of characters the task never had), ``{}`` for text."""
+    if not cfg.data.task:
+        return {}
+    return {"task": cfg.data.task, "task_kwargs": dict(cfg.data.task_kwargs)}
+
+
 def synthetic_sets(cfg: RunConfig, tokenizer=None):
     """The run's task train and held-out sets (:func:`task_split` of each split)."""
     return task_split(cfg, tokenizer, "train"), task_split(cfg, tokenizer, "test")

@@ -1,118 +1,68 @@
-"""The models a run folder holds: its final model and the model of each of its checkpoints.
+"""The models a run folder holds, built: the model of each training checkpoint.
 
-A run folder of ``cyb train`` (``config.yaml`` beside ``run.json``, ``final/`` or ``ckpt-*/``)
-holds its model in ``final/`` once training has finished, and the model of step N in
-``ckpt-N/`` while and after it trains.  Wherever a model is asked for (``model.name_or_path``,
-``cyb generate``, ``cyb eval``, ``cyb merge``, the lm-eval model), a run folder stands for its
-``final/`` and a checkpoint folder for the model it holds
-(:func:`cyb.model.sources.resolve_model_source` asks this module).
+A run folder of ``cyb train`` holds its model in ``final/`` once training has finished, and the
+model of step N in ``ckpt-N/`` while and after it trains.  Wherever a model is asked for
+(``model.name_or_path``, ``cyb generate``, ``cyb eval``, ``cyb merge``, ``cyb serve``, the
+lm-eval model), a run folder stands for its ``final/`` and a checkpoint folder for the model it
+holds.  Reading that layout is the model layer's (:mod:`cyb.model.run_folders`); this module, of
+the training layer (above :mod:`cyb.build`, below :mod:`cyb.train`), writes a checkpoint's model.
 
 A checkpoint holds weights and training state, not a model folder: its model is built as the run
 built it (the configuration the checkpoint was written with: the run's tokenizer, the base model
 or a fresh one, LoRA adapters), its weights are put in, and the result is written once as a model
-folder in the cache, ``$CYB_CACHE/checkpoints/<key>`` (``key``: the first 16 hex digits of the
-SHA-256 of the checkpoint's manifest, which covers every file's hash), with a model card that
-names the run and the step.  The checkpoint itself is only read.
+folder in the cache, ``$CYB_CACHE/checkpoints/<key>`` (:func:`cyb.model.run_folders.checkpoint_folder`),
+with a model card that names the run and the step.  The checkpoint itself is only read.  The
+commands call :func:`prepare` on the model they are given before they load it, so that the model
+layer finds a checkpoint's model in the cache.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
-#: Written last into a checkpoint's model folder: the run, the checkpoint and its step.
-CHECKPOINT_SOURCE = "cyb_checkpoint.json"
-_CKPT_NAME = re.compile(r"^ckpt-(\d+)$")
-
-
-def is_run_folder(path) -> bool:
-    """A folder written by ``cyb train`` (its ``config.yaml`` beside ``run.json``, ``final/`` or a
-    checkpoint) that is not itself a saved model."""
-    p = Path(str(path)).expanduser()
-    if not p.is_dir() or not (p / "config.yaml").is_file() or (p / "cyb_pause.json").is_file():
-        return False
-    return (p / "run.json").is_file() or (p / "final").is_dir() or any(_checkpoints(p))
-
-
-def is_checkpoint(path) -> bool:
-    """A training checkpoint folder (``ckpt-<step>`` with its ``meta.json``)."""
-    p = Path(str(path)).expanduser()
-    return p.is_dir() and _CKPT_NAME.match(p.name) is not None and (p / "meta.json").is_file()
-
-
-def _checkpoints(run: Path) -> list[Path]:
-    return sorted(p for p in run.iterdir() if _CKPT_NAME.match(p.name) and (p / "meta.json").is_file())
-
-
-def run_final(run) -> Path:
-    """The ``final/`` model of a run folder; ValueError saying what to give instead when the run
-    has not finished (its newest checkpoint)."""
-    from .model.lora import lora_folder
-
-    run = Path(str(run)).expanduser()
-    final = run / "final"
-    if (final / "cyb_pause.json").is_file() or lora_folder(final) is not None:
-        return final
-    ckpts = _checkpoints(run)
-    if ckpts:
-        raise ValueError(f"{run} is a run folder whose training has not finished (no final/ model yet): give one "
-                         f"of its checkpoints (the newest: {ckpts[-1]}), or finish it with cyb train")
-    raise ValueError(f"{run} is a run folder whose training has not finished (no final/ model, no checkpoint "
-                     "yet): finish it with cyb train")
-
-
-def checkpoint_step(path) -> int:
-    return int(_CKPT_NAME.match(Path(str(path)).name).group(1))
-
-
-def checkpoint_key(ckpt: Path) -> str:
-    """What names a checkpoint's model in the cache: its manifest's hash (its meta.json and the
-    weights' size and time for a checkpoint written before manifests)."""
-    h = hashlib.sha256()
-    manifest = ckpt / "manifest.json"
-    if manifest.is_file():
-        h.update(manifest.read_bytes())
-    else:
-        h.update((ckpt / "meta.json").read_bytes())
-        for f in sorted(ckpt.rglob("*")):
-            if f.is_file():
-                st = f.stat()
-                h.update(f"{f.relative_to(ckpt)}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
+from .model.run_folders import (CHECKPOINT_SOURCE, built_checkpoint_model, checkpoint_folder, checkpoint_key,
+                                checkpoint_of, checkpoint_step, is_checkpoint, is_run_folder, run_final)
 
 
 def checkpoint_model(path, *, build: bool = True) -> Path | None:
     """The model folder of the checkpoint ``path`` (see the module docstring), built on first
     use; with ``build=False``, None when it was not built yet."""
-    from .model.cache import cache_dir, locked, say
+    from .model.cache import locked, say
 
     ckpt = Path(str(path)).expanduser().resolve()
-    folder = cache_dir() / "checkpoints" / checkpoint_key(ckpt)
-    if (folder / CHECKPOINT_SOURCE).is_file():
+    folder = checkpoint_folder(ckpt)
+    if built_checkpoint_model(ckpt) is not None:
         if build:
             say(f"{ckpt} is checkpoint step {checkpoint_step(ckpt)} of run {ckpt.parent}: its model is {folder}")
         return folder
     if not build:
         return None
     with locked(folder):
-        if not (folder / CHECKPOINT_SOURCE).is_file():  # another process may have built it meanwhile
+        if built_checkpoint_model(ckpt) is None:  # another process may have built it meanwhile
             say(f"{ckpt} is checkpoint step {checkpoint_step(ckpt)} of run {ckpt.parent}: writing the model it "
                 f"holds once into {folder}")
             _build_checkpoint_model(ckpt, folder)
     return folder
 
 
-def checkpoint_of(folder) -> dict | None:
-    """``cyb_checkpoint.json`` of a checkpoint's model folder (run, checkpoint, step), or None."""
-    try:
-        data = json.loads((Path(str(folder)) / CHECKPOINT_SOURCE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+def prepare(name_or_path) -> None:
+    """Before a model named ``name_or_path`` is loaded: when it is a training checkpoint, write the
+    model it holds into the cache (once), where the model layer finds it (and says so when it
+    loads it); nothing otherwise."""
+    if name_or_path is not None and is_checkpoint(name_or_path) and built_checkpoint_model(name_or_path) is None:
+        checkpoint_model(name_or_path)
+
+
+def saved_model_folder(path, what: str = "MODEL_DIR", *, allow_plain: bool = False) -> Path:
+    """:func:`cyb.model.sources.saved_model_folder` of ``path``, for a checkpoint once its model is
+    written (:func:`prepare`): what the commands that load a model call."""
+    from .model.sources import saved_model_folder as saved
+
+    prepare(path)
+    return saved(path, what, allow_plain=allow_plain)
 
 
 def _build_checkpoint_model(ckpt: Path, folder: Path) -> None:
@@ -125,6 +75,7 @@ def _build_checkpoint_model(ckpt: Path, folder: Path) -> None:
     from .files import replace_dir
     from .model.lora import is_lora, load_trainable_state
     from .model.settings import TRAINING_STATE_FILE
+    from .run_data import trained_task
 
     step = checkpoint_step(ckpt)
     meta = json.loads((ckpt / "meta.json").read_text(encoding="utf-8"))
@@ -134,6 +85,7 @@ def _build_checkpoint_model(ckpt: Path, folder: Path) -> None:
         raise ValueError(f"{ckpt}: the configuration in its meta.json does not load ({e})") from None
     run = ckpt.parent
     cfg.train.device = "cpu"
+    prepare(cfg.model.name_or_path)  # a run fine-tuned from another run's checkpoint
     torch.manual_seed(cfg.train.seed)
     if not (cfg.data.task or cfg.data.tokenizer or cfg.model.name_or_path) and not (run / "tokenizer").is_dir():
         raise ValueError(f"{ckpt} belongs to a run trained from scratch whose tokenizer ({run / 'tokenizer'}) is "
@@ -150,7 +102,7 @@ def _build_checkpoint_model(ckpt: Path, folder: Path) -> None:
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    (tmp / TRAINING_STATE_FILE).write_text(json.dumps({"step": step}, indent=2))
+    (tmp / TRAINING_STATE_FILE).write_text(json.dumps({"step": step, **trained_task(cfg)}, indent=2))
     _write_card(tmp, cfg, model, run, step)
     (tmp / CHECKPOINT_SOURCE).write_text(json.dumps(
         {"run": str(run), "checkpoint": str(ckpt), "step": step, "key": folder.name}, indent=2))
@@ -164,8 +116,7 @@ def _load_sharded_model(ckpt: Path, model, cfg) -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     from .checkpoint import CHECKPOINT_ADVICE, SHARDS, DamagedFileError, _short, _single_process_is_intended
-    from .objective import Objective
-    from .train import LossModule
+    from .objective import LossModule, Objective
 
     module = LossModule(model, Objective(cfg.method, model.vocab, model.dk_bias, cfg.train.loss_impl))
     state = {"model": get_model_state_dict(module)}
@@ -208,4 +159,4 @@ def model_folder(path, *, build: bool = True):
 
 
 __all__ = ["CHECKPOINT_SOURCE", "checkpoint_key", "checkpoint_model", "checkpoint_of", "checkpoint_step",
-           "is_checkpoint", "is_run_folder", "model_folder", "run_final"]
+           "is_checkpoint", "is_run_folder", "model_folder", "prepare", "run_final", "saved_model_folder"]

@@ -8,8 +8,8 @@ perplexities and exact matches).  With the same number of threads the results ar
 however busy the machine.
 
 The command line (``cyb ...`` and ``python -m cyb.integrations.lm_eval``) calls :func:`configure`
-once.  By default torch computes with **one** thread: the same numbers on every machine (of one
-CPU architecture), and the fastest choice where other work shares the CPU (every parallel region
+once.  By default torch computes with **one** thread: the same numbers on every machine (with the
+instruction sets :mod:`cyb.cpu_numerics` pins), and the fastest choice where other work shares the CPU (every parallel region
 waits for its slowest thread: on a 2-core machine with one other busy process, 2 threads gave
 9,500 real tokens/s on the demo's model where 1 thread gave 30,700; docs/training.md, "CPU
 threads").  ``CYB_NUM_THREADS=N`` (or ``OMP_NUM_THREADS``) fixes another number: faster on an idle

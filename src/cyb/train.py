@@ -30,9 +30,10 @@ from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
 from .config import RunConfig
+from .cpu_numerics import describe as describe_numerics
 from .data.packing import resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
-                          gather_objects, init_distributed, load_full_optim_state, no_sync,
+                          gather_objects, init_distributed, load_full_optim_state, main_first, no_sync,
                           reduce_sums, shutdown, wrap)
 from .files import replace_dir
 from .metrics_log import MetricsLogger, Progress, format_metrics, git_commit
@@ -42,32 +43,16 @@ from .optim import build_optimizer, lr_factor, peak_lr
 from .model.lora import is_lora, load_trainable_state, trainable_state, trainable_token_ids
 from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
-from .objective import Objective, Prepared, merge_sums, summarise
-from .run_data import build_data, row_tokens
+from .objective import LossModule, Objective, merge_sums, summarise
+from .run_data import build_data, row_tokens, trained_task
 from .resume import CannotResume, check_resumable, rng_state, set_rng_state
 from .run_lock import lock_run
+from .run_models import prepare as prepare_model
 from .threads import adapt as adapt_threads
 from .runtime import autocast
 
 #: Seed family of held-out rows (training rows use the step number).
 EVAL_SEED_STEP = -1
-
-
-class LossModule(torch.nn.Module):
-    """The model and its objective as one module, so DDP/FSDP hooks see every forward.
-
-    ``forward(prep)`` returns ``(loss_sum, sums)`` (plain containers, which the wrappers look
-    through for tensors).
-    """
-
-    def __init__(self, model, objective: Objective):
-        super().__init__()
-        self.model = model
-        self.objective = objective
-
-    def forward(self, prep: Prepared):
-        out = self.objective.loss(self.model, prep)
-        return out.loss_sum, out.sums
 
 
 def row_seed(seed: int, step: int, row: int) -> int:
@@ -153,6 +138,9 @@ class Trainer:
     def _build(self, ckpt) -> None:
         """Tokenizer, model, objective, wrappers, optimiser, data; then the checkpoint's state."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
+        with main_first(info):  # model.name_or_path a checkpoint: its model, written once into the cache
+            if info.is_main:
+                prepare_model(cfg.model.name_or_path)
         self.tokenizer = build_tokenizer(cfg, self.run_dir, info)
         if cfg.data.task:  # a task's rows are as long as its longest example: measured before the check
             with _rng_kept():  # the model starts as it would with the data built after it
@@ -401,11 +389,13 @@ class Trainer:
 
     def training_state(self) -> dict:
         """Where training stands: ``step``, ``epochs`` over the training data (None while
-        unknown) and ``real_tokens_seen`` (real input tokens of the optimiser steps so far)."""
+        unknown) and ``real_tokens_seen`` (real input tokens of the optimiser steps so far); for a
+        task run its task (:func:`cyb.run_data.trained_task`)."""
         t = self.cfg.train
         rows = self.cfg.method.spec.context(self.cfg.method, self.cfg.data.block_len)
         return {"step": self.step, "epochs": self.train_data.epochs(),
-                "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows}
+                "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows,
+                **trained_task(self.cfg)}
 
     def save_final(self) -> Path:
         """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``; for a LoRA
@@ -479,7 +469,8 @@ class Trainer:
         progress.write(
             f"cyb train: {self.cfg.method.name} (M={self.model.num_steps}), {sizes}, "
             f"{self.device} x {self.info.world_size} process(es)"
-            + (f" ({torch.get_num_threads()} CPU thread(s))" if self.device.type == "cpu" else "")
+            + (f" ({torch.get_num_threads()} CPU thread(s), {describe_numerics()})"
+               if self.device.type == "cpu" else "")
             + f", batch {t.batch_size} = "
             f"{self.info.world_size} x {self.accum} x {self.micro}, peak lr {self.lr:.3g}, "
             f"out_dir {self.run_dir}" + (f"; resumed at step {self.step}" if resumed else ""))

@@ -293,7 +293,7 @@ def trained_model(cfg: DecodeBenchConfig, device, dtype):
     random real ids of ``prompt_len``."""
     from ..model import PauseModel
 
-    from ..model.sources import saved_model_folder
+    from ..run_models import saved_model_folder
 
     folder = saved_model_folder(cfg.model, "--model")  # a model folder, or a run folder's final/
     model = PauseModel.from_pretrained(folder).to(device=device, dtype=dtype).eval()

@@ -328,7 +328,7 @@ def _models(cfg: ServeBenchConfig, device, log) -> tuple[dict, int]:
     dtype = DTYPES[cfg.dtype]
     if cfg.model is not None:
         from ..model import PauseModel
-        from ..model.sources import saved_model_folder
+        from ..run_models import saved_model_folder
 
         pm = PauseModel.from_pretrained(saved_model_folder(cfg.model, "--model"), torch_dtype=dtype).to(device).eval()
         limit = min(pm.vocab.special_ids, default=pm.vocab.vocab_size)

@@ -22,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "a plain model folder, a .gguf file or a known model's name (smollm2-135m) is evaluated "
                         "as a no-pause baseline (give --data)")
     p.add_argument("--data", default=None, metavar="SOURCE",
-                   help="held-out data: a text source (file, folder, glob, hf:NAME) or task:NAME; "
-                        "default: the run's own held-out split or synthetic test set" + _OWN_DEFAULT)
+                   help="held-out data: a text source (file, folder, glob, hf:NAME), of which every token of every "
+                        "document is scored, however short, or task:NAME; default: the run's own held-out split "
+                        "(in the blocks its training evaluated) or synthetic test set" + _OWN_DEFAULT)
     p.add_argument("--tokens", type=int, default=None, metavar="N",
                    help="evaluate about N real tokens (whole batches; 0 = all the data); default: for a "
                         "run on its own held-out data, exactly the rows its training evaluated "
@@ -32,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="rows per forward pass (default: the run's micro-batch, else 8)" + _OWN_DEFAULT)
     p.add_argument("--block-len", type=int, default=None, metavar="L",
-                   help="real tokens per text row (default: the run's data.block_len)" + _OWN_DEFAULT)
+                   help="real tokens per text row (default: the run's data.block_len, else 256); with --data the "
+                        "rows overlap by one token and the last is padded" + _OWN_DEFAULT)
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: RUN_OR_MODEL/eval)" + _OWN_DEFAULT)
     p.add_argument("--reference", default=None, metavar="RUN_OR_METRICS_JSON",
                    help="reference for the relative improvement: a run/model folder (evaluated on the same "

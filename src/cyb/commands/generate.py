@@ -75,7 +75,7 @@ def _prompts(args) -> list[str]:
 
 
 def _check_model_dir(path: str) -> Path:
-    from ..model.sources import saved_model_folder
+    from ..run_models import saved_model_folder
 
     # a .gguf file or a known model's name: its folder; a plain Hugging Face model is generated
     # from as a no-pause baseline

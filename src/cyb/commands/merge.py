@@ -29,10 +29,12 @@ def run(args) -> int:
     from ..model.settings import TRAINING_STATE_FILE
 
     from ..model.sources import resolve_model_source
+    from ..run_models import prepare
 
     src = Path(args.path).expanduser()
     if not src.exists():
         raise ValueError(f"RUN_OR_FOLDER {args.path} does not exist")
+    prepare(src)
     where = Path(resolve_model_source(str(src)))  # a run: its final/; a checkpoint: the model it holds
     folder = lora_folder(where)
     if folder is None:

@@ -86,7 +86,8 @@ def load(model_arg: str, options, *, device=None, dtype=None):
     """The :class:`cyb.serve.served.ServedModel` of ``model_arg`` (as ``cyb generate`` reads it)."""
     from ..engine import unsupported_reason
     from ..model import PauseModel
-    from ..model.sources import plain_model_kwargs, plain_model_note, saved_model_folder
+    from ..model.sources import plain_model_kwargs, plain_model_note
+    from ..run_models import saved_model_folder
     from ..runtime import resolve_device
     from ..serve.served import ServedModel
 
@@ -101,7 +102,30 @@ def load(model_arg: str, options, *, device=None, dtype=None):
         raise ValueError(f"the engine cannot run this model: {reason}")
     return ServedModel(model, options.model_name or model_arg, max_model_len=options.max_model_len,
                        mode=options.mode, chat_template=options.chat_template,
-                       aliases=(str(folder), os.path.abspath(str(folder))))
+                       aliases=(str(folder), os.path.abspath(str(folder))), trained_on=trained_on(folder, model))
+
+
+def trained_on(folder, model) -> tuple[str, str] | None:
+    """``(task, its characters)`` for a model trained on a synthetic task with the character
+    tokenizer (its ``training_state.json`` names the task), else None: the server refuses a prompt
+    of other characters, which the model never saw."""
+    import json
+    from pathlib import Path
+
+    from ..data.synthetic import make_task
+    from ..data.synthetic.text_task import is_char_tokenizer
+    from ..model.settings import TRAINING_STATE_FILE
+
+    try:
+        state = json.loads((Path(folder) / TRAINING_STATE_FILE).read_text(encoding="utf-8"))
+        name, kwargs = state["task"], dict(state.get("task_kwargs") or {})
+        task = make_task(name, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # text, reasoning-gym, an older folder
+        return None
+    if model.tokenizer is None or not is_char_tokenizer(model.tokenizer):
+        return None  # a pretrained model's tokenizer: it read all kinds of text before its task
+    size = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+    return (f"task {name}" + (f" ({size})" if size else ""), task.characters)
 
 
 def run(args) -> int:

@@ -72,12 +72,16 @@ def run(args) -> int:
 
 def _vocab_size(cfg) -> int:
     """The tokenizer size of a from-scratch run, without training a tokenizer."""
-    if cfg.data.tokenizer:  # a task's rows too are written with it (a reasoning-gym task needs one)
+    if cfg.data.tokenizer:  # a task's rows too are written with it
         from ..data.tokenizer import load_tokenizer
 
         return len(load_tokenizer(cfg.data.tokenizer))
     if cfg.data.task:
+        from ..build import own_task_bpe
         from ..data.synthetic import CharTokenizer
+
+        if own_task_bpe(cfg):  # a reasoning-gym task from scratch: a BPE of its questions
+            return cfg.data.bpe_vocab_size
 
         return len(CharTokenizer().to_hf())
     return cfg.data.bpe_vocab_size

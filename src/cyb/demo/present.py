@@ -127,31 +127,68 @@ def format_reading(metrics: dict) -> str:
     return "\n".join(lines)
 
 
+#: Exact match that adaptive mode may lose and still "keep" fixed mode's answers (points / 100).
+KEEPS = 0.02
+#: Fixed mode's exact match below which a comparison of the two modes says little.
+FEW = 0.1
+
+
 def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1,
                     visibility: str = "shared") -> str:
     """One line per mode: free-running exact match and network positions per generated token,
-    then what adaptive mode changes for a model trained with ``recipe`` (docs/recipes.md) and
-    pauses of ``visibility``."""
+    then :func:`decoding_note` on what adaptive mode did."""
     lines = [f"{method} generating its answers token by token (greedy; M = {num_steps}):"]
     for mode, d in decoding.items():
         lines.append(f"  {mode:8s} mode: exact match {d['exact_match']:.1%}, {d['positions_per_token']:.2f} "
                      f"positions per token, {d['seconds']:.1f} s")
-    fixed, adaptive = decoding.get("fixed"), decoding.get("adaptive")
-    if visibility == "private":
-        lines.append("  (private pauses: no token reads another token's pauses, so adaptive mode makes fixed "
-                     "mode's decisions and runs a pause only where the model asks for one)")
-    elif fixed and adaptive and fixed["exact_match"] >= 0.1 and adaptive["exact_match"] >= fixed["exact_match"] - 0.02:
-        saved = fixed["positions_per_token"] / max(adaptive["positions_per_token"], 1e-9)
-        lines.append(f"  (adaptive mode feeds a pause only after <don't know>: here it keeps the exact match "
-                     f"with {saved:.1f}x fewer positions per token)")
-    elif recipe == 2:
-        lines.append("  (adaptive mode feeds a pause only after <don't know>; in Recipe 2 training the pauses "
-                     "came at random, and later tokens read them, so an earlier token answered at once leaves "
-                     "its successors fewer positions than in training)")
-    else:
-        lines.append("  (adaptive mode feeds a pause only after <don't know>; a model trained with a pause after "
-                     "every token, Recipe 1, then reads contexts it never saw in training)")
+    note = decoding_note(decoding, recipe=recipe, visibility=visibility)
+    if note:
+        lines.append(f"  ({note})")
     return "\n".join(lines)
+
+
+def decoding_note(decoding: dict, *, recipe: int = 1, visibility: str = "shared") -> str:
+    """What adaptive mode did against fixed mode, read from their numbers (``""`` without both):
+
+    * fixed mode answers under :data:`FEW`: too few answers to compare the modes;
+    * adaptive mode within :data:`KEEPS` of fixed mode: it keeps the exact match (with how many
+      times fewer positions, or that it took nearly every pause); with private pauses, why (and
+      that it should, where it does not);
+    * adaptive mode above half of fixed mode: it keeps most of it (how many points it loses);
+    * else it loses most of the answers, and why: the contexts that a model trained with a pause
+      after every token (Recipe 1), or with random pauses (Recipe 2), reads when earlier tokens
+      answered at once.
+    """
+    fixed, adaptive = decoding.get("fixed"), decoding.get("adaptive")
+    if not fixed or not adaptive:
+        return ""
+    f, a = fixed["exact_match"], adaptive["exact_match"]
+    pf, pa = fixed["positions_per_token"], adaptive["positions_per_token"]
+    saved = pf / max(pa, 1e-9)
+    fewer = (f"with {saved:.1f}x fewer positions per token" if saved >= 1.1 else
+             f"but takes nearly every pause ({pa:.2f} positions per token against {pf:.2f})")
+    head = "adaptive mode feeds a pause only after <don't know>"
+    if f < FEW:
+        return (f"{head}; in fixed mode the model answers only {f:.1%} of the prompts exactly, too few to say "
+                "what adaptive mode keeps")
+    if visibility == "private" and a < f - KEEPS:
+        return (f"private pauses: adaptive mode should make fixed mode's decisions, yet it answers {a:.1%} "
+                f"exactly against {f:.1%}")
+    if a >= f - KEEPS:
+        if visibility == "private":
+            return (f"private pauses: no token reads another token's pauses, so adaptive mode makes fixed mode's "
+                    f"decisions; it keeps the exact match {fewer}")
+        return f"{head}: here it keeps the exact match {fewer}"
+    lost = f"{(f - a) * 100:.1f} points"
+    if a >= f / 2:
+        return f"{head}: here it keeps most of the exact match, {a:.1%} of {f:.1%} ({lost} fewer), {fewer}"
+    if recipe == 2:
+        why = ("in Recipe 2 training the pauses came at random, and later tokens read them, so an earlier token "
+               "answered at once leaves its successors fewer positions than in training")
+    else:
+        why = ("a model trained with a pause after every token, Recipe 1, then reads contexts it never saw in "
+               "training")
+    return f"{head}: here it loses most of its answers ({a:.1%} against {f:.1%}): {why}"
 
 
 def write_report(out: Path, s: DemoSettings, metrics: dict, configs: dict, test, details: dict) -> None:

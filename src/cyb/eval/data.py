@@ -9,8 +9,12 @@ models (the evaluated one and a reference) through each one's tokenizer.
   too, although it trained on longer rows);
 * ``task:NAME``: the test split of a synthetic task (the run's task sizes when it is the same
   task);
-* anything else: a text source (file, folder, glob, ``hf:NAME``; see :mod:`cyb.data.sources`)
-  packed into blocks.
+* anything else (``--data``): a text source (file, folder, glob, ``hf:NAME``; see
+  :mod:`cyb.data.sources`) scored whole: its documents, each followed by the end-of-sequence
+  token, after one such token that stands for the start of the first, cut into rows of
+  ``block_len`` tokens that overlap by one (a row's first token is the last of the row before:
+  its context, not its target) and the last row padded, so that every token of every document
+  is a target exactly once, however short the file.
 
 Rows come in a fixed order; batches are consecutive rows, the last one possibly smaller.
 """
@@ -39,6 +43,9 @@ class EvalData:
             run's held-out texts.
         block_len: real tokens per row for text.
         max_rows: at most this many rows, the first ones (None = all).
+        whole: score every token of the source's documents (rows that overlap by one token, the
+            last one padded; ``--data``) rather than the blocks of the run's own evaluations.
+        documents: the documents read so far (whole sources), and ``complete`` once all were.
     """
 
     kind: str
@@ -47,6 +54,9 @@ class EvalData:
     source: str | None = None
     block_len: int = DEFAULT_BLOCK_LEN
     max_rows: int | None = None
+    whole: bool = False
+    documents: int = 0
+    complete: bool = False
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind, "source": self.description}
@@ -54,6 +64,9 @@ class EvalData:
             out["max_rows"] = self.max_rows
         if self.kind == "text":
             out["block_len"] = self.block_len
+        if self.whole:
+            out.update(rows="every token of every document (rows overlap by one token, the last one padded)",
+                       documents=self.documents, complete=self.complete)
         return out
 
     def batches(self, tokenizer, batch_size: int) -> Iterator[dict]:
@@ -95,9 +108,57 @@ class EvalData:
             if texts is None:
                 raise ValueError("the run has no held-out texts (data.valid_source is unset and "
                                  "data.valid_fraction is 0): pass --data SOURCE")
+        if self.whole:
+            yield from self._whole_batches(texts, tokenizer, batch_size)
+            return
         blocks = PackedBlocks(texts, tokenizer, self.block_len, epochs=1, text_field=d.text_field)
-        for ids in batches(iter(blocks), batch_size, drop_last=False):
-            yield {"ids": ids}
+        try:
+            for ids in batches(iter(blocks), batch_size, drop_last=False):
+                yield {"ids": ids}
+        except ValueError as e:
+            if "block(s) of block_len" not in str(e):
+                raise
+            raise ValueError(f"{self.description}: {e}; give a smaller --block-len, or --data FILE, which scores "
+                             "every token of a file however short") from None
+
+    def _whole_batches(self, texts, tokenizer, batch_size: int) -> Iterator[dict]:
+        """Rows of every token of every document (see the module docstring): ``ids`` and an
+        ``attention_mask`` that is 0 on the last row's padding."""
+        import torch
+
+        from ..data.tokenizer import chunked, eos_token_id, text_encoder
+
+        eos, encode, size = eos_token_id(tokenizer), text_encoder(tokenizer), self.block_len
+        self.documents, self.complete = 0, False
+        stream = [eos]  # the end of a document before the first: its first token is a target too
+        rows: list[list[int]] = []
+
+        def batch(group):
+            ids = torch.full((len(group), size), eos, dtype=torch.long)
+            mask = torch.zeros((len(group), size), dtype=torch.long)
+            for r, row in enumerate(group):
+                ids[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+                mask[r, :len(row)] = 1
+            return {"ids": ids, "attention_mask": mask}
+
+        for docs in chunked(iter(texts()), 64):
+            for ids in encode(docs):
+                self.documents += 1
+                stream.extend(ids)
+                stream.append(eos)
+            while len(stream) >= size + 1:  # a full row, and the next one's first token after it
+                rows.append(stream[:size])
+                stream = stream[size - 1:]
+                if len(rows) == batch_size:
+                    yield batch(rows)
+                    rows = []
+        if len(stream) > 1:  # the last row: what is left, padded
+            rows.append(stream)
+        if self.documents == 0:
+            raise ValueError(f"--data {self.description} holds no document")
+        if rows:
+            yield batch(rows)
+        self.complete = True
 
 
 def resolve_data(config: RunConfig | None, data: str | None = None, *, block_len: int | None = None) -> EvalData:
@@ -138,7 +199,7 @@ def resolve_data(config: RunConfig | None, data: str | None = None, *, block_len
         raise ValueError(f"the run was trained on synthetic task {config.data.task!r}; evaluate it with "
                          f"task:NAME or its own held-out set, not text ({data!r})")
     return EvalData("text", str(data), cfg, str(data),
-                    block_len or (_run_block_len(cfg) if config is not None else DEFAULT_BLOCK_LEN))
+                    block_len or (_run_block_len(cfg) if config is not None else DEFAULT_BLOCK_LEN), whole=True)
 
 
 def _run_block_len(cfg: RunConfig) -> int:

@@ -80,7 +80,8 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
     name (``smollm2-135m``), evaluated as a no-pause baseline.  Raises FileNotFoundError /
     ValueError naming the path."""
     from ..model.sources import plain_model_kwargs, resolve_model_source
-    from ..run_models import checkpoint_model, checkpoint_step, is_checkpoint, is_run_folder
+    from ..model.run_folders import checkpoint_step, is_checkpoint, is_run_folder, run_final
+    from ..run_models import checkpoint_model
 
     p = Path(str(path)).expanduser()
     if is_checkpoint(p):  # the model it holds, with its run's configuration (held-out data, method)
@@ -94,8 +95,6 @@ def resolve_target(path: str | os.PathLike) -> EvalTarget:
     if not p.is_dir():
         raise ValueError(f"{p} is a file; give a run folder (config.yaml + final/) or a saved cyb model folder")
     if _is_run(p):
-        from ..run_models import run_final
-
         return EvalTarget(p, run_final(p), p, RunConfig.load_run(p))  # an unfinished run: which checkpoint to give
     if (p / SETTINGS_FILE).is_file():
         parent = p.parent
@@ -318,6 +317,15 @@ def _p_text(p) -> str:
     return "p < 0.001" if p < 1e-3 else f"p = {p:.3g}"
 
 
+def _whole(d: dict) -> str:
+    """What a source scored whole (``--data``) covered: all its documents, or where --tokens stopped."""
+    if "documents" not in d:
+        return ""
+    if d.get("complete"):
+        return f" (every token of its {d['documents']} document(s))"
+    return f" (its first {d['documents']} document(s): --tokens stopped it, --tokens 0 scores them all)"
+
+
 def format_summary(metrics: dict) -> str:
     """A few human-readable lines of ``metrics``."""
     t, d, ppl = metrics["target"], metrics["data"], metrics["perplexity"]
@@ -325,7 +333,7 @@ def format_summary(metrics: dict) -> str:
     if t.get("epochs") is not None:
         trained += f" ({t['epochs']:.2f} epochs)"
     lines = [f"{t['name']} ({t['path']}{trained})",
-             f"data: {d['source']}; {ppl['tokens']} tokens in {d['sequences']} sequences",
+             f"data: {d['source']}{_whole(d)}; {ppl['tokens']} tokens in {d['sequences']} sequences",
              f"perplexity {ppl['ppl']:.4f} (loss {ppl['loss']:.4f}; {ppl['readout']})"]
     if "train_setting" in ppl:
         ts = ppl["train_setting"]

@@ -70,6 +70,14 @@ def main(argv: Sequence[str] | None = None, *, model_module: str | None = None) 
     from ..extras import MissingPackage, require
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the program itself: the CPU's numerics, pinned before torch computes anything
+        from ..cpu_numerics import pin
+
+        try:
+            pin()
+        except ValueError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
     wants_help = not args or "-h" in args or "--help" in args
     if wants_help:
         print(usage())
@@ -89,9 +97,13 @@ def main(argv: Sequence[str] | None = None, *, model_module: str | None = None) 
     sys.argv = [PROG, *(args or ["--help"])]
     try:
         if argv is None:  # the program itself: CPU threads as the cyb command sets them
+            from ..cpu_numerics import check
             from ..threads import configure
 
             configure()
+            problem = check()
+            if problem:
+                print(f"warning: {problem}", file=sys.stderr)
         cli_evaluate()
     except (ValueError, OSError, MissingPackage) as e:
         if not _ours(e) and not isinstance(e, MissingPackage):

@@ -57,6 +57,7 @@ from ..generation.registry import DEFAULT as DEFAULT_DECODER
 from ..model import PauseModel
 from ..paths import looks_like_path
 from ..runtime import resolve_device
+from ..run_models import prepare
 from ..model import hf as _hf
 from .scoring import score_batch, token_log_likelihood
 from .tasks import DATA_ENV, tasks_dir
@@ -186,6 +187,7 @@ class CybLM(LM):
             if not os.path.exists(os.path.expanduser(str(pretrained))) and looks_like_path(str(pretrained)):
                 raise FileNotFoundError(f"pretrained={pretrained!s} does not exist (give a folder written by "
                                         "cyb, such as a run's final/, or a hub name)")
+            prepare(pretrained)  # a training checkpoint: the model it holds, written once into the cache
             model = PauseModel.from_pretrained(pretrained, num_steps=num_steps, torch_dtype=dtype,
                                                attn_implementation=attn_implementation)
         else:

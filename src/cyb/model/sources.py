@@ -6,8 +6,8 @@ takes any of:
 * a **local folder** (a Hugging Face checkpoint, a saved cyb model or run's ``final/``): used
   as it is;
 * a **run folder** of ``cyb train``: its ``final/`` model; a **training checkpoint**
-  (``ckpt-<step>/``): the model it holds, written once as a model folder in the cache
-  (:mod:`cyb.run_models`);
+  (``ckpt-<step>/``): the model it holds, once :mod:`cyb.run_models` (the training layer, which
+  builds a model as the run built it) wrote it into the cache (:mod:`cyb.model.run_folders`);
 * a **GGUF file** (``*.gguf``): converted once into a plain model folder in the cache
   (:func:`cyb.model.gguf_convert.cached_conversion`, keyed by the file's content) and that
   folder is used from then on;
@@ -31,15 +31,15 @@ def resolve_model_source(name_or_path, *, fetch: bool = True):
     """What ``transformers`` should load for ``name_or_path`` (see the module docstring).
 
     Returns a folder path (as a string) for GGUF files, known short names, run folders (their
-    ``final/``) and training checkpoints (the model folder built from one, :mod:`cyb.run_models`:
-    the one place where this layer asks the training layer, by name, for a folder that it wrote),
+    ``final/``) and training checkpoints (the model folder :mod:`cyb.run_models` built from one),
     else ``name_or_path`` unchanged (a folder, a hub id, None).  With ``fetch=False`` a known model
     that was not fetched yet, a GGUF file not converted yet, or a checkpoint whose model was not
-    built yet, is returned unchanged (nothing is fetched, converted or built).
+    built yet, is returned unchanged (nothing is fetched or converted).
 
     Raises FileNotFoundError for a ``.gguf`` path that does not exist, and ValueError
     (:class:`~cyb.model.zoo.FetchError`) when a known model has to be fetched and neither of
-    its sources can be reached.
+    its sources can be reached, or for a checkpoint whose model is not in the cache yet (this layer
+    never builds one: :func:`cyb.run_models.checkpoint_model` does).
     """
     if name_or_path is None:
         return None
@@ -53,10 +53,7 @@ def resolve_model_source(name_or_path, *, fetch: bool = True):
             return str(folder) if is_complete(folder) else name_or_path
         return str(cached_conversion(path))
     if path.is_dir():
-        from ..run_models import model_folder  # a run folder: its final/; a checkpoint: its model
-
-        folder = model_folder(path, build=fetch)
-        return name_or_path if folder is None else folder
+        return _run_model(path, name_or_path, fetch)
     if path.exists():
         return name_or_path
     if is_gguf(text):
@@ -73,6 +70,25 @@ def resolve_model_source(name_or_path, *, fetch: bool = True):
         return name_or_path
     say(f"{known.name} is not in the cache yet: fetching it once into {folder} (as `cyb fetch {known.name}` does)")
     return str(zoo.fetch(known.name))
+
+
+def _run_model(path: Path, name_or_path, fetch: bool):
+    """A folder: a run folder's ``final/``, a checkpoint's model in the cache, else the folder."""
+    from . import run_folders
+
+    if run_folders.is_checkpoint(path):
+        folder = run_folders.built_checkpoint_model(path)
+        if folder is not None:
+            if fetch:
+                say(f"{path} is checkpoint step {run_folders.checkpoint_step(path)} of run {path.resolve().parent}: "
+                    f"its model is {folder}")
+            return str(folder)
+        if not fetch:
+            return name_or_path
+        raise run_folders.not_built(path)
+    if run_folders.is_run_folder(path):
+        return str(run_folders.run_final(path))
+    return name_or_path
 
 
 def plain_model_kwargs(folder) -> dict:

@@ -39,11 +39,17 @@ class ServedModel:
         mode: the default mode (None: adaptive with dk, else fixed).
         chat_template: a Jinja chat template replacing the tokenizer's.
         aliases: other names accepted as ``model`` (the path it was loaded from).
+        trained_on: ``(what, characters)`` for a model of a synthetic task that reads characters:
+            the task (``"task addition (digits=3)"``) and every character its text had; a text
+            prompt with another character is refused (the model never saw it in training).
     """
 
     def __init__(self, model, name: str, *, max_model_len: int | None = None, mode: str | None = None,
-                 chat_template: str | None = None, aliases: tuple[str, ...] = ()) -> None:
+                 chat_template: str | None = None, aliases: tuple[str, ...] = (),
+                 trained_on: tuple[str, str] | None = None) -> None:
         self.model = model
+        self.trained_on = trained_on
+        self._alphabet = _char_alphabet(model.tokenizer)
         self.name = name
         self.names = frozenset((name, *aliases))
         self.tokenizer = model.tokenizer
@@ -97,13 +103,32 @@ class ServedModel:
         or ids that are not real tokens of the vocabulary."""
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError("the model has no tokenizer: send the prompt as a list of token ids")
+        if isinstance(prompt, str):
+            self.check_characters(prompt, f"prompt {index}")
         try:
             ids = encode_prompt(self.tokenizer, prompt, index)
         except ValueError:
             raise
         except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode this text
-            raise ValueError(f"the tokenizer cannot encode prompt {index}: {first_line(e)}") from None
+            raise ValueError(f"the tokenizer cannot encode prompt {index}: {_reason(e)}") from None
         return self.check_ids(ids)
+
+    def check_characters(self, text: str, what: str) -> None:
+        """ValueError naming the characters of ``text`` that the model never saw: those outside
+        its task's (``trained_on``), or, for the character tokenizer, outside its alphabet."""
+        if self.trained_on is not None:
+            task, known = self.trained_on
+            unknown = sorted(set(text) - set(known))
+            if unknown:
+                raise ValueError(f"{what} has {_characters(unknown)} that the model never saw: it was trained on "
+                                 f"{task}, whose text has only the characters {''.join(sorted(known))!r}")
+            return
+        if self._alphabet is not None:
+            unknown = sorted(set(text) - set(self._alphabet))
+            if unknown:
+                raise ValueError(f"{what} has {_characters(unknown)} that the model's character tokenizer does not "
+                                 f"have (it reads only {self._alphabet!r})")
+
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """Token ids of chat ``messages`` through the chat template, ending with the
@@ -131,6 +156,30 @@ class ServedModel:
         if self.tokenizer is None:
             return f"<{token}>"
         return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _char_alphabet(tokenizer) -> str | None:
+    """The characters of a synthetic task's character tokenizer, else None."""
+    from ..data.synthetic import CharTokenizer
+    from ..data.synthetic.text_task import is_char_tokenizer
+
+    if tokenizer is None or not is_char_tokenizer(tokenizer):
+        return None
+    return CharTokenizer().alphabet
+
+
+def _characters(chars: list[str]) -> str:
+    shown = ", ".join(repr(c) for c in chars[:8]) + (f" and {len(chars) - 8} more" if len(chars) > 8 else "")
+    return f"the character{'s' if len(chars) > 1 else ''} {shown}"
+
+
+def _reason(e: BaseException) -> str:
+    """A tokenizer's error in the user's terms (a vocabulary without an unknown token meeting a
+    character it lacks says so, not ``Missing [UNK] token``)."""
+    text = first_line(e)
+    if "UNK" in text and "vocab" in text.lower():
+        return "its vocabulary lacks some of the prompt's characters and has no unknown token to stand for them"
+    return text
 
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "ServedModel", "position_limit"]

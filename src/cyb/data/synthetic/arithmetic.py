@@ -36,6 +36,7 @@ class Addition(Task):
     lsb_first: bool = False
 
     name = "addition"
+    characters = "0123456789+="
 
     def __post_init__(self) -> None:
         check_int("digits", self.digits, 1)
@@ -86,6 +87,7 @@ class Multiplication(Task):
     lsb_first: bool = False
 
     name = "multiplication"
+    characters = "0123456789*="
 
     def __post_init__(self) -> None:
         check_int("digits", self.digits, 1)

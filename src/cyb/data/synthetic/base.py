@@ -34,6 +34,9 @@ class Task(abc.ABC):
 
     #: registry name, e.g. ``"addition"``.
     name: ClassVar[str]
+    #: every character its prompts and answers may hold (a model trained on the task has seen no
+    #: other: the server refuses prompts with others).
+    characters: ClassVar[str]
 
     @abc.abstractmethod
     def sample(self, rng: random.Random) -> tuple[str, str]:

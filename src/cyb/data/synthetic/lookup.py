@@ -42,6 +42,7 @@ class VariableLookup(Task):
     name_len: int = 1
 
     name = "lookup"
+    characters = _LETTERS + "0123456789,=?"
 
     def __post_init__(self) -> None:
         check_int("hops", self.hops, 1)

@@ -23,6 +23,7 @@ class Parity(Task):
     length: int = 16
 
     name = "parity"
+    characters = "01="
 
     def __post_init__(self) -> None:
         check_int("length", self.length, 1)

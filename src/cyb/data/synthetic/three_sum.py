@@ -51,6 +51,7 @@ class ThreeSum(Task):
     d: int = 3
 
     name = "3sum"
+    characters = "0123456789 =" + TRUE + FALSE
 
     #: corruptions tried before a negative is declared impossible to find.
     max_corruptions = 10_000

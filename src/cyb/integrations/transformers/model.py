@@ -2,7 +2,7 @@
 
 :func:`with_pauses` turns what a Trainer script already has (a causal LM and its tokenizer, or
 a model name) into a :class:`PauseTrainingModel`.  Its ``forward`` is the forward of ``cyb
-train``'s own loss module (:class:`cyb.train.LossModule`): it lays nothing out, it runs the model
+train``'s own loss module (:class:`cyb.objective.LossModule`): it lays nothing out, it runs the model
 on a batch that :class:`~cyb.integrations.transformers.PauseCollator` laid out and returns the
 training loss *summed* over the batch's target tokens with the metric sums of
 :class:`cyb.objective.LossOutput`.  Going through ``forward`` is what lets DDP and FSDP see every
@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from ...config import ConfigError, LoraConfig, MethodConfig, RunConfig
-from ...objective import Objective
-from ...train import LossModule
+from ...objective import LossModule, Objective
 
 #: What a model with pauses answers to ``method.name`` and friends (:class:`cyb.config.MethodConfig`).
 METHOD_FIELDS = tuple(f.name for f in dataclasses.fields(MethodConfig))
@@ -209,6 +208,9 @@ def _pause_model(model, tokenizer, method: MethodConfig, **load_kwargs):
                                  f"{kwargs[name]!r}; build the model for the method (with_pauses of the plain model)")
         return model
     if isinstance(model, (str, Path)):
+        from ...run_models import prepare
+
+        prepare(model)  # a training checkpoint: the model it holds, written once into the cache
         return PauseModel.from_pretrained(str(model), tokenizer=tokenizer, reconfigure=True, **kwargs, **load_kwargs)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_output_embeddings"):
         raise TypeError(f"model must be a transformers causal LM, a cyb PauseModel or a model name or folder, "
