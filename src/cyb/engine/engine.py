@@ -61,9 +61,12 @@ class EngineOptions:
         prefill_chunk: prompt columns one row writes per prefill forward at most.
         prefill_rows: a prefill forward writes at most ``prefill_rows x prefill_chunk`` positions
             (rows padded to the longest chunk among them).
-        refill: while rows decode and more prompts wait than slots are free, waiting prompts
-            start only once this many slots are free (0: an eighth of the slots); 1 starts each
-            prompt as soon as a slot is free (lowest latency, more and smaller prefill forwards).
+        refill: while rows decode, waiting prompts start in groups of this many (as many as
+            free slots and waiting prompts allow; 0: an eighth of the slots in use), written by
+            a few large prefill forwards; 1 starts each prompt as soon as a slot is free (more
+            and smaller prefill forwards: a mixed load decodes at about half the rate).
+        refill_wait: a smaller group starts once a prompt could have started for this many
+            steps (the time to first token a group may add, in decoding steps).
         cuda_graph: capture decoding steps as CUDA graphs (None: on CUDA).
         attention_bucket: with CUDA graphs, attention covers the columns in use rounded up to a
             multiple of this (one graph each), for batches of ``bucket_min_rows`` rows or more;
@@ -82,6 +85,7 @@ class EngineOptions:
     prefill_chunk: int = 512
     prefill_rows: int = 32
     refill: int = 0
+    refill_wait: int = 16
     cuda_graph: bool | None = None
     attention_bucket: int = 256
     bucket_min_rows: int = 8
@@ -97,7 +101,9 @@ class EngineOptions:
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if not isinstance(self.refill, int) or isinstance(self.refill, bool) or self.refill < 0:
-            raise ValueError(f"refill must be an integer >= 0 (0: an eighth of the slots), got {self.refill!r}")
+            raise ValueError(f"refill must be an integer >= 0 (0: an eighth of the slots in use), got {self.refill!r}")
+        if not isinstance(self.refill_wait, int) or isinstance(self.refill_wait, bool) or self.refill_wait < 0:
+            raise ValueError(f"refill_wait must be an integer >= 0 (steps), got {self.refill_wait!r}")
         if self.read_at is not None and (not isinstance(self.read_at, int) or isinstance(self.read_at, bool)
                                          or self.read_at < 1):
             raise ValueError(f"read_at must be a step >= 1 or None, got {self.read_at!r}")
@@ -301,7 +307,8 @@ class Engine:
 
     def _admit_and_prefill(self) -> None:
         sched = self.scheduler
-        sched.admit(self.options.refill or max(1, self.slots // 8))
+        group = self.options.refill or max(1, self.slots_in_use // 8)
+        sched.admit(group, self.options.refill_wait, self.stats["steps"])
         while True:
             plan = sched.next_prefill()
             if plan is None:

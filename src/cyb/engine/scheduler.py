@@ -68,6 +68,7 @@ class Scheduler:
         self._free = list(range(slots))
         #: changes whenever a row starts or stops decoding or moves
         self.version = 0
+        self._held_since: int | None = None  # when admission began to hold a startable request
 
     @property
     def busy(self) -> bool:
@@ -76,14 +77,24 @@ class Scheduler:
     def add(self, t: Tracked) -> None:
         self.waiting.append(t)
 
-    def admit(self, min_free: int = 1) -> list[Tracked]:
+    def admit(self, group: int = 1, wait: int = 0, now: int = 0) -> list[Tracked]:
         """Give free slots to waiting requests, first come first served; they start prefill.
-        While rows decode and more requests wait than slots are free, nothing is admitted until
-        ``min_free`` slots are free: prompts then start in groups, written by a few large
-        prefill forwards rather than many small ones."""
-        free = len(self._free)
-        if self.decoding and free < min_free and len(self.waiting) > free:
+
+        While rows decode, requests start in groups of at least ``group`` (as many as are free
+        slots and waiting requests together), written by a few large prefill forwards rather
+        than one small forward after nearly every step; a smaller group starts once a request
+        could have started (a free slot, a waiting request) for ``wait`` calls, ``now`` counting
+        them (the engine's step).  With no row decoding every waiting request that fits starts."""
+        startable = min(len(self._free), len(self.waiting))
+        if not startable:
+            self._held_since = None
             return []
+        if self.decoding and startable < group:
+            if self._held_since is None:
+                self._held_since = now
+            if now - self._held_since < wait:
+                return []
+        self._held_since = None
         admitted = []
         while self.waiting and self._free:
             t = self.waiting.popleft()
