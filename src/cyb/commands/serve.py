@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                    help="parameter dtype (default, or auto: as transformers loads the checkpoint)")
+    p.add_argument("--engine", choices=("process", "thread"), default="process",
+                   help="where the engine runs: a process of its own, which loads the model (default: the HTTP "
+                        "work never holds up a decoding step), or a thread of the server's process")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="uvicorn's log level")
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
@@ -133,14 +136,26 @@ def run(args) -> int:
 
     require("starlette", "cyb serve")
     require("uvicorn", "cyb serve")
+    import functools
+
+    worker = None
     try:
         options = options_from(args)
-        served = load(args.model, options, device=args.device, dtype=args.dtype)
+        if args.engine == "process":
+            from ..serve.engine_process import EngineProcess
+
+            loader = functools.partial(load, args.model, options, device=args.device, dtype=args.dtype)
+            worker = EngineProcess(loader, slots=options.slots, cache_bytes=options.cache_bytes).start()
+            served = worker.served
+        else:
+            served = load(args.model, options, device=args.device, dtype=args.dtype)
     except ValueError as e:
         return _fail(str(e))
+    except RuntimeError as e:
+        return _fail(f"the engine could not start: {e}")
     from ..serve.server import serve
 
     try:
-        return serve(served, options, log_level=args.log_level, access_log=args.access_log)
+        return serve(served, options, worker=worker, log_level=args.log_level, access_log=args.access_log)
     except ValueError as e:
         return _fail(str(e))

@@ -31,6 +31,9 @@ def position_limit(model) -> int | None:
 class ServedModel:
     """A :class:`cyb.PauseModel` behind the API.
 
+    A pickled copy (what the engine's process sends to the HTTP process) has everything but the
+    model: names, tokenizer, EOS ids, limits and what :meth:`describe` says.
+
     Args:
         model: the model, in eval mode on its device.
         name: the name clients send as ``model``.
@@ -68,6 +71,8 @@ class ServedModel:
                              f"fill at most {limit} real tokens (max_position_embeddings)")
         self.max_model_len = max_model_len
         self.default_mode = mode or ("adaptive" if self.has_dk else "fixed")
+        self.device = str(model.device)
+        self._about = {"method": model.settings.method, "pause_visibility": model.pause_visibility}
         if chat_template is not None:
             if self.tokenizer is None:
                 raise ValueError("a chat template needs a tokenizer, and the model has none")
@@ -84,10 +89,20 @@ class ServedModel:
 
     def describe(self) -> dict:
         """What ``/v1/models`` says of the model beyond its name."""
-        s = self.model.settings
-        return {"max_model_len": self.max_model_len, "num_steps": self.num_steps, "method": s.method,
-                "pause_visibility": self.model.pause_visibility, "has_dk": self.has_dk,
-                "default_mode": self.default_mode}
+        return {"max_model_len": self.max_model_len, "num_steps": self.num_steps, **self._about,
+                "has_dk": self.has_dk, "default_mode": self.default_mode}
+
+    # ------------------------------------------------------------------ across processes
+    def __getstate__(self) -> dict:
+        """Everything but the model (it stays in the engine's process) and the decode closure."""
+        state = dict(self.__dict__)
+        state["model"] = None
+        state.pop("decode", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.decode = decode_fn(self.tokenizer)
 
     # ------------------------------------------------------------------ prompts
     def check_ids(self, ids: list[int]) -> list[int]:

@@ -28,7 +28,7 @@ import uvicorn  # noqa: E402
 
 from .app import ServerState, create_app  # noqa: E402
 from .metrics import Metrics  # noqa: E402
-from .worker import EngineWorker  # noqa: E402
+from .worker import EngineWorker, default_slots  # noqa: E402
 
 
 def say(message: str) -> None:
@@ -62,10 +62,6 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     except (OSError, ValueError):
         return False
-
-
-def default_slots(device) -> int:
-    return 256 if getattr(device, "type", str(device)) == "cuda" else 64
 
 
 class _Uvicorn(uvicorn.Server):
@@ -133,14 +129,20 @@ async def drain(state: ServerState, why: str) -> tuple[list[str], list[str]]:
     return finished, cancelled
 
 
-def build(served, options, *, log_level: str = "warning", access_log: bool = False):
-    """The worker (started: the engine is built in its thread), the state and the uvicorn
-    server of ``served`` under ``options``."""
+def build(served, options, *, worker=None, log_level: str = "warning", access_log: bool = False):
+    """The worker, the state and the uvicorn server of ``served`` under ``options``.
+
+    ``worker``: a started :class:`~.engine_process.EngineProcess` (the engine in its own
+    process); None builds an :class:`~.worker.EngineWorker` (the engine in a thread of this
+    process, on ``served.model``)."""
     metrics = Metrics()
     state = ServerState(served, None, options, metrics)
-    slots = options.slots or default_slots(served.model.device)
-    state.worker = EngineWorker(served, slots=slots, cache_bytes=options.cache_bytes,
-                                deliver=state.deliver).start()
+    if worker is None:
+        slots = options.slots or default_slots(served.device)
+        worker = EngineWorker(served, slots=slots, cache_bytes=options.cache_bytes, deliver=state.deliver).start()
+    else:
+        worker.deliver = state.deliver
+    state.worker = worker
     config = uvicorn.Config(create_app(state), log_level=log_level, access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=int(options.grace_s) + 10, timeout_keep_alive=30)
     return state, _Uvicorn(config, state)
@@ -160,11 +162,17 @@ def describe(state: ServerState, url: str) -> str:
 SWITCH_INTERVAL_S = 0.0005
 
 
-def serve(served, options, *, log_level: str = "warning", access_log: bool = False) -> int:
-    """Run the server in the foreground until SIGTERM or Ctrl-C (see the module docstring)."""
+def serve(served, options, *, worker=None, log_level: str = "warning", access_log: bool = False) -> int:
+    """Run the server in the foreground until SIGTERM or Ctrl-C (see the module docstring);
+    ``worker`` as in :func:`build`."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    sock = bind(options.host, options.port)
-    state, server = build(served, options, log_level=log_level, access_log=access_log)
+    try:
+        sock = bind(options.host, options.port)
+    except ValueError:
+        if worker is not None:
+            worker.stop()
+        raise
+    state, server = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without --api-key: anyone who reaches this port can use the model")
     try:
@@ -185,7 +193,7 @@ class BackgroundServer:
         self.url = url_of(sock)
 
     @property
-    def worker(self) -> EngineWorker:
+    def worker(self):
         return self.state.worker
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -203,10 +211,11 @@ class BackgroundServer:
         self.stop()
 
 
-def start_background(served, options, *, timeout: float = 60.0) -> BackgroundServer:
-    """Start the server of ``served`` in a daemon thread; returns once it accepts connections."""
+def start_background(served, options, *, worker=None, timeout: float = 60.0) -> BackgroundServer:
+    """Start the server of ``served`` in a daemon thread; returns once it accepts connections
+    (``worker`` as in :func:`build`)."""
     sock = bind(options.host, options.port)
-    state, server = build(served, options)
+    state, server = build(served, options, worker=worker)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="cyb-serve", daemon=True)
     thread.start()
     t0 = time.monotonic()

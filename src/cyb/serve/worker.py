@@ -39,7 +39,7 @@ class WorkerFailure:
         self.message, self.status = message, status
 
 
-def _settle(future: concurrent.futures.Future, *, result=None, exception=None) -> None:
+def settle(future: concurrent.futures.Future, *, result=None, exception=None) -> None:
     """Set a future's outcome unless its caller has cancelled it meanwhile."""
     try:
         if exception is not None:
@@ -48,6 +48,11 @@ def _settle(future: concurrent.futures.Future, *, result=None, exception=None) -
             future.set_result(result)
     except concurrent.futures.InvalidStateError:
         pass
+
+
+def default_slots(device) -> int:
+    """Slots when ``--slots`` is not given, by the model's device (a torch device or its name)."""
+    return 256 if str(getattr(device, "type", device)).startswith("cuda") else 64
 
 
 class _Scoring:
@@ -262,11 +267,11 @@ class EngineWorker:
         except Exception as e:  # noqa: BLE001 - this job fails, the others go on
             log.error("cyb serve: a scoring forward failed:\n%s", "".join(traceback.format_exception(e)))
             self._scores.popleft()
-            _settle(item.future, exception=e)
+            settle(item.future, exception=e)
             return
         if len(item.results) == len(item.sequences):
             self._scores.popleft()
-            _settle(item.future, result=item.results)
+            settle(item.future, result=item.results)
 
     def _shutdown(self) -> None:
         jobs = {job for job, _ in self._owners.values()}
@@ -278,4 +283,4 @@ class EngineWorker:
             item.future.cancel()
 
 
-__all__ = ["EngineWorker", "SCORE_POSITIONS", "WorkerFailure"]
+__all__ = ["EngineWorker", "SCORE_POSITIONS", "WorkerFailure", "default_slots", "settle"]
