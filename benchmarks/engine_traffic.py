@@ -2,13 +2,15 @@
 the same engine on the serve benchmark's workload, with a profile of where the time goes.
 
     python benchmarks/engine_traffic.py --out DIR [--cases none shared-fixed private-adaptive]
-        [--concurrency 256] [--requests 512] [--profile]
+        [--concurrency 256] [--requests 512] [--profile] [--closed-waits 0 16]
 
 For each case (the 134 M Llama, random weights, bf16, M = 4 for pause cases): prompts of 16-512
 tokens and answers of 8-256 (seeded, no EOS), ``C`` slots:
 
 * ``continuous``: one engine with ``C`` slots, every request submitted at once (continuous
   batching; graph captures taken out, as the server captures its own in a warm-up);
+* ``closed_loop_wait{W}`` (with ``--closed-waits``): the same engine fed by ``C`` closed-loop
+  clients, as the serve benchmark's clients feed the server, with ``refill_wait=W``;
 * ``static``: :func:`cyb.generation.generate` on batches of ``C`` prompts, one after another;
 * ``steady``: the engine's steady decoding step at ``C`` rows (the positions per step the
   continuous run used), and its prefill rate, from which a ceiling of the job follows: its
@@ -46,11 +48,13 @@ def sync():
         torch.cuda.synchronize()
 
 
-def continuous(pm, items, *, slots, mode, refill=0):
-    """The continuous engine offline: every request submitted at once (graph captures taken out)."""
+def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=None, prefill_rows=None):
+    """The continuous engine offline (graph captures taken out): every request submitted at once,
+    or by ``clients`` closed-loop clients (:func:`cyb.bench.serve.offline_engine`)."""
     layout = RowLayout.of(pm.vocab, pm.pause_visibility)
     capacity = max(layout.columns_needed(len(p), n) for p, n in items)
-    return offline_engine(pm, items, slots=slots, mode=mode, capacity=capacity, refill=refill)
+    return offline_engine(pm, items, slots=slots, mode=mode, capacity=capacity, refill=refill,
+                          refill_wait=refill_wait, clients=clients, prefill_rows=prefill_rows)
 
 
 def static(pm, items, *, batch, mode):
@@ -123,6 +127,13 @@ def main(argv=None):
     ap.add_argument("--refill", type=int, nargs="+", default=[0, 1],
                     help="EngineOptions.refill values of the continuous runs (0: groups of an eighth of the "
                          "slots; 1: each prompt as soon as a slot is free)")
+    ap.add_argument("--closed-waits", type=int, nargs="*", default=[],
+                    help="EngineOptions.refill_wait values of continuous runs whose requests come from C "
+                         "closed-loop clients (each sends its next request when its last one ends), as the "
+                         "serve benchmark's clients send them")
+    ap.add_argument("--closed-prefill-rows", type=int, nargs="*", default=[],
+                    help="EngineOptions.prefill_rows values of further closed-loop runs (refill_wait at its "
+                         "default): the prefill forward's size against the latency it adds")
     ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (a smoke run)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -149,6 +160,14 @@ def main(argv=None):
             cont = continuous(pm, items, slots=a.concurrency, mode=mode, refill=refill)
             row[f"continuous_refill{refill}"] = cont
             print(case, f"continuous refill={refill}", json.dumps(cont), flush=True)
+        for wait in a.closed_waits:
+            closed = continuous(pm, items, slots=a.concurrency, mode=mode, refill_wait=wait, clients=a.concurrency)
+            row[f"closed_loop_wait{wait}"] = closed
+            print(case, f"closed loop refill_wait={wait}", json.dumps(closed), flush=True)
+        for rows in a.closed_prefill_rows:
+            closed = continuous(pm, items, slots=a.concurrency, mode=mode, clients=a.concurrency, prefill_rows=rows)
+            row[f"closed_loop_prefill_rows{rows}"] = closed
+            print(case, f"closed loop prefill_rows={rows}", json.dumps(closed), flush=True)
         cont = max((row[f"continuous_refill{r}"] for r in a.refill), key=lambda c: c["real_tokens_per_s"])
         if not a.no_static:
             row["static"] = static(pm, items, batch=a.concurrency, mode=mode)

@@ -47,3 +47,38 @@ def test_percentiles_and_summary():
     assert (s["requests"], s["errors"], s["real_tokens"], s["first_error"]) == (2, 1, 4, "max_tokens: ...")
     assert s["ttft_ms_p50"] == pytest.approx(100.0) and s["itl_ms_p50"] == pytest.approx(150.0)
     assert s["tpot_ms_p50"] == pytest.approx(100.0) and s["mean_steps"] == 1.25
+
+
+def test_load_from_two_processes_and_the_probe(tmp_path_factory):
+    """The load spread over two client processes answers every request, in the items' order; the
+    probe reads the server's gauges over the load's window."""
+    import math
+
+    from cyb.bench.serve import ServerProbe, client_processes, load_from_processes
+    from serve_helpers import pause_model, running, tokenizer
+
+    assert (client_processes(256), client_processes(3), client_processes(4, wanted=8)) == (4, 1, 4)
+    pm = pause_model(tokenizer(tmp_path_factory.mktemp("tok")))
+    real = min(pm.vocab.special_ids)
+    items = [([3 + i % (real - 3)] * (2 + i), 3 + i % 4) for i in range(10)]
+    with running(pm, served_kw={"aliases": ("bench",)}, slots=4) as srv, ServerProbe(srv.url, period=0.02) as probe:
+        results, wall = load_from_processes(srv.url, items, concurrency=4, processes=2, mode="fixed")
+    assert [r.tokens for r in results] == [n for _, n in items] and all(r.ok for r in results)
+    assert wall == pytest.approx(max(r.end for r in results) - min(r.start for r in results))
+    summary = probe.summary()
+    assert summary["samples"] >= 2 and 0 <= summary["slots_in_use_mean"] <= 4
+    assert not math.isnan(summary["engine_steps_per_s"]) and probe.summary(0.0, 0.0) == {}
+
+
+def test_offline_engine_from_closed_loop_clients(tmp_path_factory):
+    """The engine fed by two closed-loop clients decodes every answer to its length, as with every
+    request submitted at once."""
+    from cyb.bench.serve import offline_engine
+    from serve_helpers import pause_model, tokenizer
+
+    pm = pause_model(tokenizer(tmp_path_factory.mktemp("tok")))
+    items = [([5] * (3 + i), 2 + i) for i in range(6)]
+    at_once = offline_engine(pm, items, slots=2, mode="fixed", capacity=128)
+    closed = offline_engine(pm, items, slots=2, mode="fixed", capacity=128, clients=2, refill_wait=0)
+    assert at_once["real_tokens"] == closed["real_tokens"] == sum(n for _, n in items)
+    assert closed["clients"] == 2 and closed["itl_ms_p50"] > 0

@@ -16,7 +16,9 @@ the model decides.  Each case:
    (token ids) and answer lengths come from a seeded mix, greedy, EOS ignored so every request
    decodes its whole answer.  Arrivals are closed-loop (``C`` clients, each sending its next
    request when its last one ends) or Poisson (at ``rate`` per second, at most ``C`` in flight).
-   Measured by the client (:mod:`cyb.serve.client`): new tokens per second (from the first send
+   The clients run in one process per :data:`STREAMS_PER_CLIENT` streams
+   (:func:`load_from_processes`): one Python process reading every event of 256 streams is
+   slower than the server.  Measured by the client (:mod:`cyb.serve.client`): new tokens per second (from the first send
    to the last token), time to first token, the gaps between a stream's events (inter-token
    latency; an event carries every token decided since the one before) and the time per output
    token of each request, as p50 / p99.
@@ -81,6 +83,7 @@ class ServeBenchConfig:
     offline: bool = True
     static: bool = True
     server: str = "process"
+    client_processes: int | None = None  # None: one per STREAMS_PER_CLIENT streams
     model: str | None = None
     seed: int = 0
     device: str | None = None
@@ -113,6 +116,8 @@ class ServeBenchConfig:
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {(lo, hi)}")
+        if self.client_processes is not None and self.client_processes < 1:
+            raise ValueError(f"client_processes must be >= 1, got {self.client_processes}")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"requests must be >= 1, got {self.requests}")
         if self.num_steps < 2:
@@ -208,6 +213,118 @@ async def load(url: str, items, *, concurrency: int, arrivals: str = "closed", r
     return results, wall
 
 
+#: streams one load process drives at most: one Python process parsing the events of 256 streams
+#: (about 28,000 events a second) held the server's measured throughput to what it could read
+STREAMS_PER_CLIENT = 64
+
+
+def client_processes(concurrency: int, wanted: int | None = None) -> int:
+    """Load processes for ``concurrency`` streams (``wanted``, else one per
+    :data:`STREAMS_PER_CLIENT`, at most 8), never more than the streams."""
+    n = wanted or min(8, -(-concurrency // STREAMS_PER_CLIENT))
+    return max(1, min(n, concurrency))
+
+
+def load_from_processes(url: str, items, *, concurrency: int, processes: int, arrivals: str = "closed",
+                        rate: float | None = None, mode: str, seed: int = 0):
+    """:func:`load` spread over ``processes`` processes (the clients of each take every
+    ``processes``-th item; Poisson arrivals at ``rate / processes`` each, a Poisson stream
+    together), started together; returns the results in the items' order and the wall time
+    from the first send to the last end (``time.perf_counter`` is one clock across processes)."""
+    if processes <= 1:
+        return asyncio.run(load(url, items, concurrency=concurrency, arrivals=arrivals, rate=rate, mode=mode,
+                                seed=seed))
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    go, answers = ctx.Event(), ctx.Queue()
+    workers = []
+    for i in range(processes):
+        share = concurrency // processes + (i < concurrency % processes)
+        shard = items[i::processes]
+        args = (url, shard, share, arrivals, rate / processes if rate else None, mode, seed + i, go, answers, i)
+        workers.append(ctx.Process(target=_load_shard, args=args, daemon=True))
+    for w in workers:
+        w.start()
+    for _ in workers:
+        answers.get(timeout=300)  # ready
+    go.set()
+    results = [None] * len(items)
+    for _ in workers:
+        i, part = answers.get()
+        if isinstance(part, str):
+            raise RuntimeError(f"load process {i} failed: {part}")
+        results[i::processes] = part
+    for w in workers:
+        w.join(30)
+    wall = max(r.end for r in results) - min(r.start for r in results)
+    return results, wall
+
+
+def _load_shard(url, items, concurrency, arrivals, rate, mode, seed, go, answers, index) -> None:
+    """One load process of :func:`load_from_processes`."""
+    answers.put(("ready", index))
+    go.wait()
+    try:
+        results, _ = asyncio.run(load(url, items, concurrency=concurrency, arrivals=arrivals, rate=rate, mode=mode,
+                                      seed=seed))
+        answers.put((index, results))
+    except Exception as e:  # noqa: BLE001 - said by the parent
+        answers.put((index, f"{type(e).__name__}: {e}"))
+
+
+class ServerProbe:
+    """Reads the server's ``/metrics`` every ``period`` seconds in a thread, while a load runs:
+    the engine's slots in use, its queue, the requests in flight, its steps, and how long the
+    server took to answer (the event loop's lag under the load)."""
+
+    GAUGES = ("cyb_slots_in_use", "cyb_queue_length", "cyb_requests_in_flight", "cyb_engine_steps_total")
+
+    def __init__(self, url: str, period: float = 0.1) -> None:
+        self.url, self.period = url + "/metrics", period
+        self.samples: list[tuple] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "ServerProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(self.period):
+            t0 = time.perf_counter()
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            t1 = time.perf_counter()
+            values = {}
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name in self.GAUGES:
+                    values[name] = float(value)
+            self.samples.append((t1, (t1 - t0) * 1e3, *(values.get(g, math.nan) for g in self.GAUGES)))
+
+    def summary(self, start: float = -math.inf, end: float = math.inf) -> dict:
+        """Means over the samples taken between ``start`` and ``end`` (``time.perf_counter``),
+        the engine's steps per second and the answer time p50 / p99."""
+        s = [x for x in self.samples if start <= x[0] <= end]
+        if len(s) < 2:
+            return {}
+        mean = lambda i: sum(x[i] for x in s) / len(s)  # noqa: E731
+        return {"samples": len(s), "slots_in_use_mean": mean(2), "queued_mean": mean(3),
+                "in_flight_mean": mean(4), "engine_steps_per_s": (s[-1][5] - s[0][5]) / (s[-1][0] - s[0][0]),
+                "metrics_ms_p50": percentile([x[1] for x in s], 50),
+                "metrics_ms_p99": percentile([x[1] for x in s], 99)}
+
+
 def job(count: int, prompt_lengths, answer_lengths, limit: int, seed: int) -> list[tuple[list[int], int]]:
     """``count`` seeded ``(prompt ids, answer length)`` pairs, lengths uniform in the ranges."""
     from .engine_runs import mixed_job
@@ -277,30 +394,49 @@ class ThreadServer:
 
 
 def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_bytes: int | None = None,
-                   refill: int = 0) -> dict:
+                   refill: int = 0, refill_wait: int | None = None, clients: int | None = None,
+                   prefill_rows: int | None = None) -> dict:
     """The engine with the server's options (the positions per step of a server whose default
-    mode is ``mode``; ``refill``: :class:`~cyb.engine.EngineOptions`) and ``slots`` slots, every
-    request submitted at once."""
+    mode is ``mode``; ``refill``, ``refill_wait``: :class:`~cyb.engine.EngineOptions`, None its
+    default; ``prefill_rows`` likewise) and ``slots`` slots.  Every request is submitted at once,
+    or with ``clients``, as that many closed-loop clients send them: each its next request when its
+    last one ends (the load the serve benchmark's clients bring, without HTTP).  The inter-token
+    latency is the time between a request's tokens as the engine hands them out."""
     from ..engine import Engine, EngineOptions, Request, choose_positions
 
     reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
-    opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes, refill=refill)
+    given = {"refill_wait": refill_wait, "prefill_rows": prefill_rows}
+    opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes, refill=refill,
+                         **{k: v for k, v in given.items() if v is not None})
     sync(model.device)
     t0 = time.perf_counter()
     engine = Engine(model, capacity=capacity, slots=slots, positions=choose_positions(model, [mode], slots),
                     options=opts)
-    for r in reqs:
+    first = len(reqs) if clients is None else clients
+    for r in reqs[:first]:
         engine.submit(r)
+    following = iter(reqs[first:])
     tokens = steps = 0
+    last: dict[int, float] = {}
+    gaps: list[float] = []
     for e in engine.run():
+        now = time.perf_counter()
         tokens += 1
         steps += e.steps
+        if e.request in last:
+            gaps.append((now - last[e.request]) * 1e3)
+        last[e.request] = now
+        if e.finished is not None:
+            r = next(following, None)
+            if r is not None:
+                engine.submit(r)
     sync(model.device)
     capture_s = engine.runner.capture_ms / 1e3  # CUDA graphs: the server captured its own in the warm-up
     seconds = time.perf_counter() - t0 - capture_s
     return {"seconds": seconds, "capture_s": capture_s, "real_tokens": tokens, "real_tokens_per_s": tokens / seconds,
             "mean_steps": steps / tokens if tokens else None, "slots": engine.slots, "stats": dict(engine.stats),
-            "graphs": len(engine.runner.graphs)}
+            "graphs": len(engine.runner.graphs), "clients": clients,
+            "itl_ms_p50": percentile(gaps, 50), "itl_ms_p99": percentile(gaps, 99)}
 
 
 def static_generate(model, items, *, batch: int, mode: str) -> dict:
@@ -402,10 +538,14 @@ def run(cfg: ServeBenchConfig, *, out=None, log=print) -> dict:
                     items = job(cfg.requests_at(c), cfg.prompt_lengths, cfg.answer_lengths, limit,
                                 seed=cfg.seed + c)
                     warm = [([items[0][0][0]] * cfg.prompt_lengths[1], cfg.answer_lengths[1])] * c
-                    asyncio.run(load(server.url, warm, concurrency=c, mode=mode))
-                    results, wall = asyncio.run(load(server.url, items, concurrency=c, arrivals=cfg.arrivals,
-                                                     rate=cfg.rate, mode=mode, seed=cfg.seed))
-                    row.update(status="ok", serve=summarise(results, wall))
+                    procs = client_processes(c, cfg.client_processes)
+                    load_from_processes(server.url, warm, concurrency=c, processes=procs, mode=mode)
+                    with ServerProbe(server.url) as probe:
+                        results, wall = load_from_processes(server.url, items, concurrency=c, processes=procs,
+                                                            arrivals=cfg.arrivals, rate=cfg.rate, mode=mode,
+                                                            seed=cfg.seed)
+                    row.update(status="ok", serve=summarise(results, wall), client_processes=procs,
+                               server=probe.summary(min(r.start for r in results), max(r.end for r in results)))
                     row["_items"] = items
                     rows.append(row)
                     log(format_row(row))

@@ -208,6 +208,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--server", choices=SERVERS, default=None,
                      help="process: cyb serve in a child process; thread: in a thread of this process "
                           "(default process; thread with --quick)" + _OWN_DEFAULT)
+    srv.add_argument("--client-processes", type=int, metavar="N",
+                     help="processes the load client runs in (default: one per 64 streams, at most 8)"
+                          + _OWN_DEFAULT)
     srv.add_argument("--no-offline", dest="offline", action="store_false", default=None,
                      help="skip the engine offline on the same prompts")
     srv.add_argument("--no-static", dest="static", action="store_false", default=None,
@@ -351,6 +354,7 @@ def _run_serve(args, command: str) -> int:
                        "answer_lengths": "answer_lengths", "pause_fraction": "pause_fraction",
                        "num_steps": "num_steps", "vocab": "vocab", "dtype": "dtype", "server": "server",
                        "offline": "offline", "static": "static", "model": "model", "seed": "seed",
+                       "client_processes": "client_processes",
                        "budget_s": "budget_s", "device": "device"})
     cfg = serve.ServeBenchConfig.quick(**kw) if args.quick else serve.ServeBenchConfig(**kw)
     try:
