@@ -1,7 +1,8 @@
 """``cyb serve``: an OpenAI-compatible HTTP server for pause models, on the engine.
 
-One :class:`cyb.engine.Engine` runs in a thread of its own (:mod:`.worker`), which owns the
-model: requests reach it through a queue, and the tokens of each step go back to the requests'
+One :class:`cyb.engine.Engine` runs in a process of its own (:mod:`.engine_process`, the
+default), which loads the model, or in a thread of the server's process (:mod:`.worker`);
+requests reach it through a queue, and the tokens of each step go back to the requests'
 handlers on the event loop.  The parts:
 
 * :mod:`.options`: :class:`ServeOptions`, what the command line sets (address, limits, key).
@@ -11,6 +12,8 @@ handlers on the event loop.  The parts:
   (one-line errors naming the field and what it allows).
 * :mod:`.worker`: :class:`~.worker.EngineWorker`, the engine's thread (generation and the
   scoring forwards of ``echo`` / ``logprobs``).
+* :mod:`.engine_process`: :class:`~.engine_process.EngineProcess`, that worker in a child
+  process, seen from the server's process through two pipes (token ids only).
 * :mod:`.jobs`: one request's choices as the tokens come in: text, stop strings, finish reasons.
 * :mod:`.responses`: the JSON bodies and stream chunks of the OpenAI API, with the pause fields.
 * :mod:`.metrics`: counters and gauges in Prometheus text.

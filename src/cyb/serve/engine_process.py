@@ -34,14 +34,12 @@ import threading
 from typing import Callable, NamedTuple
 
 from .protocol import first_line
-from .worker import EngineWorker, WorkerFailure, default_slots, settle
+from .worker import SWITCH_INTERVAL_S, EngineWorker, WorkerFailure, default_slots, settle
 
 log = logging.getLogger("cyb.serve")
 
 #: how often (seconds) the idle engine's process looks whether its gauges changed
 STATE_PERIOD_S = 0.2
-#: the engine's process's thread switch interval (see ``cyb.serve.server.SWITCH_INTERVAL_S``)
-SWITCH_INTERVAL_S = 0.0005
 
 
 class Decided(NamedTuple):
@@ -106,9 +104,7 @@ def _engine_main(loader, slots, cache_bytes, threads, inbox, outbox) -> None:
         send(("failed", first_line(e) or type(e).__name__, "value" if isinstance(e, ValueError) else "other"))
         return
     send(("ready", served, worker.slots, worker.columns))
-    # this thread takes the interpreter's lock from the engine's thread for every message: with
-    # Python's default switch interval (5 ms) a burst of requests waited 5 ms each to be read
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # this thread takes the lock from the engine's for each message
     last = _state(worker)
     try:
         while True:

@@ -1,4 +1,5 @@
-"""Running the server: the model, the engine's thread, the socket, uvicorn, and shutdown.
+"""Running the server: the engine's worker (its own process or a thread), the socket, uvicorn,
+and shutdown.
 
 :func:`serve` is ``cyb serve`` (in the foreground, SIGTERM and Ctrl-C handled);
 :func:`start_background` runs the same server in a thread of the calling process (tests,
@@ -28,7 +29,7 @@ import uvicorn  # noqa: E402
 
 from .app import ServerState, create_app  # noqa: E402
 from .metrics import Metrics  # noqa: E402
-from .worker import EngineWorker, default_slots  # noqa: E402
+from .worker import SWITCH_INTERVAL_S, EngineWorker, default_slots  # noqa: E402
 
 
 def say(message: str) -> None:
@@ -156,10 +157,6 @@ def describe(state: ServerState, url: str) -> str:
             f"{worker.slots} slots of {served.max_model_len} tokens{key})")
 
 
-#: the interpreter's thread switch interval in ``cyb serve``: the engine's thread waits at most
-#: this long for the lock the event loop holds (Python's default, 5 ms, stalls a decoding step
-#: behind the HTTP work; on a 2-core CPU a tiny model served 1.6x the tokens per second with it)
-SWITCH_INTERVAL_S = 0.0005
 
 
 def serve(served, options, *, worker=None, log_level: str = "warning", access_log: bool = False) -> int:

@@ -6,6 +6,8 @@ the event loop send commands through a queue (:meth:`EngineWorker.submit`,
 tokens back in one call of ``deliver`` (the server makes that a ``call_soon_threadsafe`` onto
 its loop).  Between engine steps it runs the scoring forwards of ``echo`` / ``logprobs``
 requests, a bounded batch at a time, so that decoding rows are never stalled for long.
+``cyb serve`` runs this thread inside the engine's own process (:mod:`.engine_process`);
+``--engine thread`` runs it in the server's process.
 
 A job (what :meth:`~EngineWorker.submit` takes) has ``requests`` (one
 :class:`cyb.engine.Request` per choice) and a ``cancelled`` flag; the worker gives it ``rids``.
@@ -30,6 +32,14 @@ log = logging.getLogger("cyb.serve")
 
 #: expanded positions (rows x longest x M) of one scoring forward at most
 SCORE_POSITIONS = 16384
+
+#: the interpreter's thread switch interval where the engine's thread shares a process: another
+#: thread that needs the interpreter's lock (the event loop, the reader of the server's
+#: messages) waits at most this long.  Python's default, 5 ms, stalled a decoding step behind the
+#: HTTP work (a tiny model on a 2-core CPU served 1.6x the tokens per second with it), and in
+#: the engine's own process made each request wait 5 ms to be read: at 256 closed-loop clients
+#: on an H200 the server delivered 0.64x its engine offline, and 0.90x with it
+SWITCH_INTERVAL_S = 0.0005
 
 
 class WorkerFailure:
@@ -283,4 +293,4 @@ class EngineWorker:
             item.future.cancel()
 
 
-__all__ = ["EngineWorker", "SCORE_POSITIONS", "WorkerFailure", "default_slots", "settle"]
+__all__ = ["EngineWorker", "SCORE_POSITIONS", "SWITCH_INTERVAL_S", "WorkerFailure", "default_slots", "settle"]
