@@ -2,7 +2,11 @@
 # The GPU record: `pytest -m gpu tests/` on a machine with a GPU, its first lines the commit it
 # ran at, the date, the device and the versions.  From the repository root:
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=results/benchmarks bash benchmarks/gpu_tests.sh [PYTEST ARGS]
+#   COMMIT=<hash> OUT=results/benchmarks bash benchmarks/gpu_tests.sh [PYTEST ARGS]
+#
+# COMMIT is the hash of the checkout whose working tree runs, written out by whoever sends it
+# (`git rev-parse --short HEAD` there, with nothing uncommitted): a copy of the tree on another
+# machine can carry older git metadata, so the script does not ask git.
 #
 # Wheels in .whl/ (the server's stack, which the serve tests need) are installed first
 # (benchmarks/gpu_env.sh).  Writes $OUT/gpu-tests.log (default results/benchmarks).
@@ -11,7 +15,7 @@ OUT=${OUT:-results/benchmarks}
 mkdir -p "$OUT"
 source benchmarks/gpu_env.sh > /dev/null
 {
-    echo "commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+    echo "commit ${COMMIT:?set COMMIT to the hash of the checkout that runs (see the top of this script)}"
     echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "device $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
