@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from cyb.bench.serve import percentile, summarise  # noqa: E402
+from cyb.bench.load import percentile, summarise  # noqa: E402
 from cyb.cli import main  # noqa: E402
 from cyb.serve.client import StreamResult  # noqa: E402
 
@@ -54,7 +54,7 @@ def test_load_from_two_processes_and_the_probe(tmp_path_factory):
     probe reads the server's gauges over the load's window."""
     import math
 
-    from cyb.bench.serve import ServerProbe, client_processes, load_from_processes
+    from cyb.bench.load import ServerProbe, client_processes, load_from_processes
     from serve_helpers import pause_model, running, tokenizer
 
     assert (client_processes(256), client_processes(3), client_processes(4, wanted=8)) == (4, 1, 4)

@@ -16,9 +16,8 @@ the model decides.  Each case:
    (token ids) and answer lengths come from a seeded mix, greedy, EOS ignored so every request
    decodes its whole answer.  Arrivals are closed-loop (``C`` clients, each sending its next
    request when its last one ends) or Poisson (at ``rate`` per second, at most ``C`` in flight).
-   The clients run in one process per :data:`STREAMS_PER_CLIENT` streams
-   (:func:`load_from_processes`): one Python process reading every event of 256 streams is
-   slower than the server.  Measured by the client (:mod:`cyb.serve.client`): new tokens per second (from the first send
+   The clients run in one process per :data:`~cyb.bench.load.STREAMS_PER_CLIENT` streams
+   (:mod:`cyb.bench.load`), so that the client is never the limit.  Measured by the client (:mod:`cyb.serve.client`): new tokens per second (from the first send
    to the last token), time to first token, the gaps between a stream's events (inter-token
    latency; an event carries every token decided since the one before) and the time per output
    token of each request, as p50 / p99.
@@ -36,11 +35,8 @@ Targets (:func:`serve_targets`): at the largest concurrency the server's through
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import math
 import os
-import random
 import re
 import subprocess
 import sys
@@ -52,12 +48,12 @@ from dataclasses import dataclass
 from ..runtime import resolve_device
 from .models import DTYPES, SHAPE_134M, SHAPE_TINY, ModelShape, adaptive_fixture, build_hf_model
 from .models import random_ids, real_ids_limit, spread_weights, wrap
+from .load import NAME, ServerProbe, client_processes, job, load_from_processes, percentile, summarise
 from .timing import Budget, environment, free_memory, guarded, sync, write_json
 
 CASES = ("none", "shared-fixed", "shared-adaptive", "private-fixed", "private-adaptive")
 ARRIVALS = ("closed", "poisson")
 SERVERS = ("process", "thread")
-NAME = "bench"
 #: serve throughput / engine offline throughput at the largest concurrency
 THROUGHPUT_RATIO = 0.9
 #: p99 / p50 of the inter-token latency at the largest concurrency
@@ -131,206 +127,6 @@ class ServeBenchConfig:
         d = dataclasses.asdict(self)
         d["shape"] = self.shape.to_dict()
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def percentile(values, q: float) -> float | None:
-    """The ``q``-th percentile (linear interpolation), None when empty."""
-    if not values:
-        return None
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def summarise(results, wall_s: float) -> dict:
-    """Throughput and latencies (ms) of a load's :class:`cyb.serve.client.StreamResult` list."""
-    ok = [r for r in results if r.ok]
-    tokens = sum(r.tokens for r in ok)
-    steps = sum(sum(r.steps) for r in ok)
-    ttft = [r.ttft * 1e3 for r in ok if r.ttft is not None]
-    gaps = [g * 1e3 for r in ok for g in r.gaps()]
-    tpot = [(r.events[-1][0] - r.events[0][0]) * 1e3 / (r.tokens - 1) for r in ok if r.tokens > 1 and r.events]
-    events = sum(len(r.events) for r in ok)
-    errors = [r.error or f"HTTP {r.status}" for r in results if not r.ok]
-    return {"requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
-            "seconds": wall_s, "real_tokens": tokens, "real_tokens_per_s": tokens / wall_s if wall_s else None,
-            "requests_per_s": len(ok) / wall_s if wall_s else None,
-            "mean_steps": steps / tokens if tokens else None, "tokens_per_event": tokens / events if events else None,
-            "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
-            "itl_ms_p50": percentile(gaps, 50), "itl_ms_p99": percentile(gaps, 99),
-            "tpot_ms_p50": percentile(tpot, 50), "tpot_ms_p99": percentile(tpot, 99)}
-
-
-# --------------------------------------------------------------------------- load
-
-
-async def load(url: str, items, *, concurrency: int, arrivals: str = "closed", rate: float | None = None,
-               mode: str, seed: int = 0):
-    """Send ``items`` (``(prompt ids, answer length)``) as streamed completions; returns the
-    results in order and the wall time from the first send to the last end."""
-    from ..serve.client import stream
-
-    results = [None] * len(items)
-
-    def body(i: int) -> dict:
-        prompt, answer = items[i]
-        return {"model": NAME, "prompt": prompt, "max_tokens": answer, "ignore_eos": True, "temperature": 0,
-                "mode": mode}
-
-    async def one(i: int) -> None:
-        results[i] = await stream(url, "/v1/completions", body(i))
-
-    t0 = time.perf_counter()
-    if arrivals == "closed":
-        nxt = iter(range(len(items)))
-
-        async def client() -> None:
-            for i in nxt:
-                await one(i)
-
-        await asyncio.gather(*(client() for _ in range(min(concurrency, len(items)))))
-    else:
-        rng = random.Random(seed)
-        gate = asyncio.Semaphore(concurrency)
-        tasks, at = [], 0.0
-
-        async def gated(i: int) -> None:
-            async with gate:
-                await one(i)
-
-        for i in range(len(items)):
-            at += rng.expovariate(rate)
-            delay = t0 + at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(gated(i)))
-        await asyncio.gather(*tasks)
-    wall = max(r.end for r in results) - t0
-    return results, wall
-
-
-#: streams one load process drives at most: one Python process parsing the events of 256 streams
-#: (about 28,000 events a second) held the server's measured throughput to what it could read
-STREAMS_PER_CLIENT = 64
-
-
-def client_processes(concurrency: int, wanted: int | None = None) -> int:
-    """Load processes for ``concurrency`` streams (``wanted``, else one per
-    :data:`STREAMS_PER_CLIENT`, at most 8), never more than the streams."""
-    n = wanted or min(8, -(-concurrency // STREAMS_PER_CLIENT))
-    return max(1, min(n, concurrency))
-
-
-def load_from_processes(url: str, items, *, concurrency: int, processes: int, arrivals: str = "closed",
-                        rate: float | None = None, mode: str, seed: int = 0):
-    """:func:`load` spread over ``processes`` processes (the clients of each take every
-    ``processes``-th item; Poisson arrivals at ``rate / processes`` each, a Poisson stream
-    together), started together; returns the results in the items' order and the wall time
-    from the first send to the last end (``time.perf_counter`` is one clock across processes)."""
-    if processes <= 1:
-        return asyncio.run(load(url, items, concurrency=concurrency, arrivals=arrivals, rate=rate, mode=mode,
-                                seed=seed))
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    go, answers = ctx.Event(), ctx.Queue()
-    workers = []
-    for i in range(processes):
-        share = concurrency // processes + (i < concurrency % processes)
-        shard = items[i::processes]
-        args = (url, shard, share, arrivals, rate / processes if rate else None, mode, seed + i, go, answers, i)
-        workers.append(ctx.Process(target=_load_shard, args=args, daemon=True))
-    for w in workers:
-        w.start()
-    for _ in workers:
-        answers.get(timeout=300)  # ready
-    go.set()
-    results = [None] * len(items)
-    for _ in workers:
-        i, part = answers.get()
-        if isinstance(part, str):
-            raise RuntimeError(f"load process {i} failed: {part}")
-        results[i::processes] = part
-    for w in workers:
-        w.join(30)
-    wall = max(r.end for r in results) - min(r.start for r in results)
-    return results, wall
-
-
-def _load_shard(url, items, concurrency, arrivals, rate, mode, seed, go, answers, index) -> None:
-    """One load process of :func:`load_from_processes`."""
-    answers.put(("ready", index))
-    go.wait()
-    try:
-        results, _ = asyncio.run(load(url, items, concurrency=concurrency, arrivals=arrivals, rate=rate, mode=mode,
-                                      seed=seed))
-        answers.put((index, results))
-    except Exception as e:  # noqa: BLE001 - said by the parent
-        answers.put((index, f"{type(e).__name__}: {e}"))
-
-
-class ServerProbe:
-    """Reads the server's ``/metrics`` every ``period`` seconds in a thread, while a load runs:
-    the engine's slots in use, its queue, the requests in flight, its steps, and how long the
-    server took to answer (the event loop's lag under the load)."""
-
-    GAUGES = ("cyb_slots_in_use", "cyb_queue_length", "cyb_requests_in_flight", "cyb_engine_steps_total")
-
-    def __init__(self, url: str, period: float = 0.1) -> None:
-        self.url, self.period = url + "/metrics", period
-        self.samples: list[tuple] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "ServerProbe":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        import urllib.request
-
-        while not self._stop.wait(self.period):
-            t0 = time.perf_counter()
-            try:
-                with urllib.request.urlopen(self.url, timeout=10) as r:
-                    text = r.read().decode()
-            except OSError:
-                continue
-            t1 = time.perf_counter()
-            values = {}
-            for line in text.splitlines():
-                name, _, value = line.partition(" ")
-                if name in self.GAUGES:
-                    values[name] = float(value)
-            self.samples.append((t1, (t1 - t0) * 1e3, *(values.get(g, math.nan) for g in self.GAUGES)))
-
-    def summary(self, start: float = -math.inf, end: float = math.inf) -> dict:
-        """Means over the samples taken between ``start`` and ``end`` (``time.perf_counter``),
-        the engine's steps per second and the answer time p50 / p99."""
-        s = [x for x in self.samples if start <= x[0] <= end]
-        if len(s) < 2:
-            return {}
-        mean = lambda i: sum(x[i] for x in s) / len(s)  # noqa: E731
-        return {"samples": len(s), "slots_in_use_mean": mean(2), "queued_mean": mean(3),
-                "in_flight_mean": mean(4), "engine_steps_per_s": (s[-1][5] - s[0][5]) / (s[-1][0] - s[0][0]),
-                "metrics_ms_p50": percentile([x[1] for x in s], 50),
-                "metrics_ms_p99": percentile([x[1] for x in s], 99)}
-
-
-def job(count: int, prompt_lengths, answer_lengths, limit: int, seed: int) -> list[tuple[list[int], int]]:
-    """``count`` seeded ``(prompt ids, answer length)`` pairs, lengths uniform in the ranges."""
-    from .engine_runs import mixed_job
-
-    prompts, answers = mixed_job(count, tuple(prompt_lengths), tuple(answer_lengths), limit, seed=seed)
-    return list(zip(prompts, answers))
 
 
 # --------------------------------------------------------------------------- the server
