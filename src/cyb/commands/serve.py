@@ -142,8 +142,10 @@ def run(args) -> int:
     try:
         options = options_from(args)
         if args.engine == "process":
+            from ..run_models import saved_model_folder
             from ..serve.engine_process import EngineProcess
 
+            saved_model_folder(args.model, "MODEL", allow_plain=True)  # a wrong MODEL: refused before the child starts
             loader = functools.partial(load, args.model, options, device=args.device, dtype=args.dtype)
             worker = EngineProcess(loader, slots=options.slots, cache_bytes=options.cache_bytes).start()
             served = worker.served
