@@ -18,9 +18,10 @@ the model decides.  Each case:
    request when its last one ends) or Poisson (at ``rate`` per second, at most ``C`` in flight).
    The clients run in one process per :data:`~cyb.bench.load.STREAMS_PER_CLIENT` streams
    (:mod:`cyb.bench.load`), so that the client is never the limit.  Measured by the client
-   (:mod:`cyb.serve.client`): new tokens per second (from the first send to the last token), time to first token, the gaps between a stream's events (inter-token
-   latency; an event carries every token decided since the one before) and the time per output
-   token of each request, as p50 / p99.
+   (:mod:`cyb.serve.client`): new tokens per second (from the first send to the last token),
+   time to first token, the gaps between a stream's events (inter-token latency; an event
+   carries every token decided since the one before) and the time per output token of each
+   request, as p50 / p99.
 3. In this process, the same prompts and answers: the engine offline (one
    :class:`cyb.engine.Engine` with ``C`` slots and the server's options, every request submitted
    at once: what the server's engine does with nothing between it and the requests; the time
