@@ -15,7 +15,8 @@ tokens and answers of 8-256 (seeded, no EOS), ``C`` slots:
 * ``steady``: the engine's steady decoding step at ``C`` rows (the positions per step the
   continuous run used), and its prefill rate, from which a ceiling of the job follows: its
   prefill columns at the prefill rate plus its decode steps (the positions it fed over ``C``
-  rows, every slot busy) at the steady step time.
+  rows, every slot busy) at the steady step time (:func:`cyb.bench.engine_runs.steady_rates`,
+  :func:`cyb.bench.engine_runs.ceiling_tokens_per_s`).
 
 ``--profile`` runs the first case's continuous job once more under :mod:`torch.profiler` and
 writes the GPU's kernel time, host-device copies, synchronisations and kernel launches; the
@@ -36,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from cyb.bench.engine_runs import mixed_job  # noqa: E402
+from cyb.bench.engine_runs import ceiling_tokens_per_s, mixed_job, steady_rates  # noqa: E402
 from cyb.bench.models import SHAPE_134M, SHAPE_TINY, adaptive_fixture, build_hf_model, random_ids  # noqa: E402
 from cyb.bench.models import real_ids_limit, spread_weights, wrap  # noqa: E402
 from cyb.bench.serve import offline_engine  # noqa: E402
@@ -105,17 +106,6 @@ def profile(pm, items, *, slots, mode, refill=0):
             "gpu_busy_s": busy / 1e6, "counts": counts, "top_self_cpu": top}
 
 
-def steady(pm, *, rows, mode, prompt_len=256, timed=50):
-    from cyb.bench.engine_runs import engine_rate
-
-    limit = real_ids_limit(pm.vocab.vocab_size, pm.vocab.num_steps)
-    prompts = random_ids(rows, prompt_len, limit, seed=1).tolist()
-    r = engine_rate(pm, prompts, mode=mode, positions="auto", warmup=4, timed=timed)  # as `continuous` runs
-    columns = RowLayout.of(pm.vocab, pm.pause_visibility).prefill(prompts[0]).columns
-    return {"step_ms": r["step_ms"], "positions_per_step": r["positions_per_step"],
-            "tok_s": r.get("real_tokens_per_s"), "prefill_columns_s": rows * columns / r["prefill_s"]}
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -173,13 +163,11 @@ def main(argv=None):
             row["static"] = static(pm, items, batch=a.concurrency, mode=mode)
             print(case, "static", json.dumps(row["static"]), flush=True)
             row["continuous_vs_static"] = cont["real_tokens_per_s"] / row["static"]["tok_s"]
-        st = steady(pm, rows=a.concurrency, mode=mode)
+        st = steady_rates(pm, rows=a.concurrency, mode=mode, id_limit=limit)
         row["steady"] = st
-        layout = RowLayout.of(pm.vocab, pm.pause_visibility)
-        prefill_columns = sum(layout.prefill(list(p)).columns for p, _ in items)
-        decode_steps = cont["stats"]["decode_positions"] / (a.concurrency * st["positions_per_step"])  # all slots busy
-        ceiling_s = prefill_columns / st["prefill_columns_s"] + decode_steps * st["step_ms"] / 1e3
-        row["ceiling_tok_s"] = sum(n for _, n in items) / ceiling_s
+        row["ceiling_tok_s"] = ceiling_tokens_per_s(pm, [p for p, _ in items], [n for _, n in items], st,
+                                                    decode_positions=cont["stats"]["decode_positions"],
+                                                    slots=a.concurrency)
         row["continuous_vs_ceiling"] = cont["real_tokens_per_s"] / row["ceiling_tok_s"]
         print(case, "steady", json.dumps(st), "ceiling", round(row["ceiling_tok_s"]), flush=True)
         if a.profile and case == a.cases[0]:

@@ -33,9 +33,45 @@ def test_quick_run_of_every_case(tmp_path, capsys):
         # the same work: every answer decoded to its length, through the server and offline
         assert r["serve"]["real_tokens"] == r["offline_engine"]["real_tokens"] == r["static_generate"]["real_tokens"]
         assert r["serve"]["mean_steps"] == pytest.approx(r["offline_engine"]["mean_steps"])
+        # the engine against static batches and against its ceiling, in the same run
+        assert r["offline_vs_static"] == pytest.approx(r["offline_engine"]["real_tokens_per_s"]
+                                                       / r["static_generate"]["real_tokens_per_s"])
+        assert r["steady"]["status"] == "ok" and r["ceiling_tok_s"] > 0
+        assert r["offline_vs_ceiling"] == pytest.approx(r["offline_engine"]["real_tokens_per_s"] / r["ceiling_tok_s"])
     assert {r["serve"]["mean_steps"] for r in rows if r["case"] == "none"} == {1.0}
     assert "| case | C | serve tok/s |" in printed and "inter-token latency" in printed
-    assert len(result["targets"]) == 15
+    assert "offline / ceiling" in printed
+    names = [t["target"] for t in result["targets"]]
+    assert len(names) == 19 and all(t["value"] is not None for t in result["targets"])
+    assert "engine offline tokens/s >= 1.7 x generate() static (none, C=3)" in names
+    assert "engine offline tokens/s >= 0.5 x its ceiling (none, C=3)" in names
+    assert "engine offline tokens/s >= 1.5 x generate() static (shared-fixed, C=3)" in names
+
+
+def test_the_ceiling_and_the_adaptive_target():
+    from types import SimpleNamespace
+
+    from cyb.bench.engine_runs import ceiling_tokens_per_s
+    from cyb.bench.serve import serve_targets
+    from cyb.engine.layout import RowLayout
+    from cyb.layout import PauseVocab
+
+    model = SimpleNamespace(vocab=PauseVocab(vocab_size=100, num_steps=1), pause_visibility="shared")
+    steady = {"step_ms": 10.0, "positions_per_step": 1, "prefill_columns_s": 1000.0}
+    # 2 prompts of 250 tokens (the last one is fed by the first decode step): 2 x 249 columns
+    # prefilled at 1000 per second; 40 positions over 2 slots: 20 steps of 10 ms
+    got = ceiling_tokens_per_s(model, [[1] * 250, [2] * 250], [10, 30], steady, decode_positions=40, slots=2)
+    assert RowLayout.of(model.vocab, "shared").prefill([1] * 250).columns == 249
+    assert got == pytest.approx(40 / (0.498 + 0.2))
+
+    def row(case, tok_s, steps):
+        serve = {"real_tokens_per_s": 1.0, "itl_ms_p50": 1.0, "itl_ms_p99": 2.0, "errors": 0}
+        return {"case": case, "concurrency": 8, "status": "ok", "serve": serve,
+                "offline_engine": {"status": "ok", "real_tokens_per_s": tok_s, "mean_steps": steps}}
+    checks = serve_targets({"results": [row("none", 1000.0, 1.0), row("private-adaptive", 600.0, 1.6)]})
+    adaptive = [c for c in checks if c["target"].startswith("engine offline tokens/s >= 0.85 / E[S]")]
+    assert len(adaptive) == 1 and adaptive[0]["value"] == pytest.approx(600 / (0.85 / 1.6 * 1000))
+    assert adaptive[0]["met"] is True
 
 
 def test_percentiles_and_summary():

@@ -5,6 +5,8 @@
   decisions of one, as generation does), captures of new graphs taken out.  Rows never finish
   while timed.  ``ms_per_token`` is the time per real token of a row: total time / (real tokens
   decided / B).
+* :func:`steady_rates`, :func:`ceiling_tokens_per_s`: the steady step and prefill rate, and
+  from them a ceiling of a continuous job (every slot busy in every step).
 * :func:`offline_job`: many prompts of mixed lengths, each with its own answer length (no
   EOS), through an engine whose KV cache has a given size (continuous batching), against the
   previous release's static batches of the same memory (:mod:`cyb.bench.static_batches`, one
@@ -64,6 +66,34 @@ def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, w
         out.update(ms_per_token=elapsed_ms / (tokens / b), real_tokens_per_s=tokens * 1e3 / elapsed_ms,
                    steps_per_token=steps_used / tokens, positions_per_token=steps * engine.q * b / tokens)
     return out
+
+
+def steady_rates(model, *, rows: int, mode: str, prompt_len: int = 256, timed: int = 50, id_limit: int | None = None,
+                 seed: int = 1) -> dict:
+    """The engine's steady decoding step with ``rows`` rows and its prefill rate
+    (:func:`engine_rate` on ``rows`` random prompts of ``prompt_len`` tokens; the positions per
+    step the engine picks for ``mode`` and ``rows``): ``step_ms``, ``positions_per_step``,
+    ``real_tokens_per_s`` and ``prefill_columns_s`` (cache columns prefilled per second)."""
+    limit = id_limit if id_limit is not None else min(model.vocab.special_ids, default=model.vocab.vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, limit, (rows, prompt_len), generator=g).tolist()
+    r = engine_rate(model, prompts, mode=mode, positions="auto", warmup=4, timed=timed)
+    columns = RowLayout.of(model.vocab, model.pause_visibility).prefill(prompts[0]).columns
+    return {"step_ms": r["step_ms"], "positions_per_step": r["positions_per_step"],
+            "real_tokens_per_s": r.get("real_tokens_per_s"), "prefill_columns_s": rows * columns / r["prefill_s"]}
+
+
+def ceiling_tokens_per_s(model, prompts: list[list[int]], answers: list[int], steady: dict, *,
+                         decode_positions: int, slots: int) -> float:
+    """A ceiling of a continuous job's real tokens per second: its prompts' prefill columns at
+    the steady prefill rate plus its decode steps at the steady step time, as if every one of
+    ``slots`` slots were busy in every step (``decode_positions``: the positions the job fed while
+    decoding, the engine's ``stats``; ``steady`` from :func:`steady_rates` with ``slots`` rows)."""
+    layout = RowLayout.of(model.vocab, model.pause_visibility)
+    prefill_columns = sum(layout.prefill(list(p)).columns for p in prompts)
+    decode_steps = decode_positions / (slots * steady["positions_per_step"])
+    seconds = prefill_columns / steady["prefill_columns_s"] + decode_steps * steady["step_ms"] / 1e3
+    return sum(answers) / seconds
 
 
 def mixed_job(count: int, prompt_range: tuple[int, int], answer_range: tuple[int, int], id_limit: int,

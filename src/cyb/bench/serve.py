@@ -29,9 +29,16 @@ the model decides.  Each case:
    :func:`cyb.generation.generate` in static batches of ``C`` prompts, each batch decoding to its
    longest answer (the tokens counted are the answers'; each call builds its own engine, graph
    captures included, as a user's call does).
+4. A ceiling of the offline job: the engine's steady decoding step with ``C`` rows and its
+   prefill rate (:func:`cyb.bench.engine_runs.steady_rates`), and from them the job's prompts
+   prefilled at that rate plus its decode steps at that step time, as if every slot were busy in
+   every step (:func:`cyb.bench.engine_runs.ceiling_tokens_per_s`).
 
-Targets (:func:`serve_targets`): at the largest concurrency the server's throughput is at least
-0.9 x the engine's offline throughput, and p99 inter-token latency at most 3 x its p50.
+Targets (:func:`serve_targets`), at the largest concurrency: the server's throughput at least 0.9
+x the engine's offline throughput, and p99 inter-token latency at most 3 x its p50, in every case;
+the engine offline at least 1.7 x static batches without pauses and 1.5 x with shared pauses in
+fixed mode, and at least 0.5 x its ceiling without pauses; private pauses in adaptive mode at least
+0.85 / E[S] x the throughput without pauses (``E[S]``: the engine's steps per token).
 """
 
 from __future__ import annotations
@@ -59,6 +66,12 @@ SERVERS = ("process", "thread")
 THROUGHPUT_RATIO = 0.9
 #: p99 / p50 of the inter-token latency at the largest concurrency
 ITL_RATIO = 3.0
+#: engine offline / generate() in static batches at the largest concurrency, by case
+STATIC_RATIO = {"none": 1.7, "shared-fixed": 1.5}
+#: engine offline / its ceiling at the largest concurrency, without pauses
+CEILING_RATIO = 0.5
+#: private pauses in adaptive mode: engine offline / (no pauses' engine offline / E[S])
+ADAPTIVE_RATIO = 0.85
 
 
 @dataclass
@@ -79,6 +92,8 @@ class ServeBenchConfig:
     pause_fraction: float = 0.1
     offline: bool = True
     static: bool = True
+    ceiling: bool = True
+    steady_steps: int = 50  # timed steps of the ceiling's steady rate
     server: str = "process"
     client_processes: int | None = None  # None: one per STREAMS_PER_CLIENT streams
     model: str | None = None
@@ -91,7 +106,7 @@ class ServeBenchConfig:
         """Tiny shapes on the CPU, the server in a thread (a smoke run)."""
         base = dict(shape=SHAPE_TINY, vocab=256, num_steps=3, dtype="fp32", concurrency=(1, 4), requests=6,
                     prompt_lengths=(2, 12), answer_lengths=(2, 8), pause_fraction=0.5, server="thread",
-                    device="cpu")
+                    device="cpu", steady_steps=8)
         base.update(overrides)
         return cls(**base)
 
@@ -119,6 +134,8 @@ class ServeBenchConfig:
             raise ValueError(f"requests must be >= 1, got {self.requests}")
         if self.num_steps < 2:
             raise ValueError(f"num_steps (M) must be >= 2, got {self.num_steps}")
+        if self.steady_steps < 1:
+            raise ValueError(f"steady_steps must be >= 1, got {self.steady_steps}")
         return self
 
     def requests_at(self, c: int) -> int:
@@ -289,6 +306,23 @@ def _models(cfg: ServeBenchConfig, device, log) -> tuple[dict, int]:
     return models, limit
 
 
+def _ceiling(cfg: ServeBenchConfig, model, items, offline: dict, *, slots: int, mode: str, limit: int,
+             device) -> dict:
+    """The row's ``steady`` rates (``slots`` rows, prompts of the job's middle length), its
+    ``ceiling_tok_s`` and ``offline_vs_ceiling``."""
+    from .engine_runs import ceiling_tokens_per_s, steady_rates
+
+    prompt_len = sum(cfg.prompt_lengths) // 2
+    steady = guarded(lambda: steady_rates(model, rows=slots, mode=mode, prompt_len=prompt_len,
+                                          timed=cfg.steady_steps, id_limit=limit), device)
+    out = {"steady": steady}
+    if steady["status"] == "ok":
+        ceiling = ceiling_tokens_per_s(model, [p for p, _ in items], [n for _, n in items], steady,
+                                       decode_positions=offline["stats"]["decode_positions"], slots=slots)
+        out.update(ceiling_tok_s=ceiling, offline_vs_ceiling=offline["real_tokens_per_s"] / ceiling)
+    return out
+
+
 def _cache_bytes(model, slots: int, capacity: int) -> int:
     from ..engine.cache import bytes_per_column
 
@@ -366,6 +400,10 @@ def run(cfg: ServeBenchConfig, *, out=None, log=print) -> dict:
                     off = row.get("offline_engine") or {}
                     if off.get("status") == "ok" and row["serve"]["real_tokens_per_s"]:
                         row["serve_vs_offline"] = row["serve"]["real_tokens_per_s"] / off["real_tokens_per_s"]
+                    if off.get("status") == "ok" and (row.get("static_generate") or {}).get("status") == "ok":
+                        row["offline_vs_static"] = off["real_tokens_per_s"] / row["static_generate"]["real_tokens_per_s"]
+                    if cfg.ceiling and off.get("status") == "ok":
+                        row.update(_ceiling(cfg, pm, items, off, slots=c, mode=mode, limit=limit, device=device))
                     log(format_row(row))
                 result["results"].append(row)
                 write_json(out, result)
@@ -397,7 +435,11 @@ def format_row(row: dict) -> str:
         line += f"  | offline engine {_fmt(off['real_tokens_per_s'], ',.0f')} tok/s ({ratio}x)"
     st = row.get("static_generate") or {}
     if st.get("status") == "ok":
-        line += f"  | generate() static {_fmt(st['real_tokens_per_s'], ',.0f')} tok/s"
+        line += (f"  | generate() static {_fmt(st['real_tokens_per_s'], ',.0f')} tok/s "
+                 f"(offline {_fmt(row.get('offline_vs_static'), '.2f')}x)")
+    if row.get("ceiling_tok_s") is not None:
+        line += (f"  | ceiling {_fmt(row['ceiling_tok_s'], ',.0f')} tok/s "
+                 f"(offline {_fmt(row.get('offline_vs_ceiling'), '.2f')}x)")
     return line
 
 
@@ -406,16 +448,18 @@ def serve_table(result: dict) -> str:
     from .markdown import markdown_table
 
     headers = ["case", "C", "serve tok/s", "engine offline tok/s", "serve / offline", "generate() static tok/s",
-               "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "TPOT p50 / p99 ms", "steps / token", "errors"]
+               "offline / static", "ceiling tok/s", "offline / ceiling", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
+               "TPOT p50 / p99 ms", "steps / token", "errors"]
     rows = []
     for r in result.get("results", []):
         if r.get("status") != "ok":
-            rows.append([r["case"], r.get("concurrency", ""), r.get("status")] + [""] * 8)
+            rows.append([r["case"], r.get("concurrency", ""), r.get("status")] + [""] * 11)
             continue
         s, off, st = r["serve"], r.get("offline_engine") or {}, r.get("static_generate") or {}
         rows.append([r["case"], r["concurrency"], _fmt(s["real_tokens_per_s"], ",.0f"),
                      _fmt(off.get("real_tokens_per_s"), ",.0f"), _fmt(r.get("serve_vs_offline"), ".2f"),
-                     _fmt(st.get("real_tokens_per_s"), ",.0f"),
+                     _fmt(st.get("real_tokens_per_s"), ",.0f"), _fmt(r.get("offline_vs_static"), ".2f"),
+                     _fmt(r.get("ceiling_tok_s"), ",.0f"), _fmt(r.get("offline_vs_ceiling"), ".2f"),
                      f"{_fmt(s['ttft_ms_p50'], '.1f')} / {_fmt(s['ttft_ms_p99'], '.1f')}",
                      f"{_fmt(s['itl_ms_p50'], '.2f')} / {_fmt(s['itl_ms_p99'], '.2f')}",
                      f"{_fmt(s['tpot_ms_p50'], '.2f')} / {_fmt(s['tpot_ms_p99'], '.2f')}",
@@ -425,14 +469,17 @@ def serve_table(result: dict) -> str:
 
 def serve_targets(result: dict) -> list[dict]:
     """At the largest concurrency of each case: serve >= 0.9 x the engine offline (tokens/s),
-    p99 inter-token latency <= 3 x p50; and no request failed anywhere."""
+    p99 inter-token latency <= 3 x p50; the engine offline against static batches
+    (:data:`STATIC_RATIO`), against its ceiling (no pauses) and, with private pauses in adaptive
+    mode, against the throughput without pauses over E[S]; and no request failed anywhere."""
     from .targets import _check
 
     rows = [r for r in result.get("results", []) if r.get("concurrency") is not None]
+    tops = {}
     out = []
     for case in dict.fromkeys(r["case"] for r in rows):
         mine = [r for r in rows if r["case"] == case]
-        top = max(mine, key=lambda r: r["concurrency"])
+        top = tops[case] = max(mine, key=lambda r: r["concurrency"])
         label = f"{case}, C={top['concurrency']}"
         if top.get("status") != "ok":
             out.append(_check(f"serve vs engine offline ({label})", None, ">=", THROUGHPUT_RATIO, top.get("status")))
@@ -443,9 +490,31 @@ def serve_targets(result: dict) -> list[dict]:
                           "" if top.get("serve_vs_offline") is not None else "offline run missing"))
         ratio = s["itl_ms_p99"] / s["itl_ms_p50"] if s.get("itl_ms_p50") else None
         out.append(_check(f"p99 inter-token latency <= {ITL_RATIO} x p50 ({label})", ratio, "<=", ITL_RATIO))
+        if case in STATIC_RATIO:
+            out.append(_check(f"engine offline tokens/s >= {STATIC_RATIO[case]} x generate() static ({label})",
+                              top.get("offline_vs_static"), ">=", STATIC_RATIO[case],
+                              "" if top.get("offline_vs_static") is not None else "offline or static run missing"))
+        if case == "none":
+            out.append(_check(f"engine offline tokens/s >= {CEILING_RATIO} x its ceiling ({label})",
+                              top.get("offline_vs_ceiling"), ">=", CEILING_RATIO,
+                              "" if top.get("offline_vs_ceiling") is not None else "ceiling not measured"))
         failed = sum(r["serve"]["errors"] for r in mine if r.get("status") == "ok")
         out.append(_check(f"no failed request ({case})", failed, "==", 0))
+    if "private-adaptive" in tops and "none" in tops:
+        out.append(_adaptive_check(tops["private-adaptive"], tops["none"], _check))
     return out
+
+
+def _adaptive_check(private: dict, none: dict, check) -> dict:
+    """Private pauses in adaptive mode, engine offline: at least 0.85 / E[S] x the engine offline
+    without pauses at the same concurrency (E[S]: the private run's steps per token)."""
+    label = f"private-adaptive, C={private['concurrency']}"
+    name = f"engine offline tokens/s >= {ADAPTIVE_RATIO} / E[S] x no pauses' ({label})"
+    mine, base = private.get("offline_engine") or {}, none.get("offline_engine") or {}
+    if mine.get("status") != "ok" or base.get("status") != "ok" or private["concurrency"] != none["concurrency"]:
+        return check(name, None, ">=", 1.0, "offline runs at the same concurrency missing")
+    wanted = ADAPTIVE_RATIO / mine["mean_steps"] * base["real_tokens_per_s"]
+    return check(name, mine["real_tokens_per_s"] / wanted, ">=", 1.0)
 
 
 __all__ = ["CASES", "ServeBenchConfig", "format_row", "load", "run", "serve_table", "serve_targets", "summarise"]

@@ -183,7 +183,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                               "and generate() in static batches on the same prompts",
                          description="Each case (no pauses; shared or private pauses in fixed or adaptive mode) "
                                      "runs cyb serve in a child process and a streaming load client here; then the "
-                                     "same prompts through the engine offline and generate() in static batches "
+                                     "same prompts through the engine offline and generate() in static batches, "
+                                     "and a ceiling of the engine from its steady step and prefill rate "
                                      "(see cyb.bench.serve).")
     _common(srv)
     srv.add_argument("--cases", nargs="+", choices=CASES, metavar="CASE",
@@ -215,6 +216,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="skip the engine offline on the same prompts")
     srv.add_argument("--no-static", dest="static", action="store_false", default=None,
                      help="skip generate() in static batches")
+    srv.add_argument("--no-ceiling", dest="ceiling", action="store_false", default=None,
+                     help="skip the ceiling (the engine's steady step and prefill rate with C rows)")
     srv.add_argument("--model", metavar="MODEL_OR_RUN",
                      help="serve a saved pause model (its visibility's cases) instead of the random ones")
     srv.add_argument("--seed", type=int, help="seed of the prompts and answer lengths (default 0)" + _OWN_DEFAULT)
@@ -353,7 +356,7 @@ def _run_serve(args, command: str) -> int:
                        "arrivals": "arrivals", "rate": "rate", "prompt_lengths": "prompt_lengths",
                        "answer_lengths": "answer_lengths", "pause_fraction": "pause_fraction",
                        "num_steps": "num_steps", "vocab": "vocab", "dtype": "dtype", "server": "server",
-                       "offline": "offline", "static": "static", "model": "model", "seed": "seed",
+                       "offline": "offline", "static": "static", "ceiling": "ceiling", "model": "model", "seed": "seed",
                        "client_processes": "client_processes",
                        "budget_s": "budget_s", "device": "device"})
     cfg = serve.ServeBenchConfig.quick(**kw) if args.quick else serve.ServeBenchConfig(**kw)
