@@ -35,6 +35,9 @@ NOTES = {
         f"FLOPs per step: {FORMULA}.",
         "Peak memory: `torch.cuda.max_memory_allocated` over the timed steps (parameters, "
         "gradients, optimiser state and activations).",
+        "`kernel ms`: the GPU's kernel time per step (two more steps under the torch profiler; "
+        "`-` in results from before it was measured): unlike the step time, it does not move with "
+        "the speed of the host.",
         "`first loss`: the loss of each variant's first step, from the same weights and batch, "
         "so that two implementations of one loss can be compared.",
         "Variants: `baseline_hf` no pauses, the Hugging Face loss; `tbys_hf` TBYS with the "

@@ -58,6 +58,7 @@ def test_bench_train_quick_writes_json(tmp_path, capsys):
         r = rows[name]
         assert r["status"] == "ok", r
         assert r["ms"] > 0 and math.isfinite(r["first_loss"])
+        assert r["kernel_ms"] is None and r["gpu_busy"] is None  # (CUDA only)
         assert r["real_tokens_per_step"] == 2 * 8
         assert r["positions_per_step"] == 2 * 8 * (1 if name == "baseline_hf" else 4)
     # same weights and batch: the fused and the naive CYB loss agree at the first step
@@ -409,7 +410,7 @@ def test_make_docs_renders_results(tmp_path):
     assert "## Training step: `train.json`" in text
     assert "- Device: NVIDIA H200 (torch 2.11)" in text
     assert "- Command: `cyb bench train`" in text
-    assert "| 32768 | 4 | eager | cyb_fused | 100.0 | 60,000 |" in text
+    assert "| 32768 | 4 | eager | cyb_fused | 100.0 | - | 60,000 |" in text
     assert "**met**" in text and "**missed**" in text
     assert "notes.json" not in text
 

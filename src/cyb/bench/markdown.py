@@ -24,7 +24,7 @@ def _status(row: dict) -> str | None:
 
 def train_table(result: dict) -> str:
     """One line per (vocab, batch, mode, variant)."""
-    headers = ["V", "B", "mode", "variant", "step ms", "real tok/s", "positions/s", "MFU",
+    headers = ["V", "B", "mode", "variant", "step ms", "kernel ms", "real tok/s", "positions/s", "MFU",
                "peak GiB", "first loss"]
     modes, variants = ("eager", "compile"), _TRAIN_VARIANTS
 
@@ -36,9 +36,9 @@ def train_table(result: dict) -> str:
         head = [r["vocab"], r["batch"], r["mode"], r["variant"]]
         bad = _status(r)
         if bad is not None:
-            rows.append(head + [bad, "", "", "", "", ""])
+            rows.append(head + [bad, "", "", "", "", "", ""])
             continue
-        rows.append(head + [_num(r["ms"], ".1f"), _num(r["real_tokens_per_s"], ",.0f"),
+        rows.append(head + [_num(r["ms"], ".1f"), _num(r.get("kernel_ms"), ".1f"), _num(r["real_tokens_per_s"], ",.0f"),
                             _num(r["positions_per_s"], ",.0f"), _num(r.get("mfu"), ".3f"),
                             _num(r.get("peak_gib"), ".2f"), _num(r.get("first_loss"), ".4f")])
     return markdown_table(headers, rows)

@@ -105,6 +105,29 @@ def time_calls(fn: Callable[[], object], *, device: torch.device, warmup: int, r
     return {"ms": median(times), "ms_all": times, "peak_gib": peak_gib(device), "warmup_ms": warm}
 
 
+def kernel_ms(fn: Callable[[], object], *, device: torch.device, calls: int = 2) -> float | None:
+    """The GPU's kernel time per call of ``fn`` in ms (``calls`` calls under the torch profiler:
+    the sum of every kernel's own time), or None off CUDA or where the profiler cannot say.
+
+    Unlike the wall time of a call, this does not move with the speed of the host: two machines
+    with the same GPU give the same figure, where a slower host leaves the GPU idle for longer."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            sync(device)
+    except RuntimeError:  # (a profiler already running, or none for this build)
+        return None
+    total_us = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / calls / 1e3 if total_us else None
+
+
 def guarded(fn: Callable[[], dict], device: torch.device) -> dict:
     """``{"status": "ok", **fn()}``, or ``{"status": "oom"}`` / ``{"status": "error", ...}``.
 

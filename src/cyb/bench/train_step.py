@@ -25,7 +25,10 @@ as ``train.compile`` does).  A step is forward, backward, AdamW (fused on CUDA) 
 gradients, with bf16 parameters (``precision="bf16"``, as the reference measurements and
 ``cyb train`` with ``model.dtype: bfloat16``), or float32 parameters under bf16 autocast
 (``"autocast"``: the ``cyb train`` default on GPU), or float32.  Every variant starts from the
-same weights; the data layout is prepared once, outside the timed step.
+same weights; the data layout is prepared once, outside the timed step.  On CUDA each row also
+has the GPU's kernel time per step (``kernel_ms``: two more steps under the torch profiler) and
+its share of the step (``gpu_busy``): the figure to compare across machines, as the step time
+also moves with the speed of the host.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from ..runtime import autocast
 from . import flops as flops_mod
 from .models import SHAPE_134M, SHAPE_TINY, ModelShape, build_hf_model, num_params
 from .models import random_ids, real_ids_limit, wrap
-from .timing import Budget, device_name, environment, free_memory, guarded, time_calls, write_json
+from .timing import Budget, device_name, environment, free_memory, guarded, kernel_ms, time_calls, write_json
 
 VARIANTS = ("baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused", "cyb_fused_lowmem",
             "cyb_private", "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense")
@@ -279,6 +282,8 @@ class _Case:
             res = time_calls(step, device=device, warmup=warmup, repeats=cfg.repeats)
             res["first_loss"] = float(losses[0].float())
             res["loss"] = float(losses[-1].float())
+            res["kernel_ms"] = kernel_ms(step, device=device)
+            res["gpu_busy"] = res["kernel_ms"] / res["ms"] if res["kernel_ms"] else None
         finally:  # (the optimiser state goes with this frame)
             optimizer.zero_grad(set_to_none=True)
         return res | self._rates(variant, res["ms"])
@@ -466,5 +471,6 @@ def format_row(row: dict) -> str:
         return f"{head} {row.get('status')} {row.get('reason', '')}".rstrip()
     mem = "" if row.get("peak_gib") is None else f" {row['peak_gib']:7.2f} GiB"
     mfu = "" if row.get("mfu") is None else f" MFU {row['mfu']:.3f}"
-    return (f"{head} {row['ms']:9.1f} ms  {row['real_tokens_per_s'] / 1e3:8.1f}k real tok/s  "
+    kernels = "" if row.get("kernel_ms") is None else f" (kernels {row['kernel_ms']:.1f} ms)"
+    return (f"{head} {row['ms']:9.1f} ms{kernels}  {row['real_tokens_per_s'] / 1e3:8.1f}k real tok/s  "
             f"{row['positions_per_s'] / 1e3:8.1f}k pos/s{mfu}{mem}  loss {row['loss']:.3f}")

@@ -63,9 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     train = sub.add_parser("train", formatter_class=_FMT,
                            help="one optimiser step: baseline, TBYS (HF loss / Liger), CYB naive/fused, "
                                 "shared / private / gated pauses",
-                           description="Training-step time, tokens/s, MFU and peak memory of each "
-                                       "method and pause layout on a Llama of the 134 M shape or "
-                                       "SmolLM2-135M's (see cyb.bench.train_step).")
+                           description="Training-step time, the GPU's kernel time per step, tokens/s, "
+                                       "MFU and peak memory of each method and pause layout on a Llama of "
+                                       "the 134 M shape or SmolLM2-135M's (see cyb.bench.train_step).")
     _common(train)
     train.add_argument("--case", dest="cases", type=_case, action="append", metavar="VOCAB:BATCH",
                        help="a (vocabulary, batch) case, repeatable (default: 32768:4 262144:8)"
