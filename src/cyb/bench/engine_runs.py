@@ -68,15 +68,15 @@ def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, w
     return out
 
 
-def steady_rates(model, *, rows: int, mode: str, prompt_len: int = 256, timed: int = 50, id_limit: int | None = None,
+def steady_rates(model, *, rows: int, mode: str, id_limit: int, prompt_len: int = 256, timed: int = 50,
                  seed: int = 1) -> dict:
     """The engine's steady decoding step with ``rows`` rows and its prefill rate
-    (:func:`engine_rate` on ``rows`` random prompts of ``prompt_len`` tokens; the positions per
-    step the engine picks for ``mode`` and ``rows``): ``step_ms``, ``positions_per_step``,
-    ``real_tokens_per_s`` and ``prefill_columns_s`` (cache columns prefilled per second)."""
-    limit = id_limit if id_limit is not None else min(model.vocab.special_ids, default=model.vocab.vocab_size)
+    (:func:`engine_rate` on ``rows`` random prompts of ``prompt_len`` ids below ``id_limit``; the
+    positions per step the engine picks for ``mode`` and ``rows``): ``step_ms``,
+    ``positions_per_step``, ``real_tokens_per_s`` and ``prefill_columns_s`` (cache columns
+    prefilled per second)."""
     g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(0, limit, (rows, prompt_len), generator=g).tolist()
+    prompts = torch.randint(0, id_limit, (rows, prompt_len), generator=g).tolist()
     r = engine_rate(model, prompts, mode=mode, positions="auto", warmup=4, timed=timed)
     columns = RowLayout.of(model.vocab, model.pause_visibility).prefill(prompts[0]).columns
     return {"step_ms": r["step_ms"], "positions_per_step": r["positions_per_step"],
