@@ -234,23 +234,27 @@ def test_row_streams():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("row_attention", [None, False], ids=["row-attention", "masked"])
 @pytest.mark.parametrize("visibility,scheme", LAYOUTS)
-def test_cuda_graph_engine_equals_the_reference(visibility, scheme):
-    """On CUDA the engine's steps are graphs (captured per batch size and attention limit):
-    float32, every mode, greedy and sampled, rows coming and going, the eager decoder's and the
-    reference's decisions."""
+def test_cuda_graph_engine_equals_the_reference(visibility, scheme, row_attention):
+    """On CUDA the engine's steps are graphs (captured per batch size, and per attention limit
+    when attention runs through the mask): float32, every mode, greedy and sampled, rows coming
+    and going, the eager decoder's and the reference's decisions; attention over each row's own
+    columns (the default where triton is installed) and through the mask."""
     from cyb.generation import generate
 
     pm = layout_model(visibility, scheme=scheme).to("cuda")
     prompts = [encode(p) for p in PROMPTS + ["0123456789", "b"]]
     keys = row_keys(len(prompts), seed=2)
-    small = EngineOptions(max_slots=3, prefill_chunk=4, attention_bucket=4, bucket_min_rows=1)
+    small = EngineOptions(max_slots=3, prefill_chunk=4, attention_bucket=4, bucket_min_rows=1,
+                          row_attention=row_attention)
     for mode in ("fixed", "adaptive"):
         for s in (Sampling(), SAMPLED):
             for positions in ("one", "block"):
                 got, engine = engine_run(pm, prompts, mode, s, max_new=[12] * len(prompts), keys=keys,
                                          options=dataclasses.replace(small, positions=positions))
-                assert engine.runner.use_graph and len(engine.runner.graphs) > 1
+                assert engine.runner.use_graph and engine.runner.row_attention == (row_attention is None)
+                assert engine.runner.row_attention or len(engine.runner.graphs) > 1
                 for i, p in enumerate(prompts):
                     assert_same(got[i], reference(pm, p, 12, mode, s, keys[i]))
             opts = dict(mode=mode, max_new_tokens=12, eos_token_ids=(), sample=s.sample,

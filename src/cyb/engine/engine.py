@@ -73,6 +73,10 @@ class EngineOptions:
             smaller ones cover the whole capacity.  Without graphs it covers the columns in
             use rounded up to 16.
         capacity_multiple: columns per row are rounded up to a multiple of this.
+        row_attention: decoding steps attend over each row's own columns through a Triton kernel
+            (a step costs the columns its rows hold, and one CUDA graph serves every length);
+            None: on CUDA where the model allows it (:func:`cyb.engine.runner.row_attention_reason`),
+            False: through the mask, up to the attention limit above.
         read_at: an ablation: every token is read out at this step, whatever the model's dk
             says (1: no pause taken, the pauses removed at inference; ``M``: every pause taken;
             the reported ``d`` stays the model's own, fixed-mode rows still feed all pauses);
@@ -90,6 +94,7 @@ class EngineOptions:
     attention_bucket: int = 256
     bucket_min_rows: int = 8
     capacity_multiple: int = 128
+    row_attention: bool | None = None
     read_at: int | None = None
 
     def __post_init__(self) -> None:
@@ -107,6 +112,8 @@ class EngineOptions:
         if self.read_at is not None and (not isinstance(self.read_at, int) or isinstance(self.read_at, bool)
                                          or self.read_at < 1):
             raise ValueError(f"read_at must be a step >= 1 or None, got {self.read_at!r}")
+        if self.row_attention not in (None, True, False):
+            raise ValueError(f"row_attention must be True, False or None, got {self.row_attention!r}")
         if self.cache_bytes is not None and (not isinstance(self.cache_bytes, int) or self.cache_bytes < 1):
             raise ValueError(f"cache_bytes must be a positive integer or None, got {self.cache_bytes!r}")
 
@@ -182,7 +189,7 @@ class Engine:
                          self.capacity, self.capacity + self.q - 1,
                          limit - 1 if isinstance(limit, int) else None, device)
         graphs = opts.cuda_graph if opts.cuda_graph is not None else device.type == "cuda"
-        self.runner = Runner(model, self.cache, self.rows, cuda_graph=graphs)
+        self.runner = Runner(model, self.cache, self.rows, cuda_graph=graphs, row_attention=opts.row_attention)
         self.scheduler = Scheduler(self.slots, prefill_chunk=opts.prefill_chunk, prefill_rows=opts.prefill_rows)
         self.lookahead = device.type == "cuda"
         self._tracked: dict[int, Tracked] = {}
@@ -298,6 +305,8 @@ class Engine:
         """Attention limit covering columns ``0 .. bound-1`` (see :class:`EngineOptions`).
         Without graphs nothing is captured per limit: it follows the columns in use closely."""
         opts = self.options
+        if self.runner.row_attention:  # each row reads its own columns whatever the limit
+            return self.capacity
         if not self.runner.use_graph:
             return min(-(-bound // EAGER_BUCKET) * EAGER_BUCKET, self.capacity)
         if rows < opts.bucket_min_rows:

@@ -7,6 +7,10 @@ its row's columns up to its own), reads out and moves the rows on.  Gated models
 written column as a pause or not, and hand attention the other tokens' pauses of each row, where
 the layer's gate is added (:mod:`cyb.model.attention`).
 
+On CUDA, where the model allows it (:func:`row_attention_reason`), attention reads each row only
+up to its own last column (:func:`cyb.kernels.row_attention.row_attention`) rather than every
+row up to ``limit``: a step then costs the columns its rows hold.
+
 On CUDA each ``(n, Q, limit, sampling kind)`` is captured once as a CUDA graph (after a warm-up
 with every row pointed at the scratch columns) and replayed; the graphs share one memory pool.
 Elsewhere the same step runs eagerly.  Nothing in a step is read back to the host.
@@ -29,6 +33,29 @@ from .readout import SamplingKind
 from .rows import Rows, to_device
 
 
+def row_attention_reason(model) -> str | None:
+    """Why decoding steps of ``model`` (a :class:`cyb.PauseModel`) cannot run the row attention
+    kernel (:mod:`cyb.kernels.row_attention`), or None."""
+    from ..kernels import triton_available
+
+    cfg = hf.text_config(model.config)
+    if model.device.type != "cuda":
+        return "it runs on CUDA only"
+    if not triton_available():
+        return "it needs triton"
+    if hf.attention_of(model.hf_model) not in (None, "sdpa", hf.PAUSE_ATTENTION):
+        return f"the model's attention is {hf.attention_of(model.hf_model)!r}, not sdpa"
+    if hf.has_sliding_window(model.config):
+        return "the model has sliding-window layers"
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        return "the model softcaps its attention logits"
+    from .cache import kv_shape
+
+    if kv_shape(model)[2] > 256:
+        return "its head dimension is above 256"
+    return None
+
+
 class Runner:
     """Steps and prefill of one model on one cache (see the module docstring).
 
@@ -37,9 +64,12 @@ class Runner:
         cache: its :class:`SlotCache`.
         rows: the slots' :class:`Rows`.
         cuda_graph: capture decoding steps as CUDA graphs (CUDA only).
+        row_attention: decoding steps attend over each row's own columns (None: wherever
+            :func:`row_attention_reason` allows; True where it does not raises a ValueError).
     """
 
-    def __init__(self, model, cache: SlotCache, rows: Rows, *, cuda_graph: bool) -> None:
+    def __init__(self, model, cache: SlotCache, rows: Rows, *, cuda_graph: bool,
+                 row_attention: bool | None = None) -> None:
         self.model, self.cache, self.rows = model, cache, rows
         self.decoder = model.decoder
         self.cache_arg = hf.cache_arg_name(self.decoder)
@@ -60,6 +90,13 @@ class Runner:
                 self.sliding and self.layout.real_only) != (self.col_pos is not None):
             raise ValueError("the cache's per-column tags and positions do not match the model "
                              "(SlotCache.for_model builds the cache a model needs)")
+        reason = row_attention_reason(model)
+        if row_attention and reason is not None:
+            raise ValueError(f"row attention cannot run this model: {reason}")
+        #: decoding steps attend over each row's own columns (the model's attention function
+        #: then becomes :data:`cyb.model.attention.PAUSE_ATTENTION`, which reads ``pause_rows``)
+        self.row_attention = reason is None and row_attention is not False and attention.use_pause_attention(
+            model.hf_model)
         self.use_graph = bool(cuda_graph)
         if self.use_graph and device.type != "cuda":
             raise ValueError("cuda_graph needs the model on a CUDA device")
@@ -101,10 +138,15 @@ class Runner:
         if self.col_pos is not None:
             self.col_pos[self.cache.row_index[:n].unsqueeze(1), cols] = pos
         extra = {}
+        foreign = None
         if self.tags is not None:
             self.tags[self.cache.row_index[:n].unsqueeze(1), cols] = rows.is_pause_fed(n, q)
             earlier = self.columns[:limit].unsqueeze(0) < rows.real_col[:n].unsqueeze(1)
-            extra["pause_foreign"] = (self.tags[:n, :limit] & earlier).view(n, 1, 1, limit).expand(n, 1, q, limit)
+            foreign = self.tags[:n, :limit] & earlier
+            if not self.row_attention:
+                extra["pause_foreign"] = foreign.view(n, 1, 1, limit).expand(n, 1, q, limit)
+        if self.row_attention:  # (rows that are not decoding see nothing: they read no column)
+            extra["pause_rows"] = (torch.where(rows.active[:n].unsqueeze(1), cols, -1), foreign)
         hidden = self._forward(ids, pos, self._mask(cols, limit, pos), **extra)
         rows.advance(n, self.model.logits(hidden), kind)
 

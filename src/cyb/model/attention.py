@@ -87,7 +87,12 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     ``pause_blocks=(token, step)`` (``[B', T]`` each, in the order of the queries and keys)
     marks a gated layout: the module's gate (:mod:`cyb.model.gates`) is added to the logits of
     keys that are pauses of earlier tokens.  ``pause_foreign`` (bool ``[B, 1, T, K]``) says
-    which keys those are directly, for queries against a cache (:mod:`cyb.engine`)."""
+    which keys those are directly, for queries against a cache (:mod:`cyb.engine`).
+    ``pause_rows=(last, foreign)`` runs a decoding step's attention over each row's own columns
+    (:func:`cyb.kernels.row_attention.row_attention`; the mask is not read)."""
+    rows = kwargs.pop("pause_rows", None)
+    if rows is not None:
+        return _row_attention(module, query, key, value, rows, scaling, kwargs), None
     blocks = kwargs.pop("pause_blocks", None)
     foreign = kwargs.pop("pause_foreign", None)
     split = kwargs.pop("pause_split", None)
@@ -141,6 +146,18 @@ def _split_attention(module, query, key, value, split: tuple, dropout: float, sc
     num_steps, gated = split
     gate = gates.required_gate(module) if gated else None
     return split_attention(query, key, value, num_steps, scale=scaling, gate=gate)
+
+
+def _row_attention(module, query, key, value, rows: tuple, scaling, kwargs):
+    """A decoding step's attention, each row over its own columns; ``rows = (last [n, Q],
+    foreign [n, W] or None)`` (gated pauses: the columns that get the module's gate)."""
+    from ..kernels.row_attention import row_attention
+
+    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
+        raise ValueError("the engine's row attention has no logit softcap or sliding window")
+    last, foreign = rows
+    gate = gates.required_gate(module) if foreign is not None else None
+    return row_attention(query, key, value, last, scale=scaling, foreign=foreign, gate=gate)
 
 
 #: how a private or gated layout's attention runs (:func:`choose_kernel`)
