@@ -18,6 +18,9 @@ tokens and answers of 8-256 (seeded, no EOS), ``C`` slots:
   rows, every slot busy) at the steady step time (:func:`cyb.bench.engine_runs.steady_rates`,
   :func:`cyb.bench.engine_runs.ceiling_tokens_per_s`).
 
+``--row-attention off`` runs every engine of the job with ``EngineOptions(row_attention=False)``
+(attention through the mask up to the batch's bucketed limit) rather than the default.
+
 ``--profile`` runs the first case's continuous job once more under :mod:`torch.profiler` and
 writes the GPU's kernel time, host-device copies, synchronisations and kernel launches; the
 busy share of the GPU is its kernel time over the wall time of the unprofiled run (the
@@ -49,24 +52,32 @@ def sync():
         torch.cuda.synchronize()
 
 
+#: EngineOptions.row_attention of every engine in the run (--row-attention)
+ROW_ATTENTION = {"auto": None, "off": False, "on": True}
+ROW = {"value": None}
+
+
 def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=None, prefill_rows=None):
     """The continuous engine offline (graph captures taken out): every request submitted at once,
     or by ``clients`` closed-loop clients (:func:`cyb.bench.serve.offline_engine`)."""
     layout = RowLayout.of(pm.vocab, pm.pause_visibility)
     capacity = max(layout.columns_needed(len(p), n) for p, n in items)
     return offline_engine(pm, items, slots=slots, mode=mode, capacity=capacity, refill=refill,
-                          refill_wait=refill_wait, clients=clients, prefill_rows=prefill_rows)
+                          refill_wait=refill_wait, clients=clients, prefill_rows=prefill_rows,
+                          row_attention=ROW["value"])
 
 
 def static(pm, items, *, batch, mode):
+    from cyb.engine import EngineOptions
     from cyb.generation import generate
 
+    options = EngineOptions(row_attention=ROW["value"])
     sync()
     t0 = time.perf_counter()
     for s in range(0, len(items), batch):
         part = items[s:s + batch]
         generate(pm, [p for p, _ in part], mode=mode, max_new_tokens=max(n for _, n in part), eos_token_ids=(),
-                 max_batch=batch)
+                 max_batch=batch, engine_options=options)
     sync()
     seconds = time.perf_counter() - t0
     tokens = sum(n for _, n in items)
@@ -124,8 +135,11 @@ def main(argv=None):
     ap.add_argument("--closed-prefill-rows", type=int, nargs="*", default=[],
                     help="EngineOptions.prefill_rows values of further closed-loop runs (refill_wait at its "
                          "default): the prefill forward's size against the latency it adds")
+    ap.add_argument("--row-attention", choices=sorted(ROW_ATTENTION), default="auto",
+                    help="EngineOptions.row_attention of every engine (auto: the default)")
     ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (a smoke run)")
     a = ap.parse_args(argv)
+    ROW["value"] = ROW_ATTENTION[a.row_attention]
     os.makedirs(a.out, exist_ok=True)
     dev = torch.device("cpu" if a.quick else "cuda")
     m, vocab = 4, (256 if a.quick else 32768)
@@ -137,6 +151,7 @@ def main(argv=None):
     items = list(zip(*mixed_job(a.requests, (16, 512), (8, 256), limit, seed=a.concurrency)))
     calib = random_ids(64, 64, limit, seed=0).to(dev)
     result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+              "row_attention": a.row_attention,
               "concurrency": a.concurrency, "requests": a.requests, "cases": {}}
     for case in a.cases:
         if case == "none":
@@ -163,7 +178,7 @@ def main(argv=None):
             row["static"] = static(pm, items, batch=a.concurrency, mode=mode)
             print(case, "static", json.dumps(row["static"]), flush=True)
             row["continuous_vs_static"] = cont["real_tokens_per_s"] / row["static"]["tok_s"]
-        st = steady_rates(pm, rows=a.concurrency, mode=mode, id_limit=limit)
+        st = steady_rates(pm, rows=a.concurrency, mode=mode, id_limit=limit, row_attention=ROW["value"])
         row["steady"] = st
         row["ceiling_tok_s"] = ceiling_tokens_per_s(pm, [p for p, _ in items], [n for _, n in items], st,
                                                     decode_positions=cont["stats"]["decode_positions"],
@@ -178,7 +193,8 @@ def main(argv=None):
             row["gpu_busy_share_unprofiled"] = row["profile"]["gpu_busy_s"] / wall
             print(case, "profile", json.dumps(row["profile"]), flush=True)
         result["cases"][case] = row
-        with open(os.path.join(a.out, "traffic.json"), "w") as f:
+        with open(os.path.join(a.out, f"traffic{'' if a.row_attention == 'auto' else '-row-' + a.row_attention}.json"),
+                  "w") as f:
             json.dump(result, f, indent=1)
         torch.cuda.empty_cache()
 

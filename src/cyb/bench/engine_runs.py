@@ -30,13 +30,14 @@ from .timing import sync
 
 
 def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, warmup: int, timed: int,
-                cuda_graph: bool | None = None) -> dict:
-    """The engine's steady rate on ``prompts`` (see the module docstring)."""
+                cuda_graph: bool | None = None, row_attention: bool | None = None) -> dict:
+    """The engine's steady rate on ``prompts`` (see the module docstring; ``row_attention``:
+    :class:`~cyb.engine.EngineOptions`)."""
     m = model.vocab.num_steps
     max_new = warmup + timed + 4
     reqs = [Request(tuple(p), max_new, mode=mode) for p in prompts]
     opts = EngineOptions(positions=positions, cuda_graph=cuda_graph, max_slots=len(prompts),
-                         prefill_rows=64, prefill_chunk=2048)
+                         prefill_rows=64, prefill_chunk=2048, row_attention=row_attention)
     engine = Engine.sized_for(model, reqs, options=opts)
     for r in reqs:
         engine.submit(r)
@@ -69,7 +70,7 @@ def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, w
 
 
 def steady_rates(model, *, rows: int, mode: str, id_limit: int, prompt_len: int = 256, timed: int = 50,
-                 seed: int = 1) -> dict:
+                 seed: int = 1, row_attention: bool | None = None) -> dict:
     """The engine's steady decoding step with ``rows`` rows and its prefill rate
     (:func:`engine_rate` on ``rows`` random prompts of ``prompt_len`` ids below ``id_limit``; the
     positions per step the engine picks for ``mode`` and ``rows``): ``step_ms``,
@@ -77,7 +78,7 @@ def steady_rates(model, *, rows: int, mode: str, id_limit: int, prompt_len: int 
     prefilled per second)."""
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, id_limit, (rows, prompt_len), generator=g).tolist()
-    r = engine_rate(model, prompts, mode=mode, positions="auto", warmup=4, timed=timed)
+    r = engine_rate(model, prompts, mode=mode, positions="auto", warmup=4, timed=timed, row_attention=row_attention)
     columns = RowLayout.of(model.vocab, model.pause_visibility).prefill(prompts[0]).columns
     return {"step_ms": r["step_ms"], "positions_per_step": r["positions_per_step"],
             "real_tokens_per_s": r.get("real_tokens_per_s"), "prefill_columns_s": rows * columns / r["prefill_s"]}
