@@ -52,26 +52,26 @@ def sync():
         torch.cuda.synchronize()
 
 
-#: EngineOptions.row_attention of every engine in the run (--row-attention)
+#: EngineOptions.row_attention of every engine in the run, by --row-attention
 ROW_ATTENTION = {"auto": None, "off": False, "on": True}
-ROW = {"value": None}
 
 
-def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=None, prefill_rows=None):
+def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=None, prefill_rows=None,
+               row_attention=None):
     """The continuous engine offline (graph captures taken out): every request submitted at once,
     or by ``clients`` closed-loop clients (:func:`cyb.bench.serve.offline_engine`)."""
     layout = RowLayout.of(pm.vocab, pm.pause_visibility)
     capacity = max(layout.columns_needed(len(p), n) for p, n in items)
     return offline_engine(pm, items, slots=slots, mode=mode, capacity=capacity, refill=refill,
                           refill_wait=refill_wait, clients=clients, prefill_rows=prefill_rows,
-                          row_attention=ROW["value"])
+                          row_attention=row_attention)
 
 
-def static(pm, items, *, batch, mode):
+def static(pm, items, *, batch, mode, row_attention=None):
     from cyb.engine import EngineOptions
     from cyb.generation import generate
 
-    options = EngineOptions(row_attention=ROW["value"])
+    options = EngineOptions(row_attention=row_attention)
     sync()
     t0 = time.perf_counter()
     for s in range(0, len(items), batch):
@@ -84,12 +84,12 @@ def static(pm, items, *, batch, mode):
     return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds}
 
 
-def profile(pm, items, *, slots, mode, refill=0):
+def profile(pm, items, *, slots, mode, refill=0, row_attention=None):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof_ctx
 
     with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        res = continuous(pm, items, slots=slots, mode=mode, refill=refill)
+        res = continuous(pm, items, slots=slots, mode=mode, refill=refill, row_attention=row_attention)
     events = prof.events()
     spans = sorted((e.time_range.start, e.time_range.end) for e in events
                    if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
@@ -139,7 +139,7 @@ def main(argv=None):
                     help="EngineOptions.row_attention of every engine (auto: the default)")
     ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (a smoke run)")
     a = ap.parse_args(argv)
-    ROW["value"] = ROW_ATTENTION[a.row_attention]
+    row_attention = ROW_ATTENTION[a.row_attention]
     os.makedirs(a.out, exist_ok=True)
     dev = torch.device("cpu" if a.quick else "cuda")
     m, vocab = 4, (256 if a.quick else 32768)
@@ -160,25 +160,27 @@ def main(argv=None):
             vis, mode = case.split("-")
             pm, _ = adaptive_fixture(hf, m, calib, 0.1, vis)
         row = {}
-        continuous(pm, items[:8], slots=a.concurrency, mode=mode)  # warm-up
+        continuous(pm, items[:8], slots=a.concurrency, mode=mode, row_attention=row_attention)  # warm-up
         for refill in a.refill:
-            cont = continuous(pm, items, slots=a.concurrency, mode=mode, refill=refill)
+            cont = continuous(pm, items, slots=a.concurrency, mode=mode, refill=refill, row_attention=row_attention)
             row[f"continuous_refill{refill}"] = cont
             print(case, f"continuous refill={refill}", json.dumps(cont), flush=True)
         for wait in a.closed_waits:
-            closed = continuous(pm, items, slots=a.concurrency, mode=mode, refill_wait=wait, clients=a.concurrency)
+            closed = continuous(pm, items, slots=a.concurrency, mode=mode, refill_wait=wait, clients=a.concurrency,
+                                row_attention=row_attention)
             row[f"closed_loop_wait{wait}"] = closed
             print(case, f"closed loop refill_wait={wait}", json.dumps(closed), flush=True)
         for rows in a.closed_prefill_rows:
-            closed = continuous(pm, items, slots=a.concurrency, mode=mode, clients=a.concurrency, prefill_rows=rows)
+            closed = continuous(pm, items, slots=a.concurrency, mode=mode, clients=a.concurrency, prefill_rows=rows,
+                                row_attention=row_attention)
             row[f"closed_loop_prefill_rows{rows}"] = closed
             print(case, f"closed loop prefill_rows={rows}", json.dumps(closed), flush=True)
         cont = max((row[f"continuous_refill{r}"] for r in a.refill), key=lambda c: c["real_tokens_per_s"])
         if not a.no_static:
-            row["static"] = static(pm, items, batch=a.concurrency, mode=mode)
+            row["static"] = static(pm, items, batch=a.concurrency, mode=mode, row_attention=row_attention)
             print(case, "static", json.dumps(row["static"]), flush=True)
             row["continuous_vs_static"] = cont["real_tokens_per_s"] / row["static"]["tok_s"]
-        st = steady_rates(pm, rows=a.concurrency, mode=mode, id_limit=limit, row_attention=ROW["value"])
+        st = steady_rates(pm, rows=a.concurrency, mode=mode, id_limit=limit, row_attention=row_attention)
         row["steady"] = st
         row["ceiling_tok_s"] = ceiling_tokens_per_s(pm, [p for p, _ in items], [n for _, n in items], st,
                                                     decode_positions=cont["stats"]["decode_positions"],
@@ -186,7 +188,7 @@ def main(argv=None):
         row["continuous_vs_ceiling"] = cont["real_tokens_per_s"] / row["ceiling_tok_s"]
         print(case, "steady", json.dumps(st), "ceiling", round(row["ceiling_tok_s"]), flush=True)
         if a.profile and case == a.cases[0]:
-            row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, refill=a.refill[0])
+            row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, refill=a.refill[0], row_attention=row_attention)
             # the profiler slows the host (every kernel of a graph is traced): the GPU's kernel time
             # over the wall time of the same job unprofiled
             wall = row[f"continuous_refill{a.refill[0]}"]["seconds"]
