@@ -59,19 +59,6 @@ def test_sliding_window_models(visibility, mode):
             assert_same(got[i], reference(pm, p, 8, mode, s, keys[i]))
 
 
-@pytest.fixture
-def interpreted_kernels():
-    """The row attention kernel on CPU tensors (triton's interpreter)."""
-    from cyb.kernels import triton_available
-
-    if not triton_available():
-        pytest.skip("triton is not installed")
-    import triton.language as tl
-
-    if type(tl.max).__name__ != "InterpretedFunction":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 earlier in this process")
-
-
 #: the suite's cases of the row attention engine test (one each: every layout, both position
 #: schemes, both ways of feeding, both windows); ``-m slow`` runs every combination
 ROW_CASES = [("shared", "advance", "one"), ("private", "shared", "block"), ("gated", "advance", "one"),
@@ -82,7 +69,7 @@ ROW_ALL = [(v, sch, q) for v, sch in LAYOUTS + [("gemma3-shared", ""), ("gemma3-
 
 @pytest.mark.parametrize("visibility,scheme,positions",
                          ROW_CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in ROW_ALL if c not in ROW_CASES])
-def test_row_attention_equals_the_no_cache_reference(interpreted_kernels, visibility, scheme, positions):
+def test_row_attention_equals_the_no_cache_reference(triton_interpreted, visibility, scheme, positions):
     """The engine with attention over each row's own columns (the kernel interpreted on the
     CPU): every layout, and Gemma 3's sliding windows in columns (shared) and in positions
     (private); rows that join mid-decode and prompts in several prefill chunks; greedy and

@@ -121,19 +121,9 @@ def test_wrong_shapes_are_refused():
         row_attention_reference(query, key, value, last, window=0)
 
 
-@pytest.fixture
-def interpreted():
-    if not triton_available():
-        pytest.skip("triton is not installed")
-    import triton.language as tl
-
-    if type(tl.max).__name__ != "InterpretedFunction":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 earlier in this process")
-
-
 @pytest.mark.parametrize("kind", WINDOWS)
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_kernel_interpreted(interpreted, shape, kind):
+def test_kernel_interpreted(triton_interpreted, shape, kind):
     query, key, value, last, foreign, gate = inputs(shape)
     win = window_args(shape, kind)
     out = row_attention(query, key, value, last, scale=0.3, foreign=foreign, gate=gate, **win)
@@ -142,7 +132,7 @@ def test_kernel_interpreted(interpreted, shape, kind):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_kernel_interpreted_extreme_logits(interpreted):
+def test_kernel_interpreted_extreme_logits(triton_interpreted):
     """Logits of +-1e4: the online softmax must not overflow or lose the largest one."""
     shape = (2, 2, 1, 1, 16, 200, True)
     query, key, value, last, foreign, gate = inputs(shape, scale_logits=300.0)
