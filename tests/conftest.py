@@ -21,3 +21,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def triton_interpreted():
+    """Triton kernels on CPU tensors (the interpreter); skips without triton, or when triton was
+    imported before ``TRITON_INTERPRET=1`` was set."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    import triton.language as tl
+
+    if type(tl.max).__name__ != "InterpretedFunction":
+        pytest.skip("triton was imported without TRITON_INTERPRET=1 earlier in this process")

@@ -151,10 +151,10 @@ def assert_same(got, want):
                                equal_nan=True, atol=1e-5, rtol=1e-4)
 
 
-def sliding_model(family: str, visibility: str) -> PauseModel:
+def sliding_model(family: str, visibility: str, attn: str = "eager") -> PauseModel:
     """A model with sliding-window layers, prompts longer than its windows: ``gemma2``
     (softcapped, every other layer sliding, windows of 6) or ``gemma3`` (windows of 4, every
-    other layer full), eager attention, with a dk row that makes both dk and answers occur."""
+    other layer full), ``attn`` attention, with a dk row that makes both dk and answers occur."""
     import transformers
 
     from cyb.data.synthetic import CharTokenizer
@@ -171,7 +171,7 @@ def sliding_model(family: str, visibility: str) -> PauseModel:
                                             layer_types=["sliding_attention", "full_attention"])
     torch.manual_seed(0)
     pm = PauseModel.from_config(cfg, CharTokenizer().to_hf(), num_steps=M, psi_dk=0.5,
-                                pause_visibility=visibility, attn_implementation="eager").eval()
+                                pause_visibility=visibility, attn_implementation=attn).eval()
     with torch.no_grad():
         w = pm.hf_model.get_output_embeddings().weight
         w[pm.settings.dk_id] = torch.randn(w.shape[1]) * 0.3

@@ -59,6 +59,53 @@ def test_sliding_window_models(visibility, mode):
             assert_same(got[i], reference(pm, p, 8, mode, s, keys[i]))
 
 
+#: the suite's cases of the row attention engine test (one each: every layout, both position
+#: schemes, both ways of feeding, both windows); ``-m slow`` runs every combination
+ROW_CASES = [("shared", "advance", "one"), ("private", "shared", "block"), ("gated", "advance", "one"),
+             ("gemma3-shared", "", "block"), ("gemma3-private", "", "one")]
+ROW_ALL = [(v, sch, q) for v, sch in LAYOUTS + [("gemma3-shared", ""), ("gemma3-private", "")]
+           for q in ("one", "block")]
+
+
+@pytest.mark.parametrize("visibility,scheme,positions",
+                         ROW_CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in ROW_ALL if c not in ROW_CASES])
+def test_row_attention_equals_the_no_cache_reference(triton_interpreted, visibility, scheme, positions):
+    """The engine with attention over each row's own columns (the kernel interpreted on the
+    CPU): every layout, and Gemma 3's sliding windows in columns (shared) and in positions
+    (private); rows that join mid-decode and prompts in several prefill chunks; greedy and
+    sampled, fixed and adaptive."""
+    if visibility.startswith("gemma3"):
+        pm = sliding_model("gemma3", visibility.split("-")[1], attn="sdpa")
+    else:
+        pm = layout_model(visibility, scheme=scheme)
+    prompts = [encode(p) for p in PROMPTS]
+    keys = row_keys(len(prompts), seed=5)
+    options = EngineOptions(positions=positions, row_attention=True, max_slots=3, prefill_chunk=5)
+    for mode, s in (("fixed", Sampling()), ("adaptive", SAMPLED)):
+        got, engine = engine_run(pm, prompts, mode, s, keys=keys, options=options)
+        assert engine.runner.row_attention
+        for i, p in enumerate(prompts):
+            assert_same(got[i], reference(pm, p, 8, mode, s, keys[i]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("visibility", ["shared", "private"])
+def test_cuda_row_attention_sliding_windows(visibility):
+    """Gemma 3's windows (in columns under shared pauses, in positions under private ones)
+    through the compiled kernel in CUDA graphs, against the reference."""
+    pm = sliding_model("gemma3", visibility, attn="sdpa").to("cuda")
+    prompts = [encode(p) for p in PROMPTS]
+    keys = row_keys(len(prompts), seed=6)
+    for mode, s in (("fixed", Sampling()), ("adaptive", SAMPLED)):
+        for positions in ("one", "block"):
+            options = EngineOptions(max_slots=3, prefill_chunk=5, positions=positions)
+            got, engine = engine_run(pm, prompts, mode, s, keys=keys, options=options)
+            assert engine.runner.row_attention and engine.runner.use_graph
+            for i, p in enumerate(prompts):
+                assert_same(got[i], reference(pm, p, 8, mode, s, keys[i]))
+
+
 @pytest.mark.parametrize("kind", ["tbys", "baseline"])
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
 def test_models_without_dk(kind, mode):

@@ -40,13 +40,33 @@ def inputs(shape, *, dtype=torch.float32, device="cpu", seed=0, scale_logits=1.0
     return query, key, value, last, foreign, gate
 
 
-def masked_softmax(query, key, value, last, foreign, gate, scale):
+def window_inputs(shape, in_positions: bool, seed=0):
+    """``(window, query_pos, key_pos)`` for a sliding window of 7, in columns or in positions
+    (columns hold increasing positions, some columns apart by more than one)."""
+    n, _, _, q_len, _, cols, _ = shape
+    if not in_positions:
+        return 7, None, None
+    g = torch.Generator().manual_seed(seed)
+    key_pos = torch.randint(1, 3, (n + 1, cols), generator=g).cumsum(1)
+    last = inputs(shape, seed=seed)[3]
+    query_pos = key_pos[:n].gather(1, last.clamp(min=0)) + 1
+    return 7, query_pos, key_pos
+
+
+def masked_softmax(query, key, value, last, foreign, gate, scale, window=None, query_pos=None, key_pos=None):
     """The engine's other path: sdpa over every column with the mask ``column <= last`` (and the
-    gate as an additive mask), float64; rows that see nothing left out."""
+    gate as an additive mask, a window cut as :func:`cyb.model.attention.per_layer_masks` cuts
+    it), float64; rows that see nothing left out."""
+    from cyb.model.attention import per_layer_masks
+
     n, heads, q_len, dim = query.shape
     cols = key.shape[2]
     group = heads // key.shape[1]
     seen = torch.arange(cols).view(1, 1, 1, cols) <= last.view(n, 1, q_len, 1)
+    if window is not None:
+        config = type("Config", (), {"sliding_window": window})()
+        qp, kp = (last, torch.arange(cols).expand(n, cols)) if query_pos is None else (query_pos, key_pos[:n])
+        seen = per_layer_masks(seen[:, 0], qp, kp, config)
     bias = torch.where(seen, 0.0, float("-inf")).double().expand(n, heads, q_len, cols)
     if gate is not None:
         bias = bias + torch.where(foreign[:n].view(n, 1, 1, cols), gate.double().view(1, heads, 1, 1), 0.0)
@@ -56,11 +76,24 @@ def masked_softmax(query, key, value, last, foreign, gate, scale):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:6])) + ("-gated" if s[6] else ""))
-def test_reference_is_the_masked_softmax(shape):
+IDS = ["x".join(map(str, s[:6])) + ("-gated" if s[6] else "") for s in SHAPES]
+WINDOWS = ["no-window", "window-in-columns", "window-in-positions"]
+
+
+def window_args(shape, kind: str) -> dict:
+    if kind == "no-window":
+        return {}
+    window, query_pos, key_pos = window_inputs(shape, kind == "window-in-positions")
+    return {"window": window, "query_pos": query_pos, "key_pos": key_pos}
+
+
+@pytest.mark.parametrize("kind", WINDOWS)
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_reference_is_the_masked_softmax(shape, kind):
     query, key, value, last, foreign, gate = inputs(shape, dtype=torch.float64)
-    ref = row_attention_reference(query, key, value, last, scale=0.3, foreign=foreign, gate=gate)
-    dense = masked_softmax(query, key, value, last, foreign, gate, 0.3)
+    win = window_args(shape, kind)
+    ref = row_attention_reference(query, key, value, last, scale=0.3, foreign=foreign, gate=gate, **win)
+    dense = masked_softmax(query, key, value, last, foreign, gate, 0.3, **win)
     sees = last[:, 0] >= 0
     torch.testing.assert_close(ref[sees], dense[sees], rtol=1e-12, atol=1e-12)
     assert (ref[~sees] == 0).all()
@@ -82,28 +115,24 @@ def test_wrong_shapes_are_refused():
         row_attention_reference(query, key, value, last, foreign=foreign)
     with pytest.raises(ValueError, match="evenly"):
         row_attention_reference(query[:, :1].expand(-1, 3, -1, -1), key, value, last)
+    with pytest.raises(ValueError, match="with a window"):
+        row_attention_reference(query, key, value, last, query_pos=last, key_pos=last)
+    with pytest.raises(ValueError, match="window must be"):
+        row_attention_reference(query, key, value, last, window=0)
 
 
-@pytest.fixture
-def interpreted():
-    if not triton_available():
-        pytest.skip("triton is not installed")
-    import triton.language as tl
-
-    if type(tl.max).__name__ != "InterpretedFunction":
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 earlier in this process")
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:6])) + ("-gated" if s[6] else ""))
-def test_kernel_interpreted(interpreted, shape):
+@pytest.mark.parametrize("kind", WINDOWS)
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_kernel_interpreted(triton_interpreted, shape, kind):
     query, key, value, last, foreign, gate = inputs(shape)
-    out = row_attention(query, key, value, last, scale=0.3, foreign=foreign, gate=gate)
-    ref = row_attention_reference(query, key, value, last, scale=0.3, foreign=foreign, gate=gate)
+    win = window_args(shape, kind)
+    out = row_attention(query, key, value, last, scale=0.3, foreign=foreign, gate=gate, **win)
+    ref = row_attention_reference(query, key, value, last, scale=0.3, foreign=foreign, gate=gate, **win)
     assert out.shape == ref.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_kernel_interpreted_extreme_logits(interpreted):
+def test_kernel_interpreted_extreme_logits(triton_interpreted):
     """Logits of +-1e4: the online softmax must not overflow or lose the largest one."""
     shape = (2, 2, 1, 1, 16, 200, True)
     query, key, value, last, foreign, gate = inputs(shape, scale_logits=300.0)
@@ -113,11 +142,13 @@ def test_kernel_interpreted_extreme_logits(interpreted):
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_engine_choice_on_the_cpu():
+def test_engine_choice_on_the_cpu(monkeypatch):
+    """On the CPU the engine attends through the mask unless row attention is asked for, which
+    runs only under triton's interpreter (the tests' check of its path)."""
     model = layout_model("private")
     assert row_attention_reason(model) == "it runs on CUDA only"
-    engine = Engine(model, capacity=32, slots=2)
-    assert not engine.runner.row_attention
+    assert not Engine(model, capacity=32, slots=2).runner.row_attention
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="row attention cannot run this model: it runs on CUDA only"):
         Engine(model, capacity=32, slots=2, options=EngineOptions(row_attention=True))
     with pytest.raises(ValueError, match="row_attention must be"):
@@ -125,16 +156,18 @@ def test_engine_choice_on_the_cpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", WINDOWS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", SHAPES + [(256, 12, 12, 1, 64, 1024, False), (5, 9, 3, 4, 64, 777, True),
                                             (2, 8, 2, 1, 128, 4000, False)],
                          ids=lambda s: "x".join(map(str, s[:6])) + ("-gated" if s[6] else ""))
-def test_kernel_cuda(shape, dtype):
+def test_kernel_cuda(shape, dtype, kind):
     if not torch.cuda.is_available() or not triton_available():
         pytest.skip("needs CUDA and triton")
     query, key, value, last, foreign, gate = inputs(shape, dtype=dtype, device="cuda")
-    out = row_attention(query, key, value, last, scale=0.125, foreign=foreign, gate=gate)
-    ref = row_attention_reference(query, key, value, last, scale=0.125, foreign=foreign, gate=gate)
+    win = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in window_args(shape, kind).items()}
+    out = row_attention(query, key, value, last, scale=0.125, foreign=foreign, gate=gate, **win)
+    ref = row_attention_reference(query, key, value, last, scale=0.125, foreign=foreign, gate=gate, **win)
     assert out.dtype == dtype
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)

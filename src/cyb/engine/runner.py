@@ -8,8 +8,9 @@ written column as a pause or not, and hand attention the other tokens' pauses of
 the layer's gate is added (:mod:`cyb.model.attention`).
 
 On CUDA, where the model allows it (:func:`row_attention_reason`), attention reads each row only
-up to its own last column (:func:`cyb.kernels.row_attention.row_attention`) rather than every
-row up to ``limit``: a step then costs the columns its rows hold.
+up to its own last column (:func:`cyb.kernels.row_attention.row_attention`; sliding windows cut
+in columns or positions as below) rather than every row up to ``limit``: a step then costs the
+columns its rows hold.
 
 On CUDA each ``(n, Q, limit, sampling kind)`` is captured once as a CUDA graph (after a warm-up
 with every row pointed at the scratch columns) and replayed; the graphs share one memory pool.
@@ -33,20 +34,20 @@ from .readout import SamplingKind
 from .rows import Rows, to_device
 
 
-def row_attention_reason(model) -> str | None:
+def row_attention_reason(model, *, requested: bool = False) -> str | None:
     """Why decoding steps of ``model`` (a :class:`cyb.PauseModel`) cannot run the row attention
-    kernel (:mod:`cyb.kernels.row_attention`), or None."""
+    kernel (:mod:`cyb.kernels.row_attention`), or None.  Off CUDA it runs only when
+    ``requested`` and under ``TRITON_INTERPRET=1`` (the tests' CPU check of the kernel's path)."""
     from ..kernels import triton_available
+    from ..kernels.chunk_ops import interpreting
 
     cfg = hf.text_config(model.config)
-    if model.device.type != "cuda":
+    if model.device.type != "cuda" and not (requested and interpreting()):
         return "it runs on CUDA only"
     if not triton_available():
         return "it needs triton"
     if hf.attention_of(model.hf_model) not in (None, "sdpa", hf.PAUSE_ATTENTION):
         return f"the model's attention is {hf.attention_of(model.hf_model)!r}, not sdpa"
-    if hf.has_sliding_window(model.config):
-        return "the model has sliding-window layers"
     if getattr(cfg, "attn_logit_softcapping", None) is not None:
         return "the model softcaps its attention logits"
     from .cache import kv_shape
@@ -90,7 +91,7 @@ class Runner:
                 self.sliding and self.layout.real_only) != (self.col_pos is not None):
             raise ValueError("the cache's per-column tags and positions do not match the model "
                              "(SlotCache.for_model builds the cache a model needs)")
-        reason = row_attention_reason(model)
+        reason = row_attention_reason(model, requested=bool(row_attention))
         if row_attention and reason is not None:
             raise ValueError(f"row attention cannot run this model: {reason}")
         #: decoding steps attend over each row's own columns (the model's attention function
@@ -146,7 +147,10 @@ class Runner:
             if not self.row_attention:
                 extra["pause_foreign"] = foreign.view(n, 1, 1, limit).expand(n, 1, q, limit)
         if self.row_attention:  # (rows that are not decoding see nothing: they read no column)
-            extra["pause_rows"] = (torch.where(rows.active[:n].unsqueeze(1), cols, -1), foreign)
+            last = torch.where(rows.active[:n].unsqueeze(1), cols, -1)
+            # sliding windows in positions (private pauses): the queries' and the columns' own
+            windows = (pos, self.col_pos) if self.col_pos is not None else (None, None)
+            extra["pause_rows"] = (last, foreign, *windows)
         hidden = self._forward(ids, pos, self._mask(cols, limit, pos), **extra)
         rows.advance(n, self.model.logits(hidden), kind)
 

@@ -33,7 +33,8 @@ def triton_available() -> bool:
         return False
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether ``TRITON_INTERPRET`` asks triton to run kernels on CPU tensors."""
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -53,7 +54,7 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
         raise RuntimeError("backend='triton' needs the triton package (pip install triton)")
     if dtype == torch.float64:
         raise TypeError("backend='triton' computes in float32; use backend='torch' for float64")
-    if device.type != "cuda" and not _interpreting():
+    if device.type != "cuda" and not interpreting():
         raise RuntimeError(
             f"backend='triton' runs on CUDA tensors, or on {device.type} tensors only with "
             "TRITON_INTERPRET=1 set before triton is first imported"

@@ -9,8 +9,10 @@ log-sum-exps.
 
 The rule is the engine's: the query at a row's column ``c`` sees columns ``0 .. c`` of that row,
 given as ``last [n, Q]`` (``-1``: none, the output is zero).  Gated pauses add a head's gate to
-the logits of the columns marked ``foreign`` (other tokens' pauses).  No mask, softcap or
-sliding window.
+the logits of the columns marked ``foreign`` (other tokens' pauses).  A sliding window of ``w``
+cuts what a query sees to the keys less than ``w`` behind it: in columns (``last - column < w``),
+or in positions, each query's and each column's own (``query_pos - key_pos[column] < w``).  No
+mask and no logit softcap.
 
 :func:`row_attention_reference` is the same computation in float64 with plain tensor ops (the
 tests' reference).  :func:`row_attention` runs the Triton kernels of
@@ -30,7 +32,7 @@ BLOCK_N = 64
 PROGRAMS_PER_SM = 2
 
 
-def _check(query, key, value, last, foreign, gate) -> None:
+def _check(query, key, value, last, foreign, gate, window=None, query_pos=None, key_pos=None) -> None:
     n, heads, q_len, dim = query.shape
     if key.dim() != 4 or key.shape[0] < n or key.shape[3] != dim or value.shape != key.shape:
         raise ValueError(f"key and value must be [>= n, kv_heads, W, {dim}] alike, got "
@@ -45,11 +47,20 @@ def _check(query, key, value, last, foreign, gate) -> None:
                              or foreign.shape[1] < key.shape[2]):
         raise ValueError(f"gate must be [{heads}] and foreign [n, >= W], got {tuple(gate.shape)} "
                          f"and {tuple(foreign.shape)}")
+    if (query_pos is None) != (key_pos is None) or (query_pos is not None and window is None):
+        raise ValueError("query_pos and key_pos go together, and with a window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be an integer >= 1 or None, got {window!r}")
+    if query_pos is not None and (tuple(query_pos.shape) != (n, q_len) or key_pos.shape[0] < n
+                                  or key_pos.shape[1] < key.shape[2]):
+        raise ValueError(f"query_pos must be [{n}, {q_len}] and key_pos [n, >= W], got {tuple(query_pos.shape)} "
+                         f"and {tuple(key_pos.shape)}")
 
 
 @functools.lru_cache(maxsize=None)
 def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    # (off CUDA: the interpreter, where every program costs; the kernel tests split on their own)
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def split_plan(rows: int, kv_heads: int, columns: int, device: torch.device) -> tuple[int, int]:
@@ -64,7 +75,8 @@ def split_plan(rows: int, kv_heads: int, columns: int, device: torch.device) -> 
 
 def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, last: torch.Tensor, *,
                   scale: float | None = None, foreign: torch.Tensor | None = None,
-                  gate: torch.Tensor | None = None) -> torch.Tensor:
+                  gate: torch.Tensor | None = None, window: int | None = None,
+                  query_pos: torch.Tensor | None = None, key_pos: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of ``n`` rows, each over its own columns (see the module docstring).
 
     Args:
@@ -75,6 +87,9 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, l
         scale: the logits' scale (None: ``D ** -0.5``).
         foreign: gated pauses: ``[>= n, >= W]`` bool, the columns whose logits get the gate.
         gate: gated pauses: ``[heads]``, each query head's gate (added, not scaled).
+        window: a sliding window (None: none), in columns, or in positions when ``query_pos``
+            (``[n, Q]`` integer, each query's position) and ``key_pos`` (``[>= n, >= W]``
+            integer, each column's position) are given.
 
     Returns:
         ``[n, Q, heads, D]`` in the query's dtype (the layout attention functions of
@@ -82,7 +97,7 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, l
     """
     from . import triton_row_attention as kernels
 
-    _check(query, key, value, last, foreign, gate)
+    _check(query, key, value, last, foreign, gate, window, query_pos, key_pos)
     n, heads, q_len, dim = query.shape
     kv_heads, columns = key.shape[1], key.shape[2]
     out = torch.empty((n, q_len, heads, dim), dtype=query.dtype, device=query.device)
@@ -95,15 +110,17 @@ def row_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, l
     if foreign is not None:
         foreign = foreign.view(torch.uint8) if foreign.dtype == torch.bool else foreign
         gate = gate.float().contiguous()
-    kernels.launch(query, key, value, last, foreign, gate, out, o_part, lse_part, splits=splits,
+    kernels.launch(query, key, value, last, foreign, gate, query_pos, key_pos, window, out, o_part, lse_part,
+                   splits=splits,
                    split_len=per_split, scale=dim ** -0.5 if scale is None else float(scale), block_n=BLOCK_N)
     return out
 
 
-def row_attention_reference(query, key, value, last, *, scale=None, foreign=None, gate=None) -> torch.Tensor:
+def row_attention_reference(query, key, value, last, *, scale=None, foreign=None, gate=None, window=None,
+                            query_pos=None, key_pos=None) -> torch.Tensor:
     """:func:`row_attention` in float64 with plain tensor ops (same arguments and result, the
     result in float64)."""
-    _check(query, key, value, last, foreign, gate)
+    _check(query, key, value, last, foreign, gate, window, query_pos, key_pos)
     n, heads, q_len, dim = query.shape
     kv_heads, columns = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -114,7 +131,13 @@ def row_attention_reference(query, key, value, last, *, scale=None, foreign=None
     if gate is not None:
         s = s + torch.where(foreign[:n, :columns].bool().view(n, 1, 1, columns),
                             gate.double().view(1, heads, 1, 1), 0.0)
-    seen = torch.arange(columns, device=query.device).view(1, 1, 1, columns) <= last.view(n, 1, q_len, 1)
+    col = torch.arange(columns, device=query.device).view(1, 1, 1, columns)
+    seen = col <= last.view(n, 1, q_len, 1)
+    if window is not None:
+        if query_pos is None:
+            seen = seen & ((last.view(n, 1, q_len, 1) - col) < window)
+        else:
+            seen = seen & ((query_pos.view(n, 1, q_len, 1) - key_pos[:n, :columns].view(n, 1, 1, columns)) < window)
     s = s.masked_fill(~seen, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a query that sees nothing: zero
     return (p @ v).transpose(1, 2)

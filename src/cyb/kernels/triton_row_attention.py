@@ -15,11 +15,11 @@ was first imported.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from .chunk_ops import interpreting
 
 LOG2E = 1.4426950408889634
 #: warps and software-pipelining stages of a program of the partial kernel
@@ -28,8 +28,9 @@ NUM_STAGES = 3
 
 
 @triton.jit
-def _tile(q, k_base, v_base, foreign_row, gate, last, m_i, l_i, acc, c0, end, sk_c, sk_d, sv_c, sv_d, d, in_d,
-          qk_scale, HAS_GATE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+def _tile(q, k_base, v_base, foreign_row, gate, last, qpos, kpos_row, window, m_i, l_i, acc, c0, end, sk_c, sk_d,
+          sv_c, sv_d, d, in_d, qk_scale, HAS_GATE: tl.constexpr, WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
+          PRECISION: tl.constexpr):
     """The online softmax over the columns ``c0 .. c0 + BLOCK_N - 1`` (those below ``end``)."""
     cols = c0 + tl.arange(0, BLOCK_N)
     in_cols = cols < end
@@ -39,6 +40,11 @@ def _tile(q, k_base, v_base, foreign_row, gate, last, m_i, l_i, acc, c0, end, sk
         f = tl.load(foreign_row + cols, mask=in_cols, other=0)
         s += tl.where(f[None, :] != 0, gate[:, None], 0.0)
     seen = (cols[None, :] <= last[:, None]) & in_cols[None, :]
+    if WINDOW == 1:  # a sliding window in columns
+        seen = seen & ((last[:, None] - cols[None, :]) < window)
+    if WINDOW == 2:  # a sliding window in positions: each column's own
+        kp = tl.load(kpos_row + cols, mask=in_cols, other=0)
+        seen = seen & ((qpos[:, None] - kp[None, :]) < window)
     s = tl.where(seen, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
@@ -52,10 +58,11 @@ def _tile(q, k_base, v_base, foreign_row, gate, last, m_i, l_i, acc, c0, end, sk
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, k_ptr, v_ptr, last_ptr, foreign_ptr, gate_ptr, o_ptr, lse_ptr,
-    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_c, sk_d, sv_b, sv_h, sv_c, sv_d, sl_b, sl_t, sf_b,
-    kv_heads, splits, split_len, tiles, qk_scale,
-    G: tl.constexpr, Q: tl.constexpr, D: tl.constexpr, HAS_GATE: tl.constexpr, DYNAMIC_LOOP: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, last_ptr, foreign_ptr, gate_ptr, qpos_ptr, kpos_ptr, o_ptr, lse_ptr,
+    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_c, sk_d, sv_b, sv_h, sv_c, sv_d, sl_b, sl_t, sf_b, sp_b, sp_t, skp_b,
+    kv_heads, splits, split_len, tiles, qk_scale, window,
+    G: tl.constexpr, Q: tl.constexpr, D: tl.constexpr, HAS_GATE: tl.constexpr, WINDOW: tl.constexpr,
+    DYNAMIC_LOOP: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)  # row * kv_heads + key head
@@ -71,6 +78,12 @@ def _partial_kernel(
     last = tl.load(last_ptr + b * sl_b + qi * sl_t, mask=in_tile, other=-1)
     end = tl.minimum(tl.max(last, axis=0) + 1, (split + 1) * split_len)
     start = split * split_len
+    qpos = last
+    if WINDOW == 1:  # no column below the lowest query's window is read
+        lowest = tl.min(tl.where(in_tile & (last >= 0), last, end), axis=0) - window + 1
+        start = tl.maximum(start, tl.maximum(lowest, 0) // BLOCK_N * BLOCK_N)
+    if WINDOW == 2:
+        qpos = tl.load(qpos_ptr + b * sp_b + qi * sp_t, mask=in_tile, other=0)
     q = tl.load(q_ptr + b * sq_b + head[:, None] * sq_h + qi[:, None] * sq_t + d[None, :] * sq_d,
                 mask=in_tile[:, None] & in_d[None, :], other=0.0)
     gate = tl.zeros((BLOCK_M,), tl.float32)
@@ -83,14 +96,16 @@ def _partial_kernel(
     v_base = v_ptr + b * sv_b + g * sv_h
     if DYNAMIC_LOOP:  # to the row's own end (pipelined); the interpreter needs the loop below
         for c0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _tile(q, k_base, v_base, foreign_ptr + b * sf_b, gate, last, m_i, l_i, acc, c0, end,
-                                  sk_c, sk_d, sv_c, sv_d, d, in_d, qk_scale, HAS_GATE, BLOCK_N, PRECISION)
+            m_i, l_i, acc = _tile(q, k_base, v_base, foreign_ptr + b * sf_b, gate, last, qpos, kpos_ptr + b * skp_b,
+                                  window, m_i, l_i, acc, c0, end, sk_c, sk_d, sv_c, sv_d, d, in_d, qk_scale,
+                                  HAS_GATE, WINDOW, BLOCK_N, PRECISION)
     else:
-        for t in range(0, tiles):  # (tiles past the row's end do nothing)
-            c0 = start + t * BLOCK_N
-            if c0 < end:
-                m_i, l_i, acc = _tile(q, k_base, v_base, foreign_ptr + b * sf_b, gate, last, m_i, l_i, acc, c0,
-                                      end, sk_c, sk_d, sv_c, sv_d, d, in_d, qk_scale, HAS_GATE, BLOCK_N, PRECISION)
+        for t in range(0, tiles):  # (tiles outside the row's columns do nothing)
+            c0 = split * split_len + t * BLOCK_N
+            if (c0 < end) & (c0 + BLOCK_N > start):
+                m_i, l_i, acc = _tile(q, k_base, v_base, foreign_ptr + b * sf_b, gate, last, qpos,
+                                      kpos_ptr + b * skp_b, window, m_i, l_i, acc, c0, end, sk_c, sk_d, sv_c, sv_d,
+                                      d, in_d, qk_scale, HAS_GATE, WINDOW, BLOCK_N, PRECISION)
     seen_any = l_i > 0
     out = acc / tl.where(seen_any, l_i, 1.0)[:, None]
     lse = tl.where(seen_any, m_i + tl.log2(tl.where(seen_any, l_i, 1.0)), float("-inf"))
@@ -125,12 +140,8 @@ def _combine_kernel(
     tl.store(out_ptr + ((b * Q + qi) * heads + head) * D + d, out.to(out_ptr.dtype.element_ty), mask=in_d)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def launch(query, key, value, last, foreign, gate, out, o_part, lse_part, *, splits: int, split_len: int,
-           scale: float, block_n: int) -> None:
+def launch(query, key, value, last, foreign, gate, query_pos, key_pos, window, out, o_part, lse_part, *,
+           splits: int, split_len: int, scale: float, block_n: int) -> None:
     """Run both kernels (shapes and buffers prepared by
     :func:`cyb.kernels.row_attention.row_attention`)."""
     n, heads, q_len, dim = query.shape
@@ -141,12 +152,16 @@ def launch(query, key, value, last, foreign, gate, out, o_part, lse_part, *, spl
     has_gate = gate is not None
     foreign_arg = foreign if has_gate else last
     gate_arg = gate if has_gate else last
+    # 0: no window, 1: a window in columns, 2: in positions (query_pos and key_pos)
+    mode = 0 if window is None else (1 if key_pos is None else 2)
+    qpos_arg = query_pos if mode == 2 else last
+    kpos_arg = key_pos if mode == 2 else last
     _partial_kernel[(n * kv_heads, splits)](
-        query, key, value, last, foreign_arg, gate_arg, o_part, lse_part,
+        query, key, value, last, foreign_arg, gate_arg, qpos_arg, kpos_arg, o_part, lse_part,
         *query.stride(), *key.stride(), *value.stride(), *last.stride(),
-        foreign.stride(0) if has_gate else 0,
-        kv_heads, splits, split_len, split_len // block_n, scale * LOG2E,
-        G=group, Q=q_len, D=dim, HAS_GATE=has_gate, DYNAMIC_LOOP=not _interpreting(),
+        foreign.stride(0) if has_gate else 0, *qpos_arg.stride(), kpos_arg.stride(0),
+        kv_heads, splits, split_len, split_len // block_n, scale * LOG2E, 0 if window is None else int(window),
+        G=group, Q=q_len, D=dim, HAS_GATE=has_gate, WINDOW=mode, DYNAMIC_LOOP=not interpreting(),
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )

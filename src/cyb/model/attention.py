@@ -88,7 +88,8 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     marks a gated layout: the module's gate (:mod:`cyb.model.gates`) is added to the logits of
     keys that are pauses of earlier tokens.  ``pause_foreign`` (bool ``[B, 1, T, K]``) says
     which keys those are directly, for queries against a cache (:mod:`cyb.engine`).
-    ``pause_rows=(last, foreign)`` runs a decoding step's attention over each row's own columns
+    ``pause_rows=(last, foreign, query_pos, key_pos)`` runs a decoding step's attention over each
+    row's own columns
     (:func:`cyb.kernels.row_attention.row_attention`; the mask is not read)."""
     rows = kwargs.pop("pause_rows", None)
     if rows is not None:
@@ -150,14 +151,20 @@ def _split_attention(module, query, key, value, split: tuple, dropout: float, sc
 
 def _row_attention(module, query, key, value, rows: tuple, scaling, kwargs):
     """A decoding step's attention, each row over its own columns; ``rows = (last [n, Q],
-    foreign [n, W] or None)`` (gated pauses: the columns that get the module's gate)."""
+    foreign [n, W] or None, query_pos, key_pos)``: gated pauses' columns that get the module's
+    gate, and the positions a sliding window counts in (None: it counts columns).  The window is
+    the layer's own (``sliding_window``; None: full attention)."""
     from ..kernels.row_attention import row_attention
 
-    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise ValueError("the engine's row attention has no logit softcap or sliding window")
-    last, foreign = rows
+    if kwargs.get("softcap") is not None:
+        raise ValueError("the engine's row attention has no logit softcap")
+    last, foreign, query_pos, key_pos = rows
+    window = kwargs.get("sliding_window")
     gate = gates.required_gate(module) if foreign is not None else None
-    return row_attention(query, key, value, last, scale=scaling, foreign=foreign, gate=gate)
+    if window is None:
+        query_pos = key_pos = None
+    return row_attention(query, key, value, last, scale=scaling, foreign=foreign, gate=gate,
+                         window=None if window is None else int(window), query_pos=query_pos, key_pos=key_pos)
 
 
 #: how a private or gated layout's attention runs (:func:`choose_kernel`)
