@@ -72,8 +72,8 @@ ROW_ALL = [(v, sch, q) for v, sch in LAYOUTS + [("gemma3-shared", ""), ("gemma3-
 def test_row_attention_equals_the_no_cache_reference(triton_interpreted, visibility, scheme, positions):
     """The engine with attention over each row's own columns (the kernel interpreted on the
     CPU): every layout, and Gemma 3's sliding windows in columns (shared) and in positions
-    (private); rows that join mid-decode and prompts in several prefill chunks; greedy and
-    sampled, fixed and adaptive."""
+    (private); rows that join mid-decode and prompts in several prefill chunks (first chunks
+    through causal self-attention); greedy and sampled, fixed and adaptive."""
     if visibility.startswith("gemma3"):
         pm = sliding_model("gemma3", visibility.split("-")[1], attn="sdpa")
     else:
@@ -84,6 +84,8 @@ def test_row_attention_equals_the_no_cache_reference(triton_interpreted, visibil
     for mode, s in (("fixed", Sampling()), ("adaptive", SAMPLED)):
         got, engine = engine_run(pm, prompts, mode, s, keys=keys, options=options)
         assert engine.runner.row_attention
+        # first prompt chunks run causal self-attention, without the mask, where nothing is tagged or windowed
+        assert engine.runner.causal_prefill == (visibility in ("shared", "private"))
         for i, p in enumerate(prompts):
             assert_same(got[i], reference(pm, p, 8, mode, s, keys[i]))
 

@@ -74,6 +74,7 @@ class SlotCache:
         self._rows: torch.Tensor | None = None  # prefill: the slots written; decode: None (rows 0..n-1)
         self._write_rows: torch.Tensor | None = None
         self._write_cols: torch.Tensor | None = None
+        self._fresh = False  # prefill: the chunk attends to itself only
         self._n = 0
         self.limit = capacity
         #: ``0 .. slots-1`` on the device (rows of a decoding step)
@@ -94,16 +95,19 @@ class SlotCache:
     def for_decode(self, n: int, cols: torch.Tensor, limit: int) -> None:
         """The next forward is a decoding step of rows ``0 .. n-1`` writing at ``cols [n, Q]``
         and attending over columns ``0 .. limit-1``."""
-        self._rows, self._n, self.limit = None, n, limit
+        self._rows, self._n, self.limit, self._fresh = None, n, limit, False
         self._write_rows = self.row_index[:n].unsqueeze(1).expand_as(cols)
         self._write_cols = cols
 
-    def for_prefill(self, rows: torch.Tensor, cols: torch.Tensor, limit: int) -> None:
+    def for_prefill(self, rows: torch.Tensor, cols: torch.Tensor, limit: int, *, fresh: bool = False) -> None:
         """The next forward writes a chunk of rows (slots) ``rows [r]`` at ``cols [r, C]`` and
-        attends over columns ``0 .. limit-1`` of those rows."""
+        attends over columns ``0 .. limit-1`` of those rows; with ``fresh`` (each row's chunk
+        is its first, written from column 0) over the chunk's own keys and values only, as the
+        layers hand them over (nothing is read back from the cache)."""
         self._rows, self._n, self.limit = rows, int(rows.shape[0]), limit
         self._write_rows = rows.unsqueeze(1).expand_as(cols)
         self._write_cols = cols
+        self._fresh = fresh
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,6 +118,8 @@ class SlotCache:
         v[self._write_rows, :, self._write_cols] = value_states.transpose(1, 2).to(v.dtype)
         if self._rows is None:
             return k[:self._n, :, :self.limit], v[:self._n, :, :self.limit]
+        if self._fresh:
+            return key_states, value_states
         return k[:, :, :self.limit].index_select(0, self._rows), v[:, :, :self.limit].index_select(0, self._rows)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -124,14 +130,15 @@ class SlotCache:
         extra = [t for t in (self.tags, self.col_pos) if t is not None]
         return self.keys + self.values + extra
 
-    def move(self, src: int, dst: int, columns: int) -> None:
-        """Row ``src``'s first ``columns`` columns (keys and values of every layer, tags and
-        positions) go to row ``dst``."""
-        for t in self.keys + self.values:
-            t[dst, :, :columns].copy_(t[src, :, :columns])
-        for t in (self.tags, self.col_pos):
-            if t is not None:
-                t[dst, :columns].copy_(t[src, :columns])
+    def move(self, src: list[int], dst: list[int], columns: int) -> None:
+        """Rows ``src``'s first ``columns`` columns (keys and values of every layer, tags and
+        positions) go to rows ``dst`` (``src[i]`` to ``dst[i]``; no slot in both lists): one
+        gather and one scatter per tensor, whatever the number of rows."""
+        from .rows import to_device
 
+        src_idx, dst_idx = to_device([src, dst], torch.long, self.keys[0].device)
+        for t in self.per_slot():
+            part = t[:, :, :columns] if t.dim() == 4 else t[:, :columns]
+            part.index_copy_(0, dst_idx, part.index_select(0, src_idx))
 
 __all__ = ["SlotCache", "bytes_per_column", "kv_shape"]

@@ -189,7 +189,8 @@ class Engine:
                          self.capacity, self.capacity + self.q - 1,
                          limit - 1 if isinstance(limit, int) else None, device)
         graphs = opts.cuda_graph if opts.cuda_graph is not None else device.type == "cuda"
-        self.runner = Runner(model, self.cache, self.rows, cuda_graph=graphs, row_attention=opts.row_attention)
+        self.runner = Runner(model, self.cache, self.rows, cuda_graph=graphs, row_attention=opts.row_attention,
+                             prefill_chunk=opts.prefill_chunk)
         self.scheduler = Scheduler(self.slots, prefill_chunk=opts.prefill_chunk, prefill_rows=opts.prefill_rows)
         self.lookahead = device.type == "cuda"
         self._tracked: dict[int, Tracked] = {}
@@ -331,6 +332,7 @@ class Engine:
 
     def _prefill(self, batch: list[Tracked], chunk: int) -> None:
         r = len(batch)
+        fresh = batch[0].written == 0  # (the scheduler does not mix first chunks with later ones)
         pinned = self.model.device.type == "cuda"  # staged: the host does not wait (rows.to_device)
         ids = torch.zeros((r, chunk), dtype=torch.long, pin_memory=pinned)
         pos = torch.zeros((r, chunk), dtype=torch.long, pin_memory=pinned)
@@ -347,7 +349,7 @@ class Engine:
             self.stats["prefill_positions"] += n
         # (prefill runs eagerly: nothing is captured per limit, so it covers the columns in use)
         self.runner.prefill([t.slot for t in batch], ids, pos, cols,
-                            min(-(-end // EAGER_BUCKET) * EAGER_BUCKET, self.capacity))
+                            min(-(-end // EAGER_BUCKET) * EAGER_BUCKET, self.capacity), fresh=fresh)
         self.stats["prefill_forwards"] += 1
 
     def _start(self, ready: list[Tracked]) -> None:
@@ -371,10 +373,14 @@ class Engine:
         return min(b, self.slots)
 
     def _compact(self) -> None:
-        for t, dst in self.scheduler.compaction(self._rows_bucket):
-            self.cache.move(t.slot, dst, min(self._bound(t) + self.q, self.capacity))
-            self.rows.move(t.slot, dst)
-            self.scheduler.moved(t, dst)
+        moves = self.scheduler.compaction(self._rows_bucket)
+        if not moves:
+            return
+        src, dst = [t.slot for t, _ in moves], [d for _, d in moves]
+        self.cache.move(src, dst, min(max(self._bound(t) for t, _ in moves) + self.q, self.capacity))
+        self.rows.move(src, dst)
+        for t, d in moves:
+            self.scheduler.moved(t, d)
 
     def _bound(self, t: Tracked) -> int:
         """A column no position of ``t``'s row has reached yet at its next step."""

@@ -106,12 +106,14 @@ class Rows:
         """Rows ``slots`` stop decoding (their slots are free or being prefilled)."""
         self.active.index_fill_(0, to_device(slots, torch.long, self.device), False)
 
-    def move(self, src: int, dst: int) -> None:
-        """Row ``src``'s whole state (:meth:`per_slot`) goes to row ``dst``; ``src`` stops (the
-        cache's columns move separately: :meth:`cyb.engine.cache.SlotCache.move`)."""
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Rows ``src``'s whole state (:meth:`per_slot`) goes to rows ``dst`` (``src[i]`` to
+        ``dst[i]``; no slot in both lists); rows ``src`` stop (the cache's columns move
+        separately: :meth:`cyb.engine.cache.SlotCache.move`)."""
+        src_idx, dst_idx = to_device([src, dst], torch.long, self.device)
         for t in self.per_slot():
-            t[dst].copy_(t[src])
-        self.active[src] = False
+            t.index_copy_(0, dst_idx, t.index_select(0, src_idx))
+        self.active.index_fill_(0, src_idx, False)
 
     def per_slot(self) -> list[torch.Tensor]:
         """Every tensor of per-row state (first dimension: the slots): each attribute of this

@@ -18,7 +18,10 @@ Elsewhere the same step runs eagerly.  Nothing in a step is read back to the hos
 
 A prefill forward writes a chunk of prompt columns for some rows (any slots): ``[r, C]`` ids
 and positions, each row at its own columns, attending to what its row holds so far and to the
-chunk causally.  Prefill runs eagerly and reads nothing out.
+chunk causally, and reads nothing out.  A forward of first chunks (every row from column 0)
+needs nothing from the cache: where no column is tagged or windowed it runs causal
+self-attention over the chunk, on CUDA from a graph per ``(rows, C)`` bucket; other prefill
+forwards run eagerly with a mask.
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ from ..runtime import growing_attention
 from .cache import SlotCache
 from .readout import SamplingKind
 from .rows import Rows, to_device
+
+#: graphed prefill: chunks are padded to a multiple of this many columns, and the rows of a
+#: forward to a multiple of PREFILL_ROWS_BUCKET (a graph per pair; padding is computed for nothing:
+#: rows in powers of two made the forward of 33 rows as slow as one of 64)
+PREFILL_BUCKET = 64
+PREFILL_ROWS_BUCKET = 8
 
 
 def row_attention_reason(model, *, requested: bool = False) -> str | None:
@@ -67,10 +76,11 @@ class Runner:
         cuda_graph: capture decoding steps as CUDA graphs (CUDA only).
         row_attention: decoding steps attend over each row's own columns (None: wherever
             :func:`row_attention_reason` allows; True where it does not raises a ValueError).
+        prefill_chunk: the most columns a row writes per prefill forward.
     """
 
     def __init__(self, model, cache: SlotCache, rows: Rows, *, cuda_graph: bool,
-                 row_attention: bool | None = None) -> None:
+                 row_attention: bool | None = None, prefill_chunk: int = 512) -> None:
         self.model, self.cache, self.rows = model, cache, rows
         self.decoder = model.decoder
         self.cache_arg = hf.cache_arg_name(self.decoder)
@@ -98,12 +108,23 @@ class Runner:
         #: then becomes :data:`cyb.model.attention.PAUSE_ATTENTION`, which reads ``pause_rows``)
         self.row_attention = reason is None and row_attention is not False and attention.use_pause_attention(
             model.hf_model)
+        #: a prefill forward of fresh rows runs causal self-attention over its chunk: the model's
+        #: attention function reads ``pause_causal``, and no column is tagged or windowed
+        self.causal_prefill = (hf.attention_of(model.hf_model) == hf.PAUSE_ATTENTION and self.tags is None
+                               and not self.sliding)
         self.use_graph = bool(cuda_graph)
         if self.use_graph and device.type != "cuda":
             raise ValueError("cuda_graph needs the model on a CUDA device")
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.capture_ms = 0.0
+        #: graphed prefill of first chunks: static inputs that each replay is copied into (ids,
+        #: positions, columns ``[slots, C]``, C the longest chunk in whole buckets; slots ``[slots]``)
+        self._prefill_in = None
+        if self.use_graph and self.causal_prefill:
+            width = -(-prefill_chunk // PREFILL_BUCKET) * PREFILL_BUCKET
+            self._prefill_in = tuple(torch.zeros(shape, dtype=torch.long, device=device)
+                                     for shape in ((cache.slots, width),) * 3 + ((cache.slots,),))
 
     # ------------------------------------------------------------------ masks
     def _mask(self, cols: torch.Tensor, limit: int, pos: torch.Tensor, rows: torch.Tensor | None = None):
@@ -166,23 +187,29 @@ class Runner:
         graph.replay()
 
     def _capture(self, key: tuple) -> torch.cuda.CUDAGraph:
-        t0 = time.perf_counter()
         rows = self.rows
         saved = rows.snapshot()
         rows.active.zero_()  # the warm-up writes into the scratch columns only
+        graph = self._captured(key, lambda: self._body(*key))
+        rows.restore(saved)
+        return graph
+
+    def _captured(self, key: tuple, body) -> torch.cuda.CUDAGraph:
+        """``body`` run twice on a side stream (a warm-up: it must write only where nothing is
+        read), then captured into a graph kept under ``key`` (every graph in one memory pool)."""
+        t0 = time.perf_counter()
         main = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._body(*key)
+                body()
         main.wait_stream(side)
-        rows.restore(saved)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self._body(*key)
+            body()
         self.graphs[key] = graph
         torch.cuda.synchronize(self.device)
         self.capture_ms += (time.perf_counter() - t0) * 1e3
@@ -190,13 +217,22 @@ class Runner:
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, slots: list[int], ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor,
-                limit: int) -> None:
+                limit: int, *, fresh: bool = False) -> None:
         """Write prompt chunks: rows ``slots``, ``ids``/``pos``/``cols`` ``[r, C]`` (host tensors,
         pinned on CUDA, or device tensors; padding positions at a scratch column).  Columns of the Recipe 1 prompt
         layout: under gated pauses, a column ``k`` is a pause when ``k % M != 0`` and belongs to
-        token ``k // M``."""
+        token ``k // M``.  ``fresh``: every row writes its first chunk from column 0 (padding
+        only after its prompt); where :attr:`causal_prefill` holds, attention is then the
+        chunk's causal self-attention (sdpa's causal kernels, no mask, no read of the cache),
+        replayed from a CUDA graph per shape bucket where steps are graphed."""
         dev = self.device
         rows = to_device(slots, torch.long, dev)
+        if fresh and self.causal_prefill:
+            if self._prefill_in is not None:
+                self._prefill_graphed(rows, ids, pos, cols)
+            else:
+                self._causal_prefill(rows, *(t.to(dev, non_blocking=True) for t in (ids, pos, cols)))
+            return
         ids, pos, cols = (t.to(dev, non_blocking=True) for t in (ids, pos, cols))
         self.cache.for_prefill(rows, cols, limit)
         extra = {}
@@ -211,5 +247,42 @@ class Runner:
         with growing_attention(self.device):  # (chunk shapes vary: no kernel that plans per shape)
             self._forward(ids, pos, self._mask(cols, limit, pos, rows), **extra)
 
+    def _causal_prefill(self, rows: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor) -> None:
+        """A forward of first chunks: rows (slots) ``rows [r]`` write ``[r, C]`` positions (device
+        tensors) and attend causally over them (see :meth:`prefill`)."""
+        self.cache.for_prefill(rows, cols, self.cache.capacity, fresh=True)
+        c = ids.shape[1]
+        # (the layers take a 4-D mask as given; the attention function reads pause_causal instead)
+        mask = torch.ones((c, c), dtype=torch.bool, device=self.device).tril_().expand(rows.shape[0], 1, c, c)
+        with growing_attention(self.device):
+            self._forward(ids, pos, mask, pause_causal=True)
 
-__all__ = ["Runner"]
+    def _prefill_graphed(self, rows: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor) -> None:
+        """:meth:`_causal_prefill` replayed from a CUDA graph per ``(rows, C)`` bucket (rows: a
+        multiple of :data:`PREFILL_ROWS_BUCKET`, at most the slots; ``C``: of :data:`PREFILL_BUCKET`): the
+        inputs are copied into static buffers, whose other positions write to a scratch column."""
+        r, c = ids.shape
+        rb = min(-(-r // PREFILL_ROWS_BUCKET) * PREFILL_ROWS_BUCKET, self.cache.slots)
+        cb = -(-c // PREFILL_BUCKET) * PREFILL_BUCKET
+        b_ids, b_pos, b_cols = (t[:rb, :cb] for t in self._prefill_in[:3])
+        b_rows = self._prefill_in[3][:rb]
+
+        def pad() -> None:  # every position of the bucket: row b's scratch column
+            b_ids.zero_()
+            b_pos.zero_()
+            b_cols.fill_(self.cache.capacity)
+            b_rows.copy_(self.cache.row_index[:rb])
+
+        key = ("prefill", rb, cb)
+        graph = self.graphs.get(key)
+        if graph is None:
+            pad()  # (the capture's warm-up runs on these inputs)
+            graph = self._captured(key, lambda: self._causal_prefill(b_rows, b_ids, b_pos, b_cols))
+        pad()
+        b_rows[:r].copy_(rows)
+        for buf, given in ((b_ids, ids), (b_pos, pos), (b_cols, cols)):
+            buf[:r, :c].copy_(given, non_blocking=True)
+        graph.replay()
+
+
+__all__ = ["PREFILL_BUCKET", "PREFILL_ROWS_BUCKET", "Runner"]

@@ -109,12 +109,15 @@ class Scheduler:
         are taken longest remainder first while ``rows x C`` stays within ``prefill_rows`` full
         chunks (``C``: the longest remainder among them, at most ``prefill_chunk``): rows of
         similar length share a forward, so little of it is padding, and many short prompts fit
-        in one."""
+        in one.  A forward holds either first chunks only (every row from column 0: their
+        attention reads nothing of the cache) or later chunks only, as its first row does."""
         budget = self.prefill_rows * self.prefill_chunk
         batch, chunk = [], 0
         for t in sorted(self.prefilling, key=lambda t: -t.prefill_left):
             if t.prefill_left <= 0:
                 break
+            if batch and (t.written == 0) != (batch[0].written == 0):
+                continue
             c = max(chunk, min(self.prefill_chunk, t.prefill_left))
             if batch and (len(batch) + 1) * c > budget:
                 break

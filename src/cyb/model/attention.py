@@ -90,7 +90,13 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     which keys those are directly, for queries against a cache (:mod:`cyb.engine`).
     ``pause_rows=(last, foreign, query_pos, key_pos)`` runs a decoding step's attention over each
     row's own columns
-    (:func:`cyb.kernels.row_attention.row_attention`; the mask is not read)."""
+    (:func:`cyb.kernels.row_attention.row_attention`; the mask is not read).  ``pause_causal``
+    runs causal self-attention over the keys given (sdpa's causal kernels; the mask is not read:
+    a prefill chunk that starts a row)."""
+    if kwargs.pop("pause_causal", False):  # a fresh prefill chunk: causal over itself, the mask unread
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     rows = kwargs.pop("pause_rows", None)
     if rows is not None:
         return _row_attention(module, query, key, value, rows, scaling, kwargs), None

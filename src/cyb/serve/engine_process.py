@@ -24,6 +24,7 @@ engine stopped (503 on ``/health``).
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -104,6 +105,11 @@ def _engine_main(loader, slots, cache_bytes, threads, inbox, outbox) -> None:
         send(("failed", first_line(e) or type(e).__name__, "value" if isinstance(e, ValueError) else "other"))
         return
     send(("ready", served, worker.slots, worker.columns))
+    # a full collection walks every object made while loading (the model, the libraries): on an
+    # H200 one took 0.2-0.27 s, in which no row decoded (benchmarks/engine_gaps.py); frozen,
+    # they are never walked again
+    gc.collect()
+    gc.freeze()
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # this thread takes the lock from the engine's for each message
     last = _state(worker)
     try:
