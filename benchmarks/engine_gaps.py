@@ -13,7 +13,7 @@ prefill positions written, the rows started, graph captures, and how many tokens
 handed out.  The gaps between a request's tokens are then split by what the step that ended
 each gap did.  Objects made before the job are frozen out of Python's collector, as in the
 server's engine process.  ``--options`` sets :class:`cyb.engine.EngineOptions` fields (``name=int``), to
-compare schedules.  Writes ``gaps-<case>.json`` and prints a summary per case.
+compare schedules; ``--prefill-probe`` then times single prefill forwards.  Writes ``gaps-<case>.json`` and prints a summary per case.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ from cyb.bench.models import SHAPE_134M, SHAPE_TINY, adaptive_fixture, build_hf_
 from cyb.bench.models import real_ids_limit, spread_weights, wrap  # noqa: E402
 from cyb.engine import Engine, EngineOptions, Request, choose_positions  # noqa: E402
 from cyb.engine.layout import RowLayout  # noqa: E402
+
+
+#: ``(rows, C)`` of the prefill probe
+PROBE_SHAPES = [(1, 512), (8, 512), (16, 512), (32, 512), (8, 64), (64, 64), (256, 64), (32, 256), (64, 256)]
 
 
 class Timeline:
@@ -159,6 +163,30 @@ def run(engine: Engine, items, *, slots: int, mode: str) -> dict:
             "capture_ms": engine.runner.capture_ms}
 
 
+def prefill_probe(engine: Engine, shapes) -> list[dict]:
+    """GPU time of one prefill forward of first chunks, ``rows x C`` positions (every row a
+    whole chunk, written into slots ``0 .. rows-1``), as the engine runs it (from its graph where
+    it has one): the median of 10 after 3 warm-ups."""
+    runner, out = engine.runner, []
+    for rows, c in shapes:
+        if rows > engine.slots or c > engine.capacity:
+            continue
+        ids = torch.randint(0, 100, (rows, c))
+        pos = torch.arange(c).expand(rows, c).contiguous()
+        times = []
+        for i in range(13):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            runner.prefill(list(range(rows)), ids, pos, pos.clone(), c, fresh=True)
+            b.record()
+            b.synchronize()
+            if i >= 3:
+                times.append(a.elapsed_time(b))
+        ms = sorted(times)[len(times) // 2]
+        out.append({"rows": rows, "chunk": c, "ms": ms, "positions_per_ms": rows * c / ms})
+    return out
+
+
 def summary(res: dict) -> dict:
     steps, gaps = res["steps"], res["gaps"]
     ms = [g for g, _ in gaps]
@@ -212,6 +240,8 @@ def main(argv=None):
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--options", nargs="*", default=[], help="EngineOptions fields as name=int")
+    ap.add_argument("--prefill-probe", action="store_true",
+                    help="then time single prefill forwards of first chunks at a few shapes (CUDA)")
     ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (a smoke run)")
     a = ap.parse_args(argv)
     options = {k: int(v) for k, v in (o.split("=", 1) for o in a.options)}
@@ -236,6 +266,9 @@ def main(argv=None):
         engine = build(pm, items, slots=a.concurrency, mode=mode, options=options)
         run(engine, items, slots=a.concurrency, mode=mode)  # warm-up: graphs captured, as a server's are
         res = run(engine, items, slots=a.concurrency, mode=mode)
+        if a.prefill_probe and dev.type == "cuda":
+            res["prefill_probe"] = prefill_probe(engine, PROBE_SHAPES)
+            print(case, "prefill", json.dumps(res["prefill_probe"]), flush=True)
         del engine
         summ = summary(res)
         print(case, json.dumps(summ, indent=1), flush=True)
@@ -243,7 +276,8 @@ def main(argv=None):
         name = f"gaps-{case}{'-' + tag if tag else ''}.json"
         with open(os.path.join(a.out, name), "w") as f:
             json.dump({"argv": sys.argv[1:], "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-                       "summary": summ, "steps": res["steps"], "gaps": res["gaps"]}, f)
+                       "summary": summ, "prefill_probe": res.get("prefill_probe"), "steps": res["steps"],
+                       "gaps": res["gaps"]}, f)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,10 @@ class EngineOptions:
             (:func:`choose_positions`).
         prefill_chunk: prompt columns one row writes per prefill forward at most.
         prefill_rows: a prefill forward writes at most ``prefill_rows x prefill_chunk`` positions
-            (rows padded to the longest chunk among them).
+            (rows padded to the longest chunk among them).  While rows decode, every one of them
+            waits for that forward: on an H200 (134 M model, 256 rows of a mixed load) 16 rows
+            of 512 held the p99 gap between tokens at 11.6 ms where 32 gave 20 ms, at the same
+            throughput (``benchmarks/engine_gaps.py``).
         refill: while rows decode, waiting prompts start in groups of this many (as many as
             free slots and waiting prompts allow; 0: an eighth of the slots in use), written by
             a few large prefill forwards; 1 starts each prompt as soon as a slot is free (more
@@ -87,7 +90,7 @@ class EngineOptions:
     cache_bytes: int | None = None
     positions: str = "auto"
     prefill_chunk: int = 512
-    prefill_rows: int = 32
+    prefill_rows: int = 16
     refill: int = 0
     refill_wait: int = 16
     cuda_graph: bool | None = None
