@@ -187,6 +187,15 @@ def prefill_probe(engine: Engine, shapes) -> list[dict]:
     return out
 
 
+def histogram(gaps, width: float = 0.5) -> dict:
+    """``{lower edge of a bin of width ms: gaps in it}`` of ``(ms, step)`` gaps."""
+    out: dict[float, int] = {}
+    for g, _ in gaps:
+        edge = round(width * int(g // width), 3)
+        out[edge] = out.get(edge, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def summary(res: dict) -> dict:
     steps, gaps = res["steps"], res["gaps"]
     ms = [g for g, _ in gaps]
@@ -277,7 +286,7 @@ def main(argv=None):
         with open(os.path.join(a.out, name), "w") as f:
             json.dump({"argv": sys.argv[1:], "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                        "summary": summ, "prefill_probe": res.get("prefill_probe"), "steps": res["steps"],
-                       "gaps": res["gaps"]}, f)
+                       "gap_histogram_ms": histogram(res["gaps"])}, f)
 
 
 if __name__ == "__main__":
