@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import gc
 import socket
 import sys
 import threading
@@ -172,6 +173,11 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
     state, server = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without --api-key: anyone who reaches this port can use the model")
+    # what loading made (the tokenizer, the libraries) is frozen out of Python's collector: a full
+    # collection walks it all, and the event loop answers no stream meanwhile (as in the engine's
+    # process, cyb.serve.engine_process)
+    gc.collect()
+    gc.freeze()
     try:
         say("listening: " + describe(state, url_of(sock)))
         server.run(sockets=[sock])
