@@ -16,8 +16,8 @@ quits at once.
 from __future__ import annotations
 
 import asyncio
-import signal
 import gc
+import signal
 import socket
 import sys
 import threading
