@@ -304,6 +304,11 @@ def test_cuda_graph_engine_equals_the_reference(visibility, scheme, row_attentio
                                          options=dataclasses.replace(small, positions=positions))
                 assert engine.runner.use_graph and engine.runner.row_attention == (row_attention is None)
                 assert engine.runner.row_attention or len(engine.runner.graphs) > 1
+                # first chunks from graphs wherever the model allows causal prefill (not gated
+                # pauses; with the pause attention function, which row attention switches on)
+                graphed = any(k[0] == "prefill" for k in engine.runner.graphs)
+                assert graphed == engine.runner.causal_prefill
+                assert graphed or visibility == "gated" or not engine.runner.row_attention
                 for i, p in enumerate(prompts):
                     assert_same(got[i], reference(pm, p, 12, mode, s, keys[i]))
             opts = dict(mode=mode, max_new_tokens=12, eos_token_ids=(), sample=s.sample,
@@ -311,6 +316,54 @@ def test_cuda_graph_engine_equals_the_reference(visibility, scheme, row_attentio
             want = generate(pm, prompts, decoder="eager", **opts)
             have = generate(pm, prompts, **opts)
             assert [(r.token_ids, r.steps) for r in have] == [(r.token_ids, r.steps) for r in want]
+
+
+@pytest.mark.parametrize("slots,rows,chunk", [(3, 32, 4), (256, 16, 512), (200, 64, 2048), (40, 4, 300)])
+def test_capture_prefill_covers_every_forward_the_scheduler_can_make(slots, rows, chunk):
+    """The prefill graphs a server captures at start cover every bucket of every forward of
+    first chunks the scheduler may ask for (``r`` rows of chunk ``c``: ``r x c`` within
+    ``prefill_rows x prefill_chunk``, ``c`` within ``prefill_chunk``, ``r`` within the slots)."""
+    from cyb.engine.runner import Runner, prefill_bucket
+
+    runner = Runner.__new__(Runner)
+    runner.cache = type("Cache", (), {"slots": slots})()
+    runner._prefill_in = object()
+    runner.graphs = {}
+
+    def graph(r, c):
+        rb, cb = prefill_bucket(r, c)
+        runner.graphs[("prefill", min(rb, slots), cb)] = None
+        return None, None
+
+    runner._prefill_graph = graph
+    made = runner.capture_prefill(rows * chunk, chunk)
+    assert made == len(runner.graphs)
+    budget = rows * chunk
+    for c in range(1, chunk + 1):
+        for r in range(1, min(slots, budget // c) + 1):
+            rb, cb = prefill_bucket(r, c)
+            assert ("prefill", min(rb, slots), cb) in runner.graphs, (r, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_engine_with_prefill_graphs_captured_first():
+    """A server's engine captures its prefill graphs at start; prompts then run from them, and
+    every row still equals the reference."""
+    pm = layout_model("private", scheme="shared").to("cuda")
+    prompts = [encode(p) for p in PROMPTS + ["0123456789", "b"]]
+    reqs = [Request(tuple(p), 10, mode="adaptive") for p in prompts]
+    engine = Engine.sized_for(pm, reqs, options=EngineOptions(max_slots=3, prefill_chunk=8, prefill_rows=2))
+    made = engine.capture_prefill()
+    assert made > 0
+    before = dict(engine.runner.graphs)
+    index = {engine.submit(r): i for i, r in enumerate(reqs)}
+    got = {i: [] for i in index.values()}
+    for e in engine.run():
+        got[index[e.request]].append(e.token)
+    assert {k for k in engine.runner.graphs if k[0] == "prefill"} <= set(before)
+    for i, p in enumerate(prompts):
+        assert got[i] == reference(pm, p, 10, "adaptive", Sampling(), 0)[0]
 
 
 @pytest.mark.parametrize("visibility", ["shared", "private", "gated"])

@@ -220,6 +220,14 @@ class Engine:
                              options.positions)
         return cls(model, capacity=capacity, slots=len(requests), positions=q, options=options)
 
+    def capture_prefill(self) -> int:
+        """Capture every CUDA graph a prefill forward of first prompt chunks may need now (a
+        server does at start: otherwise each is captured the first time it is needed, while
+        every decoding row waits); returns how many were made (0 where prefill is not graphed)."""
+        opts = self.options
+        with torch.inference_mode():
+            return self.runner.capture_prefill(opts.prefill_rows * opts.prefill_chunk, opts.prefill_chunk)
+
     # ------------------------------------------------------------------ requests
     def submit(self, request: Request) -> int:
         """Queue ``request``; returns its id.  A request that can never fit a row is refused

@@ -20,8 +20,8 @@ A prefill forward writes a chunk of prompt columns for some rows (any slots): ``
 and positions, each row at its own columns, attending to what its row holds so far and to the
 chunk causally, and reads nothing out.  A forward of first chunks (every row from column 0)
 needs nothing from the cache: where no column is tagged or windowed it runs causal
-self-attention over the chunk, on CUDA from a graph per ``(rows, C)`` bucket; other prefill
-forwards run eagerly with a mask.
+self-attention over the chunk, on CUDA from a graph per bucket of rows and chunk length
+(:func:`prefill_bucket`); other prefill forwards run eagerly with a mask.
 """
 
 from __future__ import annotations
@@ -36,11 +36,24 @@ from .cache import SlotCache
 from .readout import SamplingKind
 from .rows import Rows, to_device
 
-#: graphed prefill: chunks are padded to a multiple of this many columns, and the rows of a
-#: forward to a multiple of PREFILL_ROWS_BUCKET (a graph per pair; padding is computed for nothing:
-#: rows in powers of two made the forward of 33 rows as slow as one of 64)
-PREFILL_BUCKET = 64
-PREFILL_ROWS_BUCKET = 8
+#: graphed prefill: a forward's rows are padded to a multiple of PREFILL_ROWS_STEP up to
+#: PREFILL_ROWS_LINEAR rows, then to a power of two; its chunk length to a power of two of at
+#: least PREFILL_MIN_CHUNK (a graph per pair: a handful for a server, captured at start by
+#: :meth:`Runner.capture_prefill`).  Padding is computed for nothing: rows in powers of two
+#: throughout made a forward of 33 rows cost one of 64.
+PREFILL_ROWS_STEP = 8
+PREFILL_ROWS_LINEAR = 32
+PREFILL_MIN_CHUNK = 64
+
+
+def prefill_bucket(rows: int, chunk: int) -> tuple[int, int]:
+    """The ``(rows, chunk)`` graph bucket a prefill forward of ``rows x chunk`` positions runs in
+    (before the cap at the slots)."""
+    if rows <= PREFILL_ROWS_LINEAR:
+        rb = -(-rows // PREFILL_ROWS_STEP) * PREFILL_ROWS_STEP
+    else:
+        rb = 1 << (rows - 1).bit_length()
+    return rb, max(PREFILL_MIN_CHUNK, 1 << (chunk - 1).bit_length())
 
 
 def row_attention_reason(model, *, requested: bool = False) -> str | None:
@@ -122,7 +135,7 @@ class Runner:
         #: positions, columns ``[slots, C]``, C the longest chunk in whole buckets; slots ``[slots]``)
         self._prefill_in = None
         if self.use_graph and self.causal_prefill:
-            width = -(-prefill_chunk // PREFILL_BUCKET) * PREFILL_BUCKET
+            width = prefill_bucket(1, prefill_chunk)[1]
             self._prefill_in = tuple(torch.zeros(shape, dtype=torch.long, device=device)
                                      for shape in ((cache.slots, width),) * 3 + ((cache.slots,),))
 
@@ -258,12 +271,21 @@ class Runner:
             self._forward(ids, pos, mask, pause_causal=True)
 
     def _prefill_graphed(self, rows: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor) -> None:
-        """:meth:`_causal_prefill` replayed from a CUDA graph per ``(rows, C)`` bucket (rows: a
-        multiple of :data:`PREFILL_ROWS_BUCKET`, at most the slots; ``C``: of :data:`PREFILL_BUCKET`): the
-        inputs are copied into static buffers, whose other positions write to a scratch column."""
+        """:meth:`_causal_prefill` replayed from a CUDA graph per bucket (:func:`prefill_bucket`,
+        rows at most the slots): the inputs are copied into static buffers, whose other positions
+        write to a scratch column."""
         r, c = ids.shape
-        rb = min(-(-r // PREFILL_ROWS_BUCKET) * PREFILL_ROWS_BUCKET, self.cache.slots)
-        cb = -(-c // PREFILL_BUCKET) * PREFILL_BUCKET
+        graph, (b_ids, b_pos, b_cols, b_rows) = self._prefill_graph(r, c)
+        b_rows[:r].copy_(rows)
+        for buf, given in ((b_ids, ids), (b_pos, pos), (b_cols, cols)):
+            buf[:r, :c].copy_(given, non_blocking=True)
+        graph.replay()
+
+    def _prefill_graph(self, r: int, c: int):
+        """The graph of the bucket of an ``r x c`` prefill forward (captured if new) and its static
+        inputs, every position of them at a scratch column."""
+        rb, cb = prefill_bucket(r, c)
+        rb = min(rb, self.cache.slots)
         b_ids, b_pos, b_cols = (t[:rb, :cb] for t in self._prefill_in[:3])
         b_rows = self._prefill_in[3][:rb]
 
@@ -279,10 +301,31 @@ class Runner:
             pad()  # (the capture's warm-up runs on these inputs)
             graph = self._captured(key, lambda: self._causal_prefill(b_rows, b_ids, b_pos, b_cols))
         pad()
-        b_rows[:r].copy_(rows)
-        for buf, given in ((b_ids, ids), (b_pos, pos), (b_cols, cols)):
-            buf[:r, :c].copy_(given, non_blocking=True)
-        graph.replay()
+        return graph, (b_ids, b_pos, b_cols, b_rows)
+
+    def capture_prefill(self, budget: int, chunk: int) -> int:
+        """Capture the graph of every bucket a prefill forward of first chunks can take when it
+        holds at most ``budget`` positions (rows x its longest chunk) and chunks of at most
+        ``chunk`` columns, so that none is captured while rows decode; returns the graphs made.
+        Does nothing where prefill is not graphed."""
+        if self._prefill_in is None:
+            return 0
+        before = len(self.graphs)
+        cb = PREFILL_MIN_CHUNK
+        while True:
+            shortest = 1 if cb == PREFILL_MIN_CHUNK else cb // 2 + 1  # the shortest chunk of this bucket
+            most = min(self.cache.slots, max(1, budget // shortest))
+            r = 1
+            while True:
+                self._prefill_graph(r, min(cb, chunk))
+                rb = prefill_bucket(r, 1)[0]
+                if rb >= most:
+                    break
+                r = rb + 1
+            if cb >= chunk:
+                break
+            cb *= 2
+        return len(self.graphs) - before
 
 
-__all__ = ["PREFILL_BUCKET", "PREFILL_ROWS_BUCKET", "Runner"]
+__all__ = ["PREFILL_MIN_CHUNK", "PREFILL_ROWS_LINEAR", "PREFILL_ROWS_STEP", "Runner", "prefill_bucket"]

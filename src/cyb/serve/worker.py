@@ -148,8 +148,10 @@ class EngineWorker:
         # the default mode decides the positions a step feeds: a fixed-mode model feeds whole
         # blocks (one step per token, not M); requests of the other mode decide the same tokens
         positions = choose_positions(served.model, [served.default_mode], self._slots_wanted)
-        return Engine(served.model, capacity=served.columns, slots=self._slots_wanted, positions=positions,
-                      options=options)
+        engine = Engine(served.model, capacity=served.columns, slots=self._slots_wanted, positions=positions,
+                        options=options)
+        engine.capture_prefill()  # before the first request: none is captured while rows decode
+        return engine
 
     def _run(self) -> None:
         try:
