@@ -130,8 +130,10 @@ class Timeline:
 def build(pm, items, *, slots: int, mode: str, options: dict) -> Engine:
     layout = RowLayout.of(pm.vocab, pm.pause_visibility)
     capacity = max(layout.columns_needed(len(p), n) for p, n in items)
-    return Engine(pm, capacity=capacity, slots=slots, positions=choose_positions(pm, [mode], slots),
-                  options=EngineOptions(max_slots=slots, **options))
+    engine = Engine(pm, capacity=capacity, slots=slots, positions=choose_positions(pm, [mode], slots),
+                    options=EngineOptions(max_slots=slots, **options))
+    engine.capture_prefill()  # as a server's engine does at start
+    return engine
 
 
 def run(engine: Engine, items, *, slots: int, mode: str) -> dict:
