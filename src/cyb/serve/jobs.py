@@ -31,8 +31,8 @@ class Delta(NamedTuple):
 
 class ChoiceState:
     """One choice: its ids, steps, positions, released text and finish reason.  Tokens wait in
-    :attr:`pending` (``(token, steps, positions, engine finish)``) until :meth:`take` turns
-    them into text."""
+    :attr:`pending` (the worker's :data:`~cyb.serve.worker.Item` tuples) until :meth:`take`
+    turns them into text."""
 
     def __init__(self, index: int, decode, stop) -> None:
         self.index = index
@@ -57,7 +57,7 @@ class ChoiceState:
             return None, False
         pieces, tokens, steps, hit = [], [], [], False
         stream = self._text
-        for token, n, positions, finished in self.pending:
+        for _, token, n, positions, finished in self.pending:
             self.token_ids.append(token)
             self.steps.append(n)
             tokens.append(token)
@@ -120,8 +120,8 @@ class Generation:
 
     # ------------------------------------------------------------------ on the loop's thread
     def feed(self, items) -> tuple[int, int]:
-        """A step's ``(choice, Emitted)`` items, or a :class:`WorkerFailure`; returns the
-        tokens and their steps (for the metrics).  Cheap: the tokens wait in their choices
+        """A step's :data:`~cyb.serve.worker.Item` tuples, or a :class:`WorkerFailure`; returns
+        the tokens and their steps (for the metrics).  Cheap: the tokens wait in their choices
         until the handler takes them (:meth:`deltas`)."""
         if self._ended:
             return 0, 0
@@ -130,15 +130,15 @@ class Generation:
             self._end()
             return 0, 0
         choices, dirty, steps = self.choices, self._dirty, 0
-        for i, event in items:
-            c = choices[i]
+        for item in items:
+            c = choices[item[0]]
             if c.ended:
                 continue
             if not c.pending:
                 dirty.append(c)
-            c.pending.append((event.token, event.steps, event.positions, event.finished))
-            steps += event.steps
-            if event.finished is not None:
+            c.pending.append(item)
+            steps += item[2]
+            if item[4] is not None:
                 c.ended = True
         if self.first_token_s is None:
             self.first_token_s = time.monotonic() - self.started
