@@ -302,10 +302,9 @@ class EventStream(Response):
             gen.start()
             if gen.params.chat:
                 await send({"type": "http.response.body", "body": R.role_chunk(gen, model), "more_body": True})
-            prefix = R.chunk_prefix(gen, model)
+            chunks = R.StreamChunks(gen, model)
             async for deltas in gen.deltas():
-                payload = "".join(R.chunk_event(prefix, gen, d) for d in deltas).encode()
-                await send({"type": "http.response.body", "body": payload, "more_body": True})
+                await send({"type": "http.response.body", "body": chunks.events(deltas), "more_body": True})
             if gone.is_set():
                 return
             if gen.failure is not None:
