@@ -1,7 +1,7 @@
 """CPU time of ``cyb serve``'s HTTP process per streamed token, under the serve benchmark's load.
 
     python benchmarks/serve_http_cpu.py [--concurrency 32] [--requests 256] [--answer-lengths 64 128]
-        [--repeats 3] [--profile FILE] [--py-spy BINARY --py-spy-out FILE]
+        [--repeats 3] [--profile FILE] [--py-spy BINARY --py-spy-out FILE] [--log]
 
 What ``cyb bench serve --quick --cases none --concurrency 32 --requests 256 --answer-lengths 64 128
 --no-static --no-ceiling`` runs, with ``cyb serve`` in a child process: the benchmark's tiny Llama
@@ -10,12 +10,16 @@ the CPU, ``C`` slots; ``C`` warm-up requests, then each repeat streams ``request
 requests (prompts of 2-12 ids, answers of the given lengths, EOS ignored) from ``C`` closed-loop
 clients in this process.  Around each repeat it reads the user and system CPU time
 (``/proc/PID/stat``) of the HTTP process (``cyb serve``) and of the engine's process (its child),
-and prints per repeat: CPU microseconds per streamed token of each, the tokens per server-sent
-event, and the tokens per second.  CPU time, not wall time: the machine may be shared.
+and prints per repeat: CPU microseconds per streamed token of each (for the HTTP process also
+its system share and its event loop's thread alone), the tokens per server-sent event, and the
+tokens per second; then each figure's mean, standard deviation, least and greatest.  CPU time,
+not wall time: the machine may be shared.
 
 ``--profile FILE`` runs the server under :mod:`cProfile` (the whole run, start-up included; the
 profile is written when the server exits).  ``--py-spy BINARY`` samples the HTTP process with
-py-spy during the timed repeats and writes ``--py-spy-out`` (folded stacks).
+py-spy during the timed repeats, native frames included, and writes ``--py-spy-out`` (folded
+stacks); py-spy stops the process to sample it, so the figures of such a run are not the ones
+to quote.
 """
 
 from __future__ import annotations
@@ -107,9 +111,11 @@ class Server:
 
 def measure(server: Server, items, concurrency: int) -> dict:
     """One timed load: CPU of both processes per streamed token, tokens per event, tokens/s."""
-    (user0, sys0), loop0, engine0 = cpu_times(server.pid), cpu_seconds(server.pid, server.pid), cpu_seconds(server.engine_pid)
+    (user0, sys0), loop0 = cpu_times(server.pid), cpu_seconds(server.pid, server.pid)
+    engine0 = cpu_seconds(server.engine_pid)
     results, wall = load_from_processes(server.url, items, concurrency=concurrency, processes=1, mode="fixed")
-    (user1, sys1), loop1, engine1 = cpu_times(server.pid), cpu_seconds(server.pid, server.pid), cpu_seconds(server.engine_pid)
+    (user1, sys1), loop1 = cpu_times(server.pid), cpu_seconds(server.pid, server.pid)
+    engine1 = cpu_seconds(server.engine_pid)
     bad = [r.error or f"HTTP {r.status}" for r in results if not r.ok]
     if bad:
         raise RuntimeError(f"{len(bad)} requests failed, the first: {bad[0]}")
@@ -163,7 +169,8 @@ def main(argv=None) -> None:
                 row = measure(server, items, c)
                 rows.append(row)
                 print(f"repeat {i + 1}: HTTP {row['http_us_per_token']:.2f} us/token (system "
-                      f"{row['http_sys_us_per_token']:.2f}; event loop's thread {row['loop_us_per_token']:.2f}), engine "
+                      f"{row['http_sys_us_per_token']:.2f}; event loop's thread {row['loop_us_per_token']:.2f}), "
+                      f"engine "
                       f"{row['engine_us_per_token']:.2f} us/token, {row['tokens_per_event']:.3f} tokens/event, "
                       f"{row['tok_s']:,.0f} tok/s ({row['tokens']} tokens, {row['events']} events)", flush=True)
         finally:
