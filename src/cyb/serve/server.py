@@ -180,6 +180,9 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
     gc.freeze()
     try:
         say("listening: " + describe(state, url_of(sock)))
+        # what start-up built (torch, transformers: hundreds of thousands of objects) lives as
+        # long as the process: kept out of the collector's full passes, which took 0.1 s each
+        gc.freeze()
         server.run(sockets=[sock])
     finally:
         state.worker.stop()
