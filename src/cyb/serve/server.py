@@ -173,16 +173,14 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
     state, server = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without --api-key: anyone who reaches this port can use the model")
-    # what loading made (the tokenizer, the libraries) is frozen out of Python's collector: a full
-    # collection walks it all, and the event loop answers no stream meanwhile (as in the engine's
+    # what start-up built (torch, transformers, the tokenizer: hundreds of thousands of objects)
+    # lives as long as the process: frozen out of the collector, whose full passes walked it all
+    # (0.1 s each on the CPU here) while the event loop answered no stream (as in the engine's
     # process, cyb.serve.engine_process)
     gc.collect()
     gc.freeze()
     try:
         say("listening: " + describe(state, url_of(sock)))
-        # what start-up built (torch, transformers: hundreds of thousands of objects) lives as
-        # long as the process: kept out of the collector's full passes, which took 0.1 s each
-        gc.freeze()
         server.run(sockets=[sock])
     finally:
         state.worker.stop()
