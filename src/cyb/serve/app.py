@@ -289,11 +289,6 @@ class EventStream(Response):
         self.status_code = 200
 
     async def __call__(self, scope, receive, send) -> None:
-        # in a task of its own: each event resumes the stream's few frames, not the ASGI
-        # middleware's coroutines that this call runs under (half a microsecond an event)
-        await asyncio.ensure_future(self._run(scope, receive, send))
-
-    async def _run(self, scope, receive, send) -> None:
         gen, state = self.gen, self.state
         send = scope.get("cyb.send", send)  # past the middleware's wrappers: one call per event
         model = state.served.name
@@ -307,9 +302,10 @@ class EventStream(Response):
             gen.start()
             if gen.params.chat:
                 await send({"type": "http.response.body", "body": R.role_chunk(gen, model), "more_body": True})
-            chunks = R.StreamChunks(gen, model)
-            while deltas := await gen.next_deltas():
-                await send({"type": "http.response.body", "body": chunks.events(deltas), "more_body": True})
+            prefix = R.chunk_prefix(gen, model)
+            async for deltas in gen.deltas():
+                payload = "".join(R.chunk_event(prefix, gen, d) for d in deltas).encode()
+                await send({"type": "http.response.body", "body": payload, "more_body": True})
             if gone.is_set():
                 return
             if gen.failure is not None:

@@ -10,7 +10,7 @@ everything else.  Only token ids cross, over two pipes:
   ``("score", score id, sequences, top)``, ``("stop",)``;
 * from the engine: ``("ready", served, slots, columns)`` or ``("failed", message, kind)`` once,
   then ``("steps", [(job id, items)], state)`` for each step that decided tokens (``items``:
-  the worker's :data:`~.worker.Item` tuples, passed on as they are, or a
+  ``(choice, token, steps, positions, finished)`` tuples or a
   :class:`~.worker.WorkerFailure`), ``("state", state)`` when the gauges changed while idle,
   ``("scored", score id, result, error)``, and ``("stopped",)`` at the end.
 
@@ -32,7 +32,7 @@ import pickle
 import signal
 import sys
 import threading
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .protocol import first_line
 from .worker import SWITCH_INTERVAL_S, EngineWorker, WorkerFailure, default_slots, settle
@@ -41,6 +41,16 @@ log = logging.getLogger("cyb.serve")
 
 #: how often (seconds) the idle engine's process looks whether its gauges changed
 STATE_PERIOD_S = 0.2
+
+
+class Decided(NamedTuple):
+    """One new token of a choice, as the HTTP process sees it (the fields of
+    :class:`cyb.engine.Emitted` that a response needs)."""
+
+    token: int
+    steps: int
+    positions: int
+    finished: str | None
 
 
 # --------------------------------------------------------------------------- the engine's process
@@ -76,8 +86,12 @@ def _engine_main(loader, slots, cache_bytes, threads, inbox, outbox) -> None:
                 job.open.clear()
                 out.append((job.jid, items))
             else:
-                _close_finished(job.open, items)
-                out.append((job.jid, items))
+                compact = []
+                for i, e in items:
+                    compact.append((i, e.token, e.steps, e.positions, e.finished))
+                    if e.finished is not None:
+                        job.open.discard(i)
+                out.append((job.jid, compact))
             if not job.open:
                 jobs.pop(job.jid, None)
         send(("steps", out, _state(worker)))
@@ -116,13 +130,6 @@ def _engine_main(loader, slots, cache_bytes, threads, inbox, outbox) -> None:
             send(("stopped",))
         except OSError:
             pass
-
-
-def _close_finished(open_choices: set, items) -> None:
-    """Drop from ``open_choices`` the choices whose last token is among ``items``."""
-    for item in items:
-        if item[4] is not None:
-            open_choices.discard(item[0])
 
 
 def _handle(message, worker, jobs: dict, send) -> bool:
@@ -320,8 +327,12 @@ class EngineProcess:
                             open_choices.clear()
                             out.append((job, items))
                         else:
-                            _close_finished(open_choices, items)
-                            out.append((job, items))
+                            decided = []
+                            for i, token, steps, positions, finished in items:
+                                decided.append((i, Decided(token, steps, positions, finished)))
+                                if finished is not None:
+                                    open_choices.discard(i)
+                            out.append((job, decided))
                         if not open_choices:
                             jobs.pop(jid, None)
                     self.snapshot, self.failures, self.alive = message[2]
@@ -349,4 +360,4 @@ class EngineProcess:
         self._scores.clear()
 
 
-__all__ = ["EngineProcess", "STATE_PERIOD_S"]
+__all__ = ["Decided", "EngineProcess", "STATE_PERIOD_S"]

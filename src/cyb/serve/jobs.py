@@ -1,11 +1,10 @@
 """One request's choices as their tokens come in (on the event loop's thread).
 
 :class:`Generation` is what the worker runs (one :class:`cyb.engine.Request` per choice) and
-what a handler waits on: :meth:`Generation.feed` queues a step's tokens in their choices, and
-the handler's :meth:`Generation.next_deltas` turns everything that arrived since its last call
-into text with :class:`cyb.generation.text.TextStream` (stop strings included: a choice whose
-text hits one is aborted in the engine), one :class:`Delta` per choice.  A generation has one
-handler: one task waits on it at a time.
+what a handler waits on: :meth:`Generation.feed` takes a step's tokens, turns them into text
+with :class:`cyb.generation.text.TextStream` (stop strings included: a choice whose text hits
+one is aborted in the engine), and queues :class:`Delta` records that :meth:`Generation.deltas`
+hands out, every delta that arrived since the last one at once.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ class Delta(NamedTuple):
 
 class ChoiceState:
     """One choice: its ids, steps, positions, released text and finish reason.  Tokens wait in
-    :attr:`pending` (the worker's :data:`~cyb.serve.worker.Item` tuples) until :meth:`take`
-    turns them into text."""
+    :attr:`pending` (``(token, steps, positions, engine finish)``) until :meth:`take` turns
+    them into text."""
 
     def __init__(self, index: int, decode, stop) -> None:
         self.index = index
@@ -53,26 +52,30 @@ class ChoiceState:
     def take(self) -> tuple[Delta | None, bool]:
         """The pending tokens as a :class:`Delta` (None when none count), and whether a stop
         string ended the choice (the engine must abort it).  Tokens after the end are dropped."""
-        pending, self.pending = self.pending, []
-        if not pending or self.finish_reason is not None:
+        if not self.pending or self.finish_reason is not None:
+            self.pending = []
             return None, False
-        text, tokens, steps, hit = "", [], [], False
+        pieces, tokens, steps, hit = [], [], [], False
         stream = self._text
-        for _, token, n, positions, finished in pending:
+        for token, n, positions, finished in self.pending:
+            self.token_ids.append(token)
+            self.steps.append(n)
             tokens.append(token)
             steps.append(n)
             self.positions = positions
             if stream is not None:
                 piece, hit = stream.push(token)
-                text += piece
-            if hit or finished is not None:
-                self.finish_reason = "stop" if hit or finished == "eos" else "length"
+                pieces.append(piece)
+            if hit or finished == "eos":
+                self.finish_reason = "stop"
+            elif finished is not None:
+                self.finish_reason = "length"
+            if self.finish_reason is not None:
                 if stream is not None:
-                    text += stream.flush()
+                    pieces.append(stream.flush())
                 break
-        self.token_ids += tokens
-        self.steps += steps
-        return Delta(self.index, text, tokens, steps, self.finish_reason), hit
+        self.pending = []
+        return Delta(self.index, "".join(pieces), tokens, steps, self.finish_reason), hit
 
 
 class Generation:
@@ -98,12 +101,12 @@ class Generation:
         self._worker, self._metrics = worker, metrics
         self._open = len(self.requests)  # choices not finished
         self._dirty: list[ChoiceState] = []
-        self._signalled = False  # something arrived since the handler last looked
-        self._waiter: asyncio.Future | None = None  # the handler's, while it waits
-        self._loop: asyncio.AbstractEventLoop | None = None  # the handler's (asking costs a system call)
+        self._ready = asyncio.Event()
         self._ended = not self.requests  # no more tokens will come
         self.started = time.monotonic()
         self.first_token_s: float | None = None
+        if self._ended:
+            self._ready.set()
 
     @property
     def finished(self) -> bool:
@@ -117,9 +120,9 @@ class Generation:
 
     # ------------------------------------------------------------------ on the loop's thread
     def feed(self, items) -> tuple[int, int]:
-        """A step's :data:`~cyb.serve.worker.Item` tuples, or a :class:`WorkerFailure`; returns
-        the tokens and their steps (for the metrics).  Cheap: the tokens wait in their choices
-        until the handler takes them (:meth:`next_deltas`)."""
+        """A step's ``(choice, Emitted)`` items, or a :class:`WorkerFailure`; returns the
+        tokens and their steps (for the metrics).  Cheap: the tokens wait in their choices
+        until the handler takes them (:meth:`deltas`)."""
         if self._ended:
             return 0, 0
         if isinstance(items, WorkerFailure):
@@ -127,21 +130,21 @@ class Generation:
             self._end()
             return 0, 0
         choices, dirty, steps = self.choices, self._dirty, 0
-        for item in items:
-            c = choices[item[0]]
+        for i, event in items:
+            c = choices[i]
             if c.ended:
                 continue
             if not c.pending:
                 dirty.append(c)
-            c.pending.append(item)
-            steps += item[2]
-            if item[4] is not None:
+            c.pending.append((event.token, event.steps, event.positions, event.finished))
+            steps += event.steps
+            if event.finished is not None:
                 c.ended = True
         if self.first_token_s is None:
             self.first_token_s = time.monotonic() - self.started
             if self._metrics is not None:
                 self._metrics.first_token(self.first_token_s)
-        self._signal()
+        self._ready.set()
         return len(items), steps
 
     def cancel(self, message: str, status: int = 503) -> bool:
@@ -157,15 +160,7 @@ class Generation:
 
     def _end(self) -> None:
         self._ended = True
-        self._signal()
-
-    def _signal(self) -> None:
-        """Wake the handler (now, if it waits in :meth:`next_deltas`; else its next wait
-        returns at once)."""
-        self._signalled = True
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():  # done: the handler was cancelled
-            waiter.set_result(None)
+        self._ready.set()
 
     def _take(self) -> list[Delta]:
         """Everything that arrived since the last call, one :class:`Delta` per choice."""
@@ -189,27 +184,22 @@ class Generation:
             self._end()
         return deltas
 
-    async def next_deltas(self) -> list[Delta]:
-        """Everything that arrived since the last call, one :class:`Delta` per choice, as soon
-        as there is any; an empty list once the request has ended (every choice finished, or
-        it failed or was cancelled: see :attr:`failure`)."""
+    async def deltas(self):
+        """Yield lists of :class:`Delta` (everything since the last list, one per choice) as
+        tokens come; ends when the request does."""
         while True:
-            if self._dirty and self.failure is None:
+            await self._ready.wait()
+            self._ready.clear()
+            if self.failure is None:
                 deltas = self._take()
                 if deltas:
-                    return deltas
+                    yield deltas
             if self.finished:
-                return []
-            if not self._signalled:
-                if self._loop is None:
-                    self._loop = asyncio.get_running_loop()
-                self._waiter = self._loop.create_future()
-                await self._waiter
-            self._signalled = False
+                return
 
     async def wait(self) -> None:
         """Until every choice has finished (or the request failed / was cancelled)."""
-        while await self.next_deltas():
+        async for _ in self.deltas():
             pass
 
     # ------------------------------------------------------------------ results

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring_ascii
 
 from .jobs import Delta, Generation
 
@@ -55,51 +54,32 @@ def sse(payload) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def chunk_dict(gen: Generation, model: str, delta: Delta) -> dict:
-    """The stream chunk of one :class:`~cyb.serve.jobs.Delta` as a dict: what
-    :class:`StreamChunks` writes is ``json.dumps`` of it (compact separators)."""
+def chunk(gen: Generation, model: str, delta: Delta) -> dict:
+    """The stream chunk of one :class:`~cyb.serve.jobs.Delta` (as :func:`chunk_event` writes it)."""
+    return json.loads(chunk_event(chunk_prefix(gen, model), gen, delta)[6:])
+
+
+def chunk_prefix(gen: Generation, model: str) -> str:
+    """The start of every stream event of ``gen``, up to its choice index (written once)."""
+    obj = "chat.completion.chunk" if gen.params.chat else "text_completion"
+    return (f'data: {{"id":"{gen.id}","object":"{obj}","created":{gen.created},'
+            f'"model":{json.dumps(model)},"choices":[{{"index":')
+
+
+def chunk_event(prefix: str, gen: Generation, delta: Delta) -> str:
+    """The server-sent event of one :class:`~cyb.serve.jobs.Delta`: a completion chunk
+    (``text``) or a chat chunk (``delta.content``), with ``steps`` / ``token_ids`` when asked;
+    built as a string (a stream writes one per choice per wake-up)."""
     params = gen.params
-    item = {"index": delta.choice}
-    if params.chat:
-        item["delta"] = {"content": delta.text}
-    else:
-        item["text"] = delta.text
-    item.update(logprobs=None, finish_reason=delta.finish_reason)
+    text = json.dumps(delta.text)
+    body = f',"delta":{{"content":{text}}}' if params.chat else f',"text":{text}'
+    finish = "null" if delta.finish_reason is None else f'"{delta.finish_reason}"'
+    extra = ""
     if params.return_steps:
-        item["steps"] = list(delta.steps)
+        extra += ',"steps":[' + ",".join(map(str, delta.steps)) + "]"
     if params.return_token_ids:
-        item["token_ids"] = list(delta.tokens)
-    return {"id": gen.id, "object": "chat.completion.chunk" if params.chat else "text_completion",
-            "created": gen.created, "model": model, "choices": [item]}
-
-
-class StreamChunks:
-    """The server-sent events of one stream's deltas, written from templates built once per
-    request: per event only the choice index, the text (escaped as ``json.dumps`` escapes it),
-    the finish reason and the asked ``steps`` / ``token_ids`` are formatted.  Each event is
-    ``sse(chunk_dict(gen, model, delta))``, byte for byte."""
-
-    def __init__(self, gen: Generation, model: str) -> None:
-        params = gen.params
-        head = json.dumps(chunk_dict(gen, model, Delta(0, "", [], [], None)), separators=(",", ":"))
-        self._head = "data: " + head[:head.index('"index":') + len('"index":')]
-        self._text, self._close = (',"delta":{"content":', "}") if params.chat else (',"text":', "")
-        self._steps, self._token_ids = params.return_steps, params.return_token_ids
-
-    def event(self, delta: Delta) -> str:
-        """The event of one delta (text, ASCII only)."""
-        finish = "null" if delta.finish_reason is None else f'"{delta.finish_reason}"'
-        extra = ""
-        if self._steps:
-            extra = ',"steps":[' + ",".join(map(str, delta.steps)) + "]"
-        if self._token_ids:
-            extra += ',"token_ids":[' + ",".join(map(str, delta.tokens)) + "]"
-        return (f"{self._head}{delta.choice}{self._text}{encode_basestring_ascii(delta.text)}{self._close}"
-                f',"logprobs":null,"finish_reason":{finish}{extra}}}]}}\n\n')
-
-    def events(self, deltas: list[Delta]) -> bytes:
-        """The events of ``deltas`` (one per delta, in order), as one body to write."""
-        return "".join([self.event(d) for d in deltas]).encode()
+        extra += ',"token_ids":[' + ",".join(map(str, delta.tokens)) + "]"
+    return f'{prefix}{delta.choice}{body},"logprobs":null,"finish_reason":{finish}{extra}}}]}}\n\n'
 
 
 def role_chunk(gen: Generation, model: str) -> bytes:
@@ -153,5 +133,5 @@ def logprobs_object(served, ids: list[int], scores, prompt_len: int, *, top: int
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
 
 
-__all__ = ["StreamChunks", "chat_completion", "chunk_dict", "completion", "error_body", "logprobs_object",
+__all__ = ["chat_completion", "chunk", "chunk_event", "chunk_prefix", "completion", "error_body", "logprobs_object",
            "role_chunk", "sse", "usage_chunk"]

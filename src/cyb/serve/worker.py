@@ -11,10 +11,8 @@ requests, a bounded batch at a time, so that decoding rows are never stalled for
 
 A job (what :meth:`~EngineWorker.submit` takes) has ``requests`` (one
 :class:`cyb.engine.Request` per choice) and a ``cancelled`` flag; the worker gives it ``rids``.
-``deliver`` receives ``[(job, items), ...]`` where ``items`` is a list of :data:`Item` tuples
-``(choice index, token, steps, positions, finished)`` (the fields of
-:class:`cyb.engine.Emitted` that a response needs; plain tuples, cheap to pickle and read) or a
-:class:`WorkerFailure`.
+``deliver`` receives ``[(job, items), ...]`` where ``items`` is a list of ``(choice index,
+Emitted)`` or a :class:`WorkerFailure`.
 """
 
 from __future__ import annotations
@@ -42,11 +40,6 @@ SCORE_POSITIONS = 16384
 #: the engine's own process made each request wait 5 ms to be read: at 256 closed-loop clients
 #: on an H200 the server delivered 0.64x its engine offline, and 0.90x with it
 SWITCH_INTERVAL_S = 0.0005
-
-
-#: one new token of a choice, as ``deliver`` hands it over: ``(choice index, token, steps,
-#: positions, finished)``; ``finished`` is ``"eos"`` or ``"length"`` on the choice's last token
-Item = tuple[int, int, int, int, "str | None"]
 
 
 class WorkerFailure:
@@ -243,7 +236,7 @@ class EngineWorker:
             items = out.get(job)
             if items is None:
                 items = out[job] = []
-            items.append((i, e.token, e.steps, e.positions, e.finished))
+            items.append((i, e))
             if e.finished is not None:
                 del owners[e.request]
         if out:
@@ -302,4 +295,4 @@ class EngineWorker:
             item.future.cancel()
 
 
-__all__ = ["EngineWorker", "Item", "SCORE_POSITIONS", "SWITCH_INTERVAL_S", "WorkerFailure", "default_slots", "settle"]
+__all__ = ["EngineWorker", "SCORE_POSITIONS", "SWITCH_INTERVAL_S", "WorkerFailure", "default_slots", "settle"]
