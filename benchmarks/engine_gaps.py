@@ -29,12 +29,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from cyb.bench.engine_runs import mixed_job  # noqa: E402
 from cyb.bench.load import percentile  # noqa: E402
-from cyb.bench.models import SHAPE_134M, SHAPE_TINY, adaptive_fixture, build_hf_model, random_ids  # noqa: E402
-from cyb.bench.models import real_ids_limit, spread_weights, wrap  # noqa: E402
 from cyb.engine import Engine, EngineOptions, Request, choose_positions  # noqa: E402
 from cyb.engine.layout import RowLayout  # noqa: E402
+from engine_traffic import TrafficJob  # noqa: E402  (this folder)
 
 
 #: ``(rows, C)`` of the prefill probe
@@ -257,23 +255,12 @@ def main(argv=None):
     a = ap.parse_args(argv)
     options = {k: int(v) for k, v in (o.split("=", 1) for o in a.options)}
     os.makedirs(a.out, exist_ok=True)
-    dev = torch.device("cpu" if a.quick else "cuda")
-    m, vocab = 4, (256 if a.quick else 32768)
-    shape = SHAPE_TINY if a.quick else SHAPE_134M
-    dtype = torch.float32 if a.quick else torch.bfloat16
-    hf = build_hf_model(shape, vocab, dtype=dtype, device=dev, max_positions=(512 + 256 + 8) * m + 64, seed=0).eval()
-    spread_weights(hf, 0)
-    limit = real_ids_limit(vocab, m)
-    items = list(zip(*mixed_job(a.requests, (16, 512), (8, 256), limit, seed=a.concurrency)))
-    calib = random_ids(64, 64, limit, seed=0).to(dev)
+    job = TrafficJob(a.requests, a.concurrency, quick=a.quick)
+    dev, items = job.device, job.items
     gc.collect()
     gc.freeze()  # as the server's engine process does once its model is loaded
     for case in a.cases:
-        if case == "none":
-            pm, mode = wrap(hf, "baseline", 1), "fixed"
-        else:
-            vis, mode = case.split("-")
-            pm, _ = adaptive_fixture(hf, m, calib, 0.1, vis)
+        pm, mode = job.model(case)
         engine = build(pm, items, slots=a.concurrency, mode=mode, options=options)
         run(engine, items, slots=a.concurrency, mode=mode)  # warm-up: graphs captured, as a server's are
         res = run(engine, items, slots=a.concurrency, mode=mode)

@@ -47,6 +47,32 @@ from cyb.bench.serve import offline_engine  # noqa: E402
 from cyb.engine.layout import RowLayout  # noqa: E402
 
 
+class TrafficJob:
+    """The job of the serve benchmark's workload: the 134 M Llama (random weights, bf16, on CUDA;
+    with ``quick`` a tiny one in float32 on the CPU), ``requests`` seeded prompts of 16-512 tokens
+    with answers of 8-256 (:attr:`items`), and each case's pause model (:meth:`model`)."""
+
+    def __init__(self, requests: int, concurrency: int, *, quick: bool = False) -> None:
+        self.device = torch.device("cpu" if quick else "cuda")
+        self.m, vocab = 4, (256 if quick else 32768)
+        shape = SHAPE_TINY if quick else SHAPE_134M
+        dtype = torch.float32 if quick else torch.bfloat16
+        self.hf = build_hf_model(shape, vocab, dtype=dtype, device=self.device,
+                                 max_positions=(512 + 256 + 8) * self.m + 64, seed=0).eval()
+        spread_weights(self.hf, 0)
+        self.limit = real_ids_limit(vocab, self.m)
+        self.items = list(zip(*mixed_job(requests, (16, 512), (8, 256), self.limit, seed=concurrency)))
+        self.calib = random_ids(64, 64, self.limit, seed=0).to(self.device)
+
+    def model(self, case: str):
+        """``(pause model, mode)`` of a case: ``none`` (no pauses, fixed) or ``VISIBILITY-MODE``
+        (a 10% dk prior on the calibration prompts)."""
+        if case == "none":
+            return wrap(self.hf, "baseline", 1), "fixed"
+        vis, mode = case.split("-")
+        return adaptive_fixture(self.hf, self.m, self.calib, 0.1, vis)[0], mode
+
+
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -141,24 +167,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     row_attention = ROW_ATTENTION[a.row_attention]
     os.makedirs(a.out, exist_ok=True)
-    dev = torch.device("cpu" if a.quick else "cuda")
-    m, vocab = 4, (256 if a.quick else 32768)
-    shape = SHAPE_TINY if a.quick else SHAPE_134M
-    dtype = torch.float32 if a.quick else torch.bfloat16
-    hf = build_hf_model(shape, vocab, dtype=dtype, device=dev, max_positions=(512 + 256 + 8) * m + 64, seed=0).eval()
-    spread_weights(hf, 0)
-    limit = real_ids_limit(vocab, m)
-    items = list(zip(*mixed_job(a.requests, (16, 512), (8, 256), limit, seed=a.concurrency)))
-    calib = random_ids(64, 64, limit, seed=0).to(dev)
+    job = TrafficJob(a.requests, a.concurrency, quick=a.quick)
+    dev, items, limit = job.device, job.items, job.limit
     result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "row_attention": a.row_attention,
               "concurrency": a.concurrency, "requests": a.requests, "cases": {}}
     for case in a.cases:
-        if case == "none":
-            pm, mode = wrap(hf, "baseline", 1), "fixed"
-        else:
-            vis, mode = case.split("-")
-            pm, _ = adaptive_fixture(hf, m, calib, 0.1, vis)
+        pm, mode = job.model(case)
         row = {}
         continuous(pm, items[:8], slots=a.concurrency, mode=mode, row_attention=row_attention)  # warm-up
         for refill in a.refill:

@@ -26,18 +26,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from cyb.bench.load import NAME, job, load_from_processes  # noqa: E402
-from cyb.bench.serve import ServeBenchConfig, _cache_bytes, _models  # noqa: E402
+from cyb.bench.load import job, load_from_processes  # noqa: E402
+from cyb.bench.serve import ChildServer, ServeBenchConfig, _cache_bytes, _models  # noqa: E402
 from cyb.engine.layout import RowLayout  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -67,46 +65,20 @@ def engine_pids(pid: int) -> list[int]:
     return out
 
 
-class Server:
-    """``cyb serve`` of the model in ``folder`` in a child process (optionally under cProfile)."""
+class Server(ChildServer):
+    """``cyb serve`` of the tiny model in ``folder`` on the CPU, in a child process (optionally
+    under cProfile), with the pid of its engine's process."""
 
     def __init__(self, folder: str, *, slots: int, max_model_len: int, cache_bytes: int, profile: str | None):
-        import cyb
-
-        src = os.path.dirname(os.path.dirname(os.path.abspath(cyb.__file__)))
-        env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "PYTHONUNBUFFERED": "1"}
-        runner = ["-m", "cProfile", "-o", profile] if profile else []
-        cmd = [sys.executable, *runner, "-m", "cyb", "serve", folder, "--port", "0", "--served-model-name", NAME,
-               "--slots", str(slots), "--max-model-len", str(max_model_len), "--device", "cpu", "--dtype", "float32",
-               "--max-concurrency", str(4 * slots + 64), "--cache-memory", f"{cache_bytes / 2**30:.4f}",
-               "--grace-period", "5", "--mode", "fixed"]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
-        self.log: list[str] = []
-        self.url = None
-        while self.url is None:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError("cyb serve did not start: " + "".join(self.log)[-2000:])
-            self.log.append(line)
-            m = re.search(r"listening: .* on (http://[^ ]+) ", line)
-            if m:
-                self.url = m.group(1)
-        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+        super().__init__(folder, slots=slots, max_model_len=max_model_len, device="cpu", dtype="fp32",
+                         cache_bytes=cache_bytes, mode="fixed",
+                         python_args=("-m", "cProfile", "-o", profile) if profile else ())
         self.pid = self.proc.pid
         engines = engine_pids(self.pid)
         if len(engines) != 1:
             self.stop()
             raise RuntimeError(f"expected one engine process under the server, found {engines}")
         self.engine_pid = engines[0]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def measure(server: Server, items, concurrency: int) -> dict:

@@ -151,17 +151,18 @@ class ServeBenchConfig:
 
 
 class ChildServer:
-    """``cyb serve`` in a child process (its standard error kept in :attr:`log`)."""
+    """``cyb serve`` in a child process (its standard error kept in :attr:`log`); ``python_args``
+    go to its interpreter before ``-m cyb`` (``("-m", "cProfile", "-o", FILE)`` profiles it)."""
 
     def __init__(self, folder: str, *, slots: int, max_model_len: int, device, dtype: str, cache_bytes: int,
-                 mode: str) -> None:
+                 mode: str, python_args: tuple = ()) -> None:
         import cyb
 
         src = os.path.dirname(os.path.dirname(os.path.abspath(cyb.__file__)))
         env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "PYTHONUNBUFFERED": "1"}
         torch_dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
-        cmd = [sys.executable, "-m", "cyb", "serve", folder, "--port", "0", "--served-model-name", NAME,
+        cmd = [sys.executable, *python_args, "-m", "cyb", "serve", folder, "--port", "0", "--served-model-name", NAME,
                "--slots", str(slots), "--max-model-len", str(max_model_len), "--device", str(device),
                "--dtype", torch_dtype, "--max-concurrency", str(4 * slots + 64),
                "--cache-memory", f"{cache_bytes / 2**30:.4f}", "--grace-period", "5", "--mode", mode]
