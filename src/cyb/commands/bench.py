@@ -209,6 +209,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     srv.add_argument("--server", choices=SERVERS, default=None,
                      help="process: cyb serve in a child process; thread: in a thread of this process "
                           "(default process; thread with --quick)" + _OWN_DEFAULT)
+    srv.add_argument("--http-processes", type=int, metavar="N",
+                     help="cyb serve --http-processes: HTTP processes in front of the engine's process "
+                          "(--server process)" + _OWN_DEFAULT)
     srv.add_argument("--client-processes", type=int, metavar="N",
                      help="processes the load client runs in (default: one per 64 streams, at most 8)"
                           + _OWN_DEFAULT)
@@ -357,7 +360,7 @@ def _run_serve(args, command: str) -> int:
                        "answer_lengths": "answer_lengths", "pause_fraction": "pause_fraction",
                        "num_steps": "num_steps", "vocab": "vocab", "dtype": "dtype", "server": "server",
                        "offline": "offline", "static": "static", "ceiling": "ceiling", "model": "model", "seed": "seed",
-                       "client_processes": "client_processes",
+                       "client_processes": "client_processes", "http_processes": "http_processes",
                        "budget_s": "budget_s", "device": "device"})
     cfg = serve.ServeBenchConfig.quick(**kw) if args.quick else serve.ServeBenchConfig(**kw)
     try:

@@ -52,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=("process", "thread"), default="process",
                    help="where the engine runs: a process of its own, which loads the model (default: the HTTP "
                         "work never holds up a decoding step), or a thread of the server's process")
+    p.add_argument("--http-processes", type=int, default=1, metavar="N",
+                   help="processes that answer HTTP on the port, in front of the one engine process (Linux): "
+                        "more streams per second than one event loop can write; each takes its share of "
+                        "--max-concurrency (default: %(default)s)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="uvicorn's log level")
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
@@ -82,7 +86,8 @@ def options_from(args):
     return ServeOptions(host=args.host, port=args.port, api_key=key, model_name=args.served_model_name,
                         max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache, mode=args.mode,
                         max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency,
-                        max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template)
+                        max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template,
+                        http_processes=args.http_processes)
 
 
 def load(model_arg: str, options, *, device=None, dtype=None):
@@ -141,13 +146,16 @@ def run(args) -> int:
     worker = None
     try:
         options = options_from(args)
+        if options.http_processes > 1 and args.engine != "process":
+            raise ValueError("--http-processes above 1 needs the engine in its own process (--engine process)")
         if args.engine == "process":
             from ..run_models import saved_model_folder
             from ..serve.engine_process import EngineProcess
 
             saved_model_folder(args.model, "MODEL", allow_plain=True)  # a wrong MODEL: refused before the child starts
             loader = functools.partial(load, args.model, options, device=args.device, dtype=args.dtype)
-            worker = EngineProcess(loader, slots=options.slots, cache_bytes=options.cache_bytes).start()
+            worker = EngineProcess(loader, slots=options.slots, cache_bytes=options.cache_bytes,
+                                   links=options.http_processes).start()
             served = worker.served
         else:
             served = load(args.model, options, device=args.device, dtype=args.dtype)

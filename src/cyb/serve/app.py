@@ -28,6 +28,7 @@ from starlette.routing import Route  # noqa: E402
 
 from . import responses as R  # noqa: E402
 from .jobs import Generation  # noqa: E402
+from .metrics import SHARE_PERIOD_S  # noqa: E402
 from .protocol import RequestError, first_line, parse_chat, parse_completion  # noqa: E402
 
 log = logging.getLogger("cyb.serve")
@@ -48,6 +49,16 @@ class ServerState:
         self.draining = False
         self.in_flight: dict[str, Generation] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    def peers(self) -> list[dict]:
+        """The other HTTP processes' last shared counters (none with one HTTP process)."""
+        return list(getattr(self.worker, "peers", {}).values())
+
+    async def share_metrics(self) -> None:
+        """Every :data:`~.metrics.SHARE_PERIOD_S`, hand this process's counters to the others."""
+        while True:
+            await asyncio.sleep(SHARE_PERIOD_S)
+            self.worker.share_metrics(self.metrics.shareable())
 
     def deliver(self, batch) -> None:
         """From the worker's thread: hand a step's ``[(job, items)]`` to the loop."""
@@ -178,10 +189,12 @@ class _Admission:
         if not s.worker.alive:
             s.metrics.rejected["engine_stopped"] += 1
             raise RequestError("the engine has stopped (see the server's log); restart cyb serve", status=503)
-        if s.metrics.in_flight >= s.options.max_concurrency:
+        limit = s.options.concurrency_per_process
+        if s.metrics.in_flight >= limit:
             s.metrics.rejected["concurrency"] += 1
-            raise RequestError(f"the server is busy: {s.metrics.in_flight} requests in flight, the limit is "
-                               f"{s.options.max_concurrency} (cyb serve --max-concurrency); retry later", status=503)
+            where = "" if s.options.http_processes == 1 else f" in this of {s.options.http_processes} HTTP processes"
+            raise RequestError(f"the server is busy: {s.metrics.in_flight} requests in flight{where}, the limit is "
+                               f"{limit} (cyb serve --max-concurrency); retry later", status=503)
         s.metrics.in_flight += 1
         self.held = True
 
@@ -350,8 +363,9 @@ async def models(request: Request) -> Response:
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.cyb
     in_use, queued, *_ = state.worker.snapshot
+    in_flight = state.metrics.in_flight + sum(p["in_flight"] for p in state.peers())
     body = {"status": "ok", "model": state.served.name, "slots": state.worker.slots, "slots_in_use": in_use,
-            "queued": queued, "requests_in_flight": state.metrics.in_flight}
+            "queued": queued, "requests_in_flight": in_flight}
     if state.draining:
         return JSONResponse({**body, "status": "shutting down"}, status_code=503)
     if not state.worker.alive:
@@ -361,7 +375,7 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.cyb
-    text = state.metrics.render(state.worker, state.worker.slots, state.draining)
+    text = state.metrics.render(state.worker, state.worker.slots, state.draining, peers=state.peers())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -435,7 +449,10 @@ def create_app(state: ServerState):
     @asynccontextmanager
     async def lifespan(app):
         state.loop = asyncio.get_running_loop()
+        sharing = asyncio.ensure_future(state.share_metrics()) if state.options.http_processes > 1 else None
         yield
+        if sharing is not None:
+            sharing.cancel()
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),

@@ -1,7 +1,10 @@
 """The server's counters and gauges, rendered as Prometheus text (``GET /metrics``).
 
 Counters are updated on the event loop's thread; the engine's gauges come from the worker's
-last snapshot.  Names start with ``cyb_``.
+last snapshot.  Names start with ``cyb_``.  With several HTTP processes (``cyb serve
+--http-processes N``) each counts its own requests and shares them every
+:data:`SHARE_PERIOD_S` (:meth:`Metrics.shareable`); ``/metrics`` on any of them reports the
+sums, the other processes' part as of their last share.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections import Counter, deque
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: seconds over which tokens per second is measured
 RATE_WINDOW_S = 10.0
+#: seconds between two shares of an HTTP process's counters with the others
+SHARE_PERIOD_S = 0.5
 
 
 class Metrics:
@@ -62,9 +67,34 @@ class Metrics:
         span = min(RATE_WINDOW_S, max(now - self._t0, 1e-9))
         return sum(n for _, n in self._recent) / span
 
-    def render(self, worker, slots: int, draining: bool) -> str:
-        """Prometheus text exposition of everything counted, with the engine's gauges."""
+    def shareable(self) -> dict:
+        """Everything :meth:`render` counts, as plain data (what another HTTP process adds to its own)."""
+        return {"responses": dict(self.responses), "in_flight": self.in_flight, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "steps": self.steps, "finish": dict(self.finish),
+                "rejected": dict(self.rejected), "ttft_counts": list(self.ttft_counts), "ttft_sum": self.ttft_sum,
+                "tokens_per_second": self.tokens_per_second()}
+
+    @staticmethod
+    def total(parts) -> dict:
+        """The sum of several :meth:`shareable` dicts."""
+        out = {"responses": Counter(), "in_flight": 0, "prompt_tokens": 0, "completion_tokens": 0, "steps": 0,
+               "finish": Counter(), "rejected": Counter(), "ttft_counts": [0] * (len(TTFT_BUCKETS) + 1),
+               "ttft_sum": 0.0, "tokens_per_second": 0.0}
+        for part in parts:
+            for key, value in part.items():
+                if isinstance(out[key], Counter):
+                    out[key].update(value)
+                elif isinstance(out[key], list):
+                    out[key] = [a + b for a, b in zip(out[key], value)]
+                else:
+                    out[key] += value
+        return out
+
+    def render(self, worker, slots: int, draining: bool, peers=()) -> str:
+        """Prometheus text exposition of everything counted, with the engine's gauges; ``peers``:
+        the other HTTP processes' :meth:`shareable` counters, added to this one's."""
         in_use, queued, steps, decode_pos, prefill_pos = worker.snapshot
+        c = self.total([self.shareable(), *peers])
         lines: list[str] = []
 
         def metric(name: str, kind: str, text: str, samples) -> None:
@@ -75,34 +105,34 @@ class Metrics:
                 lines.append(f"{name}{label} {_num(value)}")
 
         metric("cyb_requests_total", "counter", "HTTP responses by route and status code.",
-               [((("route", r), ("code", str(c))), n) for (r, c), n in sorted(self.responses.items())])
-        metric("cyb_requests_in_flight", "gauge", "Requests being handled now.", [((), self.in_flight)])
+               [((("route", r), ("code", str(c))), n) for (r, c), n in sorted(c["responses"].items())])
+        metric("cyb_requests_in_flight", "gauge", "Requests being handled now.", [((), c["in_flight"])])
         metric("cyb_requests_rejected_total", "counter", "Requests refused before any work, by reason.",
-               [((("reason", r),), n) for r, n in sorted(self.rejected.items())])
+               [((("reason", r),), n) for r, n in sorted(c["rejected"].items())])
         metric("cyb_slots", "gauge", "Engine slots (requests that decode at once).", [((), slots)])
         metric("cyb_slots_in_use", "gauge", "Engine slots holding a request.", [((), in_use)])
         metric("cyb_queue_length", "gauge", "Engine requests waiting for a slot.", [((), queued)])
-        metric("cyb_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", [((), self.prompt_tokens)])
-        metric("cyb_completion_tokens_total", "counter", "New tokens generated.", [((), self.completion_tokens)])
-        metric("cyb_token_steps_total", "counter", "Steps of the new tokens (1 + pauses each).", [((), self.steps)])
-        mean = self.steps / self.completion_tokens if self.completion_tokens else 0.0
+        metric("cyb_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", [((), c["prompt_tokens"])])
+        metric("cyb_completion_tokens_total", "counter", "New tokens generated.", [((), c["completion_tokens"])])
+        metric("cyb_token_steps_total", "counter", "Steps of the new tokens (1 + pauses each).", [((), c["steps"])])
+        mean = c["steps"] / c["completion_tokens"] if c["completion_tokens"] else 0.0
         metric("cyb_mean_steps_per_token", "gauge", "Mean steps per new token since the start (1: no pause).",
                [((), mean)])
         metric("cyb_tokens_per_second", "gauge", f"New tokens per second over the last {RATE_WINDOW_S:g} s.",
-               [((), self.tokens_per_second())])
+               [((), c["tokens_per_second"])])
         metric("cyb_engine_steps_total", "counter", "Engine decoding steps.", [((), steps)])
         metric("cyb_positions_total", "counter", "Positions through the network, by phase.",
                [((("phase", "prefill"),), prefill_pos), ((("phase", "decode"),), decode_pos)])
         metric("cyb_choices_finished_total", "counter", "Choices finished, by finish reason.",
-               [((("reason", r),), n) for r, n in sorted(self.finish.items())])
+               [((("reason", r),), n) for r, n in sorted(c["finish"].items())])
         lines.append("# HELP cyb_time_to_first_token_seconds Time from a request's start to its first token.")
         lines.append("# TYPE cyb_time_to_first_token_seconds histogram")
         total = 0
-        for bound, n in zip((*TTFT_BUCKETS, float("inf")), self.ttft_counts):
+        for bound, n in zip((*TTFT_BUCKETS, float("inf")), c["ttft_counts"]):
             total += n
             le = "+Inf" if bound == float("inf") else f"{bound:g}"
             lines.append(f'cyb_time_to_first_token_seconds_bucket{{le="{le}"}} {total}')
-        lines.append(f"cyb_time_to_first_token_seconds_sum {_num(self.ttft_sum)}")
+        lines.append(f"cyb_time_to_first_token_seconds_sum {_num(c['ttft_sum'])}")
         lines.append(f"cyb_time_to_first_token_seconds_count {total}")
         metric("cyb_engine_failures_total", "counter", "Engine failures (each answered its requests with 500).",
                [((), worker.failures)])
@@ -117,4 +147,4 @@ def _num(value) -> str:
     return str(value)
 
 
-__all__ = ["Metrics", "RATE_WINDOW_S", "TTFT_BUCKETS"]
+__all__ = ["Metrics", "RATE_WINDOW_S", "SHARE_PERIOD_S", "TTFT_BUCKETS"]

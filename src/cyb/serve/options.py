@@ -31,6 +31,9 @@ class ServeOptions:
         grace_s: after SIGTERM, how long requests in flight may take to finish before they
             are cancelled.
         chat_template: a Jinja chat template replacing the tokenizer's (None: the tokenizer's).
+        http_processes: processes that answer HTTP on the port, in front of one engine's
+            process (Linux: the kernel spreads connections over them); each takes
+            ``max_concurrency / http_processes`` requests at once.
     """
 
     host: str = "127.0.0.1"
@@ -46,11 +49,12 @@ class ServeOptions:
     max_choices: int = 256
     grace_s: float = 30.0
     chat_template: str | None = None
+    http_processes: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be an integer in [0, 65535], got {self.port!r}")
-        for name in ("max_body_bytes", "max_concurrency", "max_choices"):
+        for name in ("max_body_bytes", "max_concurrency", "max_choices", "http_processes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -65,8 +69,17 @@ class ServeOptions:
         if isinstance(self.grace_s, bool) or not isinstance(self.grace_s, (int, float)) \
                 or not math.isfinite(self.grace_s) or self.grace_s < 0:
             raise ValueError(f"grace_s must be a finite number of seconds >= 0, got {self.grace_s!r}")
+        if self.http_processes > self.max_concurrency:
+            raise ValueError(f"http_processes ({self.http_processes}) must not exceed max_concurrency "
+                             f"({self.max_concurrency}): each process takes a share of it")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
+
+
+    @property
+    def concurrency_per_process(self) -> int:
+        """Requests one HTTP process handles at once: its share of ``max_concurrency``."""
+        return -(-self.max_concurrency // self.http_processes)
 
 
 __all__ = ["MODES", "ServeOptions"]

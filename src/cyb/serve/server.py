@@ -33,9 +33,13 @@ from .metrics import Metrics  # noqa: E402
 from .worker import SWITCH_INTERVAL_S, EngineWorker, default_slots  # noqa: E402
 
 
+#: who speaks on standard error (each extra HTTP process names itself)
+WHO = "cyb serve"
+
+
 def say(message: str) -> None:
     """One line on standard error, prefixed ``cyb serve:``."""
-    print(f"cyb serve: {message}", file=sys.stderr, flush=True)
+    print(f"{WHO}: {message}", file=sys.stderr, flush=True)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -50,6 +54,29 @@ def bind(host: str, port: int) -> socket.socket:
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(2048)
     return sock
+
+
+def bind_shared(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` listening sockets on one port with ``SO_REUSEPORT`` (the kernel spreads new
+    connections over them; port 0: a free one).  The port is first bound alone, so that a
+    server already on it is refused as by :func:`bind`, not joined."""
+    probe = bind(host, port)
+    family, address = probe.family, probe.getsockname()
+    probe.close()
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            sock.listen(2048)
+    except OSError as e:
+        for sock in socks:
+            sock.close()
+        raise ValueError(f"cannot listen on {host}:{address[1]}: {e.strerror or e}") from None
+    return socks
 
 
 def url_of(sock: socket.socket) -> str:
@@ -74,6 +101,7 @@ class _Uvicorn(uvicorn.Server):
         super().__init__(config)
         self.cyb_state = state
         self.drained: asyncio.Future | None = None
+        self.others = None  # the other HTTP processes (http_processes.HttpProcesses), told of SIGTERM
 
     def handle_exit(self, sig, frame) -> None:  # noqa: D401 - uvicorn's hook
         if self.should_exit:
@@ -82,6 +110,8 @@ class _Uvicorn(uvicorn.Server):
             return
         name = signal.Signals(sig).name if sig else "stop"
         self.should_exit = True
+        if self.others is not None:
+            self.others.signal(signal.SIGTERM)
         loop = self.cyb_state.loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._start_drain, name)
@@ -162,10 +192,19 @@ def describe(state: ServerState, url: str) -> str:
 
 def serve(served, options, *, worker=None, log_level: str = "warning", access_log: bool = False) -> int:
     """Run the server in the foreground until SIGTERM or Ctrl-C (see the module docstring);
-    ``worker`` as in :func:`build`."""
+    ``worker`` as in :func:`build` (an :class:`~.engine_process.EngineProcess` with
+    ``options.http_processes`` links when there are several HTTP processes)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    count = options.http_processes
     try:
-        sock = bind(options.host, options.port)
+        if count > 1:
+            from .http_processes import reuse_port_supported
+
+            if not reuse_port_supported():
+                raise ValueError("several HTTP processes need SO_REUSEPORT (Linux); use --http-processes 1")
+            if len(getattr(worker, "spare_links", ())) != count - 1:
+                raise ValueError("several HTTP processes need the engine in its own process (--engine process)")
+        socks = bind_shared(options.host, options.port, count) if count > 1 else [bind(options.host, options.port)]
     except ValueError:
         if worker is not None:
             worker.stop()
@@ -173,20 +212,48 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
     state, server = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without --api-key: anyone who reaches this port can use the model")
-    # what start-up built (torch, transformers, the tokenizer: hundreds of thousands of objects)
-    # lives as long as the process: frozen out of the collector, whose full passes walked it all
-    # (0.1 s each on the CPU here) while the event loop answered no stream (as in the engine's
-    # process, cyb.serve.engine_process)
-    gc.collect()
-    gc.freeze()
+    others = None
+    url = url_of(socks[0])
     try:
-        say("listening: " + describe(state, url_of(sock)))
-        server.run(sockets=[sock])
+        if count > 1:
+            from .http_processes import HttpProcesses
+
+            others = server.others = HttpProcesses(served, options, state.worker, socks[1:], log_level=log_level,
+                                                   access_log=access_log)
+            try:
+                others.wait_ready()
+            except RuntimeError as e:
+                raise ValueError(str(e)) from None
+            threading.Thread(target=_watch, args=(others, server), daemon=True).start()
+        # what start-up built (torch, transformers, the tokenizer: hundreds of thousands of objects)
+        # lives as long as the process: frozen out of the collector, whose full passes walked it all
+        # (0.1 s each on the CPU here) while the event loop answered no stream (as in the engine's
+        # process, cyb.serve.engine_process)
+        gc.collect()
+        gc.freeze()
+        processes = f"; {count} HTTP processes" if count > 1 else ""
+        say("listening: " + describe(state, url) + processes)
+        server.run(sockets=[socks[0]])
     finally:
+        if others is not None:
+            others.signal(signal.SIGTERM)
+            others.join(options.grace_s + 15)
         state.worker.stop()
-        sock.close()
+        for sock in socks:
+            sock.close()
     say("stopped")
     return 0
+
+
+def _watch(others, server) -> None:
+    """Say once when one of the other HTTP processes exits before the server stops."""
+    told: set[int] = set()
+    while not server.should_exit:
+        for i in others.dead():
+            if i not in told and not server.should_exit:
+                told.add(i)
+                say(f"HTTP process {i} exited; the others go on serving")
+        time.sleep(1.0)
 
 
 class BackgroundServer:
@@ -232,4 +299,4 @@ def start_background(served, options, *, worker=None, timeout: float = 60.0) -> 
     return BackgroundServer(state, server, sock, thread)
 
 
-__all__ = ["BackgroundServer", "bind", "build", "describe", "drain", "serve", "start_background", "url_of"]
+__all__ = ["BackgroundServer", "bind", "bind_shared", "build", "describe", "drain", "serve", "start_background", "url_of"]

@@ -1,0 +1,139 @@
+"""More HTTP processes in front of one engine's process (``cyb serve --http-processes N``).
+
+One HTTP process, at some tens of thousands of streamed tokens a second, spends its event
+loop's whole core on requests and server-sent events, and requests wait before the engine
+sees them.  Here the main process (HTTP process 0, which started the engine's process) starts
+N - 1 more.  Each has its own listening socket on the same port (``SO_REUSEPORT``: the kernel
+spreads new connections over them), the served model's description and tokenizer, and its own
+link to the engine's process (:class:`~.engine_process.EngineLink`).  Each counts its own
+requests and shares its counters with the others (:mod:`.metrics`), so ``/metrics`` and
+``/health`` on any of them speak for the whole server.
+
+The main process forwards SIGTERM to the others; each drains its own requests
+(:func:`~.server.drain`), and the main one stops the engine once they have exited.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from .worker import SWITCH_INTERVAL_S
+
+
+def reuse_port_supported() -> bool:
+    """Whether listening sockets can share a port with the kernel spreading connections
+    (``SO_REUSEPORT`` on Linux)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def _http_main(index, served, options, link, state, sock, log_level, access_log, threads, ready) -> None:
+    """HTTP process ``index``: serve ``sock`` through ``link`` (``(receive, send)`` of the
+    engine's pipes) until SIGTERM, as the main process does; sets ``ready`` (an event) once it
+    accepts connections."""
+    import torch
+
+    from . import server
+    from .engine_process import EngineLink
+
+    torch.set_num_threads(threads)
+    server.WHO = f"cyb serve (HTTP process {index})"
+    worker = EngineLink(*link, served=served, slots=state[0], columns=state[1], state=state[2]).start_reading()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _, uv = server.build(served, options, worker=worker, log_level=log_level, access_log=access_log)
+    gc.collect()
+    gc.freeze()
+
+    def tell_ready() -> None:
+        while not uv.started and not uv.should_exit:
+            time.sleep(0.01)
+        ready.set()
+
+    threading.Thread(target=tell_ready, daemon=True).start()
+    try:
+        uv.run(sockets=[sock])
+    finally:
+        worker.stop()
+        sock.close()
+
+
+class HttpProcesses:
+    """The HTTP processes beyond the main one (none when ``options.http_processes`` is 1).
+
+    Args:
+        served: the :class:`~.served.ServedModel` (pickled to each process).
+        options: the :class:`~.options.ServeOptions`.
+        engine: the started :class:`~.engine_process.EngineProcess`, whose spare links the
+            processes take.
+        sockets: one listening socket per extra process (:func:`~.server.bind` with ``count``).
+    """
+
+    def __init__(self, served, options, engine, sockets, *, log_level: str = "warning",
+                 access_log: bool = False) -> None:
+        import torch
+
+        if len(engine.spare_links) != len(sockets):
+            raise ValueError(f"{len(sockets)} sockets for {len(engine.spare_links)} spare links to the engine")
+        ctx = multiprocessing.get_context("spawn")
+        state = (engine.slots, engine.columns, engine.state)
+        self.processes, self._ready = [], []
+        for i, (link, sock) in enumerate(zip(engine.spare_links, sockets), start=1):
+            ready = ctx.Event()
+            p = ctx.Process(target=_http_main, name=f"cyb-http-{i}", daemon=False,
+                            args=(i, served, options, link, state, sock, log_level, access_log,
+                                  torch.get_num_threads(), ready))
+            p.start()
+            self.processes.append(p)
+            self._ready.append(ready)
+        # the children hold their own copies now: a child's end is then the end of its link and socket
+        for link, sock in zip(engine.spare_links, sockets):
+            for conn in link:
+                conn.close()
+            sock.close()
+        engine.spare_links = []
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until every process accepts connections; RuntimeError if one exits first."""
+        deadline = time.monotonic() + timeout
+        for i, (p, ready) in enumerate(zip(self.processes, self._ready), start=1):
+            while not ready.wait(0.1):
+                if not p.is_alive():
+                    raise RuntimeError(f"HTTP process {i} exited (code {p.exitcode}) before it was ready")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"HTTP process {i} was not ready within {timeout:g} s")
+        self._ready = []  # the events' semaphores are released with them
+
+    def signal(self, sig=signal.SIGTERM) -> None:
+        """Send ``sig`` to every HTTP process still running."""
+        for p in self.processes:
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def join(self, timeout: float) -> list[int | None]:
+        """Wait for them to exit (killed after ``timeout`` seconds); their exit codes."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        return [p.exitcode for p in self.processes]
+
+    def dead(self) -> list[int]:
+        """Indices (1, 2, ...) of processes that have exited."""
+        return [i for i, p in enumerate(self.processes, start=1) if not p.is_alive()]
+
+
+__all__ = ["HttpProcesses", "reuse_port_supported"]
