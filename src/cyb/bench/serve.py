@@ -96,7 +96,7 @@ class ServeBenchConfig:
     steady_steps: int = 50  # timed steps of the ceiling's steady rate
     server: str = "process"
     client_processes: int | None = None  # None: one per STREAMS_PER_CLIENT streams
-    http_processes: int = 1  # cyb serve --http-processes (server "process" only)
+    http_processes: int | None = None  # cyb serve --http-processes (None: its default; server "process" only)
     model: str | None = None
     seed: int = 0
     device: str | None = None
@@ -129,9 +129,9 @@ class ServeBenchConfig:
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {(lo, hi)}")
-        if self.http_processes < 1:
+        if self.http_processes is not None and self.http_processes < 1:
             raise ValueError(f"http_processes must be >= 1, got {self.http_processes}")
-        if self.http_processes > 1 and self.server != "process":
+        if (self.http_processes or 1) > 1 and self.server != "process":
             raise ValueError("several HTTP processes need the server in its own process (--server process)")
         if self.client_processes is not None and self.client_processes < 1:
             raise ValueError(f"client_processes must be >= 1, got {self.client_processes}")
@@ -160,7 +160,7 @@ class ChildServer:
     go to its interpreter before ``-m cyb`` (``("-m", "cProfile", "-o", FILE)`` profiles it)."""
 
     def __init__(self, folder: str, *, slots: int, max_model_len: int, device, dtype: str, cache_bytes: int,
-                 mode: str, python_args: tuple = (), http_processes: int = 1) -> None:
+                 mode: str, python_args: tuple = (), http_processes: int | None = None) -> None:
         import cyb
 
         src = os.path.dirname(os.path.dirname(os.path.abspath(cyb.__file__)))
@@ -170,8 +170,9 @@ class ChildServer:
         cmd = [sys.executable, *python_args, "-m", "cyb", "serve", folder, "--port", "0", "--served-model-name", NAME,
                "--slots", str(slots), "--max-model-len", str(max_model_len), "--device", str(device),
                "--dtype", torch_dtype, "--max-concurrency", str(4 * slots + 64),
-               "--cache-memory", f"{cache_bytes / 2**30:.4f}", "--grace-period", "5", "--mode", mode,
-               "--http-processes", str(http_processes)]
+               "--cache-memory", f"{cache_bytes / 2**30:.4f}", "--grace-period", "5", "--mode", mode]
+        if http_processes is not None:
+            cmd += ["--http-processes", str(http_processes)]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
         self.url = None

@@ -211,7 +211,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "(default process; thread with --quick)" + _OWN_DEFAULT)
     srv.add_argument("--http-processes", type=int, metavar="N",
                      help="cyb serve --http-processes: HTTP processes in front of the engine's process "
-                          "(--server process)" + _OWN_DEFAULT)
+                          "(--server process; default: cyb serve's)" + _OWN_DEFAULT)
     srv.add_argument("--client-processes", type=int, metavar="N",
                      help="processes the load client runs in (default: one per 64 streams, at most 8)"
                           + _OWN_DEFAULT)

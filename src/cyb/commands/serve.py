@@ -52,10 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=("process", "thread"), default="process",
                    help="where the engine runs: a process of its own, which loads the model (default: the HTTP "
                         "work never holds up a decoding step), or a thread of the server's process")
-    p.add_argument("--http-processes", type=int, default=1, metavar="N",
+    p.add_argument("--http-processes", type=int, default=None, metavar="N",
                    help="processes that answer HTTP on the port, in front of the one engine process (Linux): "
                         "more streams per second than one event loop can write; each takes its share of "
-                        "--max-concurrency (default: %(default)s)")
+                        "--max-concurrency (default: on CUDA one per 4 CPU cores, at most 4; 1 on the CPU)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="uvicorn's log level")
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
@@ -83,11 +83,17 @@ def options_from(args):
             raise ValueError(f"--cache-memory must be > 0 GiB, got {args.cache_memory}")
         cache = int(args.cache_memory * 2**30)
     key = args.api_key if args.api_key is not None else (os.environ.get(KEY_ENV) or None)
+    http = args.http_processes
+    if http is None:
+        from ..runtime import resolve_device
+        from ..serve.http_processes import default_http_processes
+
+        http = 1 if args.engine != "process" else default_http_processes(resolve_device(args.device, what="--device"))
     return ServeOptions(host=args.host, port=args.port, api_key=key, model_name=args.served_model_name,
                         max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache, mode=args.mode,
                         max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency,
                         max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template,
-                        http_processes=args.http_processes)
+                        http_processes=http)
 
 
 def load(model_arg: str, options, *, device=None, dtype=None):

@@ -33,6 +33,15 @@ def reuse_port_supported() -> bool:
     return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
 
 
+def default_http_processes(device) -> int:
+    """HTTP processes when ``--http-processes`` is not given: on CUDA one per four CPU cores, at
+    most 4 (an H200 host with 16 cores: 4); 1 on the CPU, whose cores decode, and where
+    ``SO_REUSEPORT`` is missing."""
+    if not str(getattr(device, "type", device)).startswith("cuda") or not reuse_port_supported():
+        return 1
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
 def _http_main(index, served, options, link, state, sock, log_level, access_log, threads, ready) -> None:
     """HTTP process ``index``: serve ``sock`` through ``link`` (``(receive, send)`` of the
     engine's pipes) until SIGTERM, as the main process does; sets ``ready`` (an event) once it
@@ -136,4 +145,4 @@ class HttpProcesses:
         return [i for i, p in enumerate(self.processes, start=1) if not p.is_alive()]
 
 
-__all__ = ["HttpProcesses", "reuse_port_supported"]
+__all__ = ["HttpProcesses", "default_http_processes", "reuse_port_supported"]
