@@ -93,7 +93,8 @@ def test_load_from_two_processes_and_the_probe(tmp_path_factory):
     from cyb.bench.load import ServerProbe, client_processes, load_from_processes
     from serve_helpers import pause_model, running, tokenizer
 
-    assert (client_processes(256), client_processes(3), client_processes(4, wanted=8)) == (4, 1, 4)
+    assert (client_processes(256), client_processes(64), client_processes(3), client_processes(4, wanted=8)) \
+        == (8, 2, 1, 4)
     pm = pause_model(tokenizer(tmp_path_factory.mktemp("tok")))
     real = min(pm.vocab.special_ids)
     items = [([3 + i % (real - 3)] * (2 + i), 3 + i % 4) for i in range(10)]

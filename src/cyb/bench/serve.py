@@ -184,6 +184,8 @@ class ChildServer:
             m = re.search(r"listening: .* on (http://[^ ]+) ", line)
             if m:
                 self.url = m.group(1)
+                n = re.search(r"; (\d+) HTTP processes", line)
+                self.http_processes = int(n.group(1)) if n else 1
         self._reader = threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True)
         self._reader.start()
 
@@ -385,6 +387,7 @@ def run(cfg: ServeBenchConfig, *, out=None, log=print) -> dict:
                                                             arrivals=cfg.arrivals, rate=cfg.rate, mode=mode,
                                                             seed=cfg.seed)
                     row.update(status="ok", serve=summarise(results, wall), client_processes=procs,
+                               http_processes=getattr(server, "http_processes", 1),
                                server=probe.summary(min(r.start for r in results), max(r.end for r in results)))
                     row["_items"] = items
                     rows.append(row)

@@ -213,7 +213,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="cyb serve --http-processes: HTTP processes in front of the engine's process "
                           "(--server process; default: cyb serve's)" + _OWN_DEFAULT)
     srv.add_argument("--client-processes", type=int, metavar="N",
-                     help="processes the load client runs in (default: one per 64 streams, at most 8)"
+                     help="processes the load client runs in (default: one per 32 streams, at most 8)"
                           + _OWN_DEFAULT)
     srv.add_argument("--no-offline", dest="offline", action="store_false", default=None,
                      help="skip the engine offline on the same prompts")
