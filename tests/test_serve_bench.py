@@ -100,8 +100,13 @@ def test_load_from_two_processes_and_the_probe(tmp_path_factory):
     items = [([3 + i % (real - 3)] * (2 + i), 3 + i % 4) for i in range(10)]
     with running(pm, served_kw={"aliases": ("bench",)}, slots=4) as srv, ServerProbe(srv.url, period=0.02) as probe:
         results, wall = load_from_processes(srv.url, items, concurrency=4, processes=2, mode="fixed")
+        poisson, _ = load_from_processes(srv.url, items, concurrency=4, processes=2, arrivals="poisson", rate=200.0,
+                                         mode="fixed")
     assert [r.tokens for r in results] == [n for _, n in items] and all(r.ok for r in results)
+    assert [r.tokens for r in poisson] == [n for _, n in items] and all(r.ok for r in poisson)
     assert wall == pytest.approx(max(r.end for r in results) - min(r.start for r in results))
+    # one list for both processes: the 5th item starts only when one of the first four has ended
+    assert min(r.start for r in results[4:]) >= min(r.end for r in results[:4])
     summary = probe.summary()
     assert summary["samples"] >= 2 and 0 <= summary["slots_in_use_mean"] <= 4
     assert not math.isnan(summary["engine_steps_per_s"]) and probe.summary(0.0, 0.0) == {}

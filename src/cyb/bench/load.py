@@ -50,9 +50,12 @@ def summarise(results, wall_s: float) -> dict:
 
 
 async def load(url: str, items, *, concurrency: int, arrivals: str = "closed", rate: float | None = None,
-               mode: str, seed: int = 0):
+               mode: str, seed: int = 0, take=None):
     """Send ``items`` (``(prompt ids, answer length)``) as streamed completions; returns the
-    results in order and the wall time from the first send to the last end."""
+    results in order and the wall time from the first send to the last end.  Closed-loop
+    clients take the next item from ``take()`` (an index, None when none is left; default: each
+    item in turn), so that several processes can share one list: the items another process
+    took stay None in the results."""
     from ..serve.client import stream
 
     results = [None] * len(items)
@@ -67,10 +70,12 @@ async def load(url: str, items, *, concurrency: int, arrivals: str = "closed", r
 
     t0 = time.perf_counter()
     if arrivals == "closed":
-        nxt = iter(range(len(items)))
+        if take is None:
+            order = iter(range(len(items)))
+            take = lambda: next(order, None)  # noqa: E731
 
         async def client() -> None:
-            for i in nxt:
+            while (i := take()) is not None:
                 await one(i)
 
         await asyncio.gather(*(client() for _ in range(min(concurrency, len(items)))))
@@ -90,7 +95,7 @@ async def load(url: str, items, *, concurrency: int, arrivals: str = "closed", r
                 await asyncio.sleep(delay)
             tasks.append(asyncio.ensure_future(gated(i)))
         await asyncio.gather(*tasks)
-    wall = max(r.end for r in results) - t0
+    wall = max((r.end for r in results if r is not None), default=t0) - t0
     return results, wall
 
 
@@ -111,10 +116,12 @@ def client_processes(concurrency: int, wanted: int | None = None) -> int:
 
 def load_from_processes(url: str, items, *, concurrency: int, processes: int, arrivals: str = "closed",
                         rate: float | None = None, mode: str, seed: int = 0):
-    """:func:`load` spread over ``processes`` processes (the clients of each take every
-    ``processes``-th item; Poisson arrivals at ``rate / processes`` each, a Poisson stream
-    together), started together; returns the results in the items' order and the wall time
-    from the first send to the last end (``time.perf_counter`` is one clock across processes)."""
+    """:func:`load` spread over ``processes`` processes, started together: closed-loop clients
+    take the next item of one shared list (a counter in shared memory), as the clients of one
+    process do, so that no process idles while another still has a backlog; Poisson arrivals
+    take every ``processes``-th item at ``rate / processes`` each (a Poisson stream together).
+    Returns the results in the items' order and the wall time from the first send to the last
+    end (``time.perf_counter`` is one clock across processes)."""
     if processes <= 1:
         return asyncio.run(load(url, items, concurrency=concurrency, arrivals=arrivals, rate=rate, mode=mode,
                                 seed=seed))
@@ -122,11 +129,14 @@ def load_from_processes(url: str, items, *, concurrency: int, processes: int, ar
 
     ctx = multiprocessing.get_context("spawn")
     go, answers = ctx.Event(), ctx.Queue()
+    shared = arrivals == "closed"
+    counter = ctx.Value("q", 0) if shared else None
     workers = []
     for i in range(processes):
         share = concurrency // processes + (i < concurrency % processes)
-        shard = items[i::processes]
-        args = (url, shard, share, arrivals, rate / processes if rate else None, mode, seed + i, go, answers, i)
+        shard = items if shared else items[i::processes]
+        args = (url, shard, share, arrivals, rate / processes if rate else None, mode, seed + i, go, answers, i,
+                counter)
         workers.append(ctx.Process(target=_load_shard, args=args, daemon=True))
     for w in workers:
         w.start()
@@ -138,20 +148,34 @@ def load_from_processes(url: str, items, *, concurrency: int, processes: int, ar
         i, part = answers.get()
         if isinstance(part, str):
             raise RuntimeError(f"load process {i} failed: {part}")
-        results[i::processes] = part
+        if shared:
+            results = [r if r is not None else mine for r, mine in zip(results, part)]
+        else:
+            results[i::processes] = part
     for w in workers:
         w.join(30)
     wall = max(r.end for r in results) - min(r.start for r in results)
     return results, wall
 
 
-def _load_shard(url, items, concurrency, arrivals, rate, mode, seed, go, answers, index) -> None:
-    """One load process of :func:`load_from_processes`."""
+def _load_shard(url, items, concurrency, arrivals, rate, mode, seed, go, answers, index, counter) -> None:
+    """One load process of :func:`load_from_processes` (``counter``: the next item of the shared
+    list, or None for a shard of its own)."""
+    take = None
+    if counter is not None:
+        def take():
+            with counter.get_lock():
+                i = counter.value
+                if i >= len(items):
+                    return None
+                counter.value = i + 1
+            return i
+
     answers.put(("ready", index))
     go.wait()
     try:
         results, _ = asyncio.run(load(url, items, concurrency=concurrency, arrivals=arrivals, rate=rate, mode=mode,
-                                      seed=seed))
+                                      seed=seed, take=take))
         answers.put((index, results))
     except Exception as e:  # noqa: BLE001 - said by the parent
         answers.put((index, f"{type(e).__name__}: {e}"))

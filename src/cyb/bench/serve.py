@@ -17,7 +17,8 @@ the model decides.  Each case:
    decodes its whole answer.  Arrivals are closed-loop (``C`` clients, each sending its next
    request when its last one ends) or Poisson (at ``rate`` per second, at most ``C`` in flight).
    The clients run in one process per :data:`~cyb.bench.load.STREAMS_PER_CLIENT` streams
-   (:mod:`cyb.bench.load`), so that the client is never the limit.  Measured by the client
+   (:mod:`cyb.bench.load`; closed-loop ones take from one shared list), so that the client is
+   never the limit.  Measured by the client
    (:mod:`cyb.serve.client`): new tokens per second (from the first send to the last token),
    time to first token, the gaps between a stream's events (inter-token latency; an event
    carries every token decided since the one before) and the time per output token of each
