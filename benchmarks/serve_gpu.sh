@@ -7,6 +7,9 @@
 #   OUT=/some/folder bash benchmarks/serve_gpu.sh           # from the repository root
 #   ARRIVALS=poisson RATE=200 bash benchmarks/serve_gpu.sh  # Poisson arrivals instead (at most C in flight)
 #   BENCH_QUICK=1 OUT=/tmp/x bash benchmarks/serve_gpu.sh   # tiny CPU smoke run of the script
+#   CONCURRENCY=256 REQUESTS=2048 CASES="none private-adaptive" bash benchmarks/serve_gpu.sh
+#                                                            # steady state at 256 streams (no first-wave weight)
+#   HTTP_PROCESSES=1 bash benchmarks/serve_gpu.sh            # the server with one HTTP process (default: cyb serve's)
 #
 # The server needs starlette and uvicorn (the serve extra). On a machine without a package
 # index, put their wheels in .whl/ first; on a machine with one:
@@ -52,10 +55,14 @@ POISSON=()
 [[ "${ARRIVALS:-closed}" == poisson ]] && POISSON=(--arrivals poisson --rate "${RATE:-200}")
 CONC=${CONCURRENCY:-1 16 64 256}
 [[ -n "${BENCH_QUICK:-}" ]] && CONC=${CONCURRENCY:-1 4}
+MORE=()
+[[ -n "${REQUESTS:-}" ]] && MORE+=(--requests "$REQUESTS")
+[[ -n "${CASES:-}" ]] && MORE+=(--cases $CASES)
+[[ -n "${HTTP_PROCESSES:-}" ]] && MORE+=(--http-processes "$HTTP_PROCESSES")
 
 echo "== cyb bench serve ($(( $(date +%s) - START )) s elapsed)"
 timeout -k 10 ${LIMIT_S:-285} $PY -m cyb bench serve ${QUICK[@]+"${QUICK[@]}"} ${POISSON[@]+"${POISSON[@]}"} \
-    --concurrency $CONC --budget-s ${BUDGET_S:-255} --out "$OUT/serve.json" > "$OUT/serve.log" 2>&1
+    ${MORE[@]+"${MORE[@]}"} --concurrency $CONC --budget-s ${BUDGET_S:-255} --out "$OUT/serve.json" > "$OUT/serve.log" 2>&1
 rc=$?
 echo "== exit $rc after $(( $(date +%s) - START )) s$( ((rc == 124)) && echo ' (time limit: serve.json keeps the rows that finished)')"
 grep -E "^\||MET|MISSED|N/A|error" "$OUT/serve.log" | tail -n 60
