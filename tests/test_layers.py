@@ -129,9 +129,8 @@ def layer_of(module: str, table: dict[str, int]) -> int | None:
 
 #: circles let through for now, each with its reason.  serve.server <-> serve.http_processes: both
 #: imports sit inside functions (no circle while the modules load); breaking it (``build`` and
-#: ``WHO`` moved below both) changes serve code, which needs a new GPU record first
-#: (tests/test_gpu_record.py), and none could be made when it was found.  Remove the entry with
-#: that change.
+#: ``WHO`` moved below both) changes serve code, which needs a new GPU record with it
+#: (tests/test_gpu_record.py).  Remove the entry with that change.
 KNOWN_CIRCLES = [{"cyb.serve.server", "cyb.serve.http_processes"}]
 
 
