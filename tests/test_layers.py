@@ -127,15 +127,8 @@ def layer_of(module: str, table: dict[str, int]) -> int | None:
     return None if best is None else best[1]
 
 
-#: circles let through for now, each with its reason.  serve.server <-> serve.http_processes: both
-#: imports sit inside functions (no circle while the modules load); breaking it (``build`` and
-#: ``WHO`` moved below both) changes serve code, which needs a new GPU record with it
-#: (tests/test_gpu_record.py).  Remove the entry with that change.
-KNOWN_CIRCLES = [{"cyb.serve.server", "cyb.serve.http_processes"}]
-
-
 def test_no_module_imports_itself_round_a_circle():
-    circles = [c for c in _circles(import_graph()) if set(c) not in KNOWN_CIRCLES]
+    circles = _circles(import_graph())
     assert not circles, f"import circles (break each by moving what the lower module needs down): {circles}"
 
 

@@ -203,3 +203,22 @@ def test_several_http_processes_need_the_engine_process(folder):
                         "2"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "--http-processes above 1 needs the engine in its own process" in r.stderr
+
+
+@needs_reuse_port
+def test_a_killed_main_process_leaves_no_http_process_on_the_port(folder):
+    srv = Server(folder, "--http-processes", "3")
+    port = int(srv.url.rsplit(":", 1)[1])
+    children = srv.children()
+    srv.proc.kill()
+    srv.proc.wait(30)
+    t0 = time.monotonic()
+    while [p for p in children if _state(p) != "Z"] and time.monotonic() - t0 < 30:
+        time.sleep(0.1)
+    left = [p for p in children if _state(p) != "Z"]
+    for p in left:  # not left behind by a failing run
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"processes of the killed server still running: {left}"
+    from cyb.serve.server import bind
+
+    bind("127.0.0.1", port).close()  # the port is free again

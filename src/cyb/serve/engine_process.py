@@ -253,6 +253,7 @@ class EngineLink:
         self.snapshot, self.failures, self.alive = state
         self.deliver = deliver
         self.peers: dict[int, dict] = {}
+        self.on_end: Callable[[], None] | None = None  # called when the link ends without stop()
         self._ids = itertools.count()
         self._jobs: dict[int, tuple[object, set]] = {}
         self._scores: dict[int, concurrent.futures.Future] = {}
@@ -390,6 +391,8 @@ class EngineLink:
         for future in list(self._scores.values()):
             settle(future, exception=RuntimeError(failure.message))
         self._scores.clear()
+        if not self._stopping and self.on_end is not None:
+            self.on_end()
 
 
 class EngineProcess(EngineLink):

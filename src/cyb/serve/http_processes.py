@@ -10,21 +10,20 @@ requests and shares its counters with the others (:mod:`.metrics`), so ``/metric
 ``/health`` on any of them speak for the whole server.
 
 The main process forwards SIGTERM to the others; each drains its own requests
-(:func:`~.server.drain`), and the main one stops the engine once they have exited.
+(:func:`~.server.drain`), and the main one stops the engine once they have exited.  When the
+main process is killed outright, the engine's process stops with its link, and each other HTTP
+process stops when its own link ends.  What each process runs is
+:func:`~.server.serve_http_process` (this module only starts, signals and joins them).
 """
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import signal
 import socket
 import sys
-import threading
 import time
-
-from .worker import SWITCH_INTERVAL_S
 
 
 def reuse_port_supported() -> bool:
@@ -42,40 +41,15 @@ def default_http_processes(device) -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
-def _http_main(index, served, options, link, state, sock, log_level, access_log, threads, ready) -> None:
-    """HTTP process ``index``: serve ``sock`` through ``link`` (``(receive, send)`` of the
-    engine's pipes) until SIGTERM, as the main process does; sets ``ready`` (an event) once it
-    accepts connections."""
-    import torch
-
-    from . import server
-    from .engine_process import EngineLink
-
-    torch.set_num_threads(threads)
-    server.WHO = f"cyb serve (HTTP process {index})"
-    worker = EngineLink(*link, served=served, slots=state[0], columns=state[1], state=state[2]).start_reading()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    _, uv = server.build(served, options, worker=worker, log_level=log_level, access_log=access_log)
-    gc.collect()
-    gc.freeze()
-
-    def tell_ready() -> None:
-        while not uv.started and not uv.should_exit:
-            time.sleep(0.01)
-        ready.set()
-
-    threading.Thread(target=tell_ready, daemon=True).start()
-    try:
-        uv.run(sockets=[sock])
-    finally:
-        worker.stop()
-        sock.close()
-
-
 class HttpProcesses:
     """The HTTP processes beyond the main one (none when ``options.http_processes`` is 1).
 
     Args:
+        target: what each process runs (picklable by name): ``target(index, served, options,
+            link, state, sock, log_level, access_log, threads, ready)`` serves ``sock``
+            through ``link`` (``(receive, send)`` of the engine's pipes; ``state``: ``(slots,
+            columns, (snapshot, failures, alive))``) until SIGTERM and sets the event ``ready``
+            once it accepts connections (:func:`~.server.serve_http_process`).
         served: the :class:`~.served.ServedModel` (pickled to each process).
         options: the :class:`~.options.ServeOptions`.
         engine: the started :class:`~.engine_process.EngineProcess`, whose spare links the
@@ -83,7 +57,7 @@ class HttpProcesses:
         sockets: one listening socket per extra process (:func:`~.server.bind` with ``count``).
     """
 
-    def __init__(self, served, options, engine, sockets, *, log_level: str = "warning",
+    def __init__(self, target, served, options, engine, sockets, *, log_level: str = "warning",
                  access_log: bool = False) -> None:
         import torch
 
@@ -94,7 +68,7 @@ class HttpProcesses:
         self.processes, self._ready = [], []
         for i, (link, sock) in enumerate(zip(engine.spare_links, sockets), start=1):
             ready = ctx.Event()
-            p = ctx.Process(target=_http_main, name=f"cyb-http-{i}", daemon=False,
+            p = ctx.Process(target=target, name=f"cyb-http-{i}", daemon=False,
                             args=(i, served, options, link, state, sock, log_level, access_log,
                                   torch.get_num_threads(), ready))
             p.start()

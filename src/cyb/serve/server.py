@@ -218,8 +218,8 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
         if count > 1:
             from .http_processes import HttpProcesses
 
-            others = server.others = HttpProcesses(served, options, state.worker, socks[1:], log_level=log_level,
-                                                   access_log=access_log)
+            others = server.others = HttpProcesses(serve_http_process, served, options, state.worker, socks[1:],
+                                                   log_level=log_level, access_log=access_log)
             try:
                 others.wait_ready()
             except RuntimeError as e:
@@ -243,6 +243,40 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
             sock.close()
     say("stopped")
     return 0
+
+
+def serve_http_process(index, served, options, link, state, sock, log_level, access_log, threads, ready) -> None:
+    """HTTP process ``index`` of several (:class:`~.http_processes.HttpProcesses`): serve ``sock``
+    through ``link`` (``(receive, send)`` of the engine's pipes) until SIGTERM, as the main
+    process does; sets ``ready`` (an event) once it accepts connections.  It also stops when its
+    link ends without being stopped (the engine's process has gone, with the main process), so
+    that it never holds the port answering 503 on its own."""
+    import torch
+
+    from .engine_process import EngineLink
+
+    global WHO
+    torch.set_num_threads(threads)
+    WHO = f"cyb serve (HTTP process {index})"
+    worker = EngineLink(*link, served=served, slots=state[0], columns=state[1], state=state[2])
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _, uv = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
+    worker.on_end = lambda: uv.handle_exit(0, None)  # drains as on SIGTERM; its requests have failed already
+    worker.start_reading()
+    gc.collect()
+    gc.freeze()
+
+    def tell_ready() -> None:
+        while not uv.started and not uv.should_exit:
+            time.sleep(0.01)
+        ready.set()
+
+    threading.Thread(target=tell_ready, daemon=True).start()
+    try:
+        uv.run(sockets=[sock])
+    finally:
+        worker.stop()
+        sock.close()
 
 
 def _watch(others, server) -> None:
@@ -299,4 +333,4 @@ def start_background(served, options, *, worker=None, timeout: float = 60.0) -> 
     return BackgroundServer(state, server, sock, thread)
 
 
-__all__ = ["BackgroundServer", "bind", "bind_shared", "build", "describe", "drain", "serve", "start_background", "url_of"]
+__all__ = ["BackgroundServer", "bind", "bind_shared", "build", "describe", "drain", "serve", "serve_http_process", "start_background", "url_of"]
