@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 
 import pytest
 import torch
@@ -318,12 +319,16 @@ def test_cuda_graph_engine_equals_the_reference(visibility, scheme, row_attentio
             assert [(r.token_ids, r.steps) for r in have] == [(r.token_ids, r.steps) for r in want]
 
 
-@pytest.mark.parametrize("slots,rows,chunk", [(3, 32, 4), (256, 16, 512), (200, 64, 2048), (40, 4, 300)])
+@pytest.mark.parametrize("slots,rows,chunk", [(3, 32, 4), (256, 16, 512), (256, 8, 512), (200, 64, 2048),
+                                             (40, 4, 300), (5, 1, 100)])
 def test_capture_prefill_covers_every_forward_the_scheduler_can_make(slots, rows, chunk):
     """The prefill graphs a server captures at start cover every bucket of every forward of
-    first chunks the scheduler may ask for (``r`` rows of chunk ``c``: ``r x c`` within
-    ``prefill_rows x prefill_chunk``, ``c`` within ``prefill_chunk``, ``r`` within the slots)."""
+    first chunks the scheduler may ask for, and the scheduler asks for no other: ``r`` rows of
+    chunk ``c <= prefill_chunk``, ``r`` within the slots, one row or a padded shape within
+    ``prefill_rows x prefill_chunk`` positions."""
     from cyb.engine.runner import Runner, prefill_bucket
+    from cyb.engine.scheduler import Scheduler, Tracked
+    from cyb.engine.layout import Prefill
 
     runner = Runner.__new__(Runner)
     runner.cache = type("Cache", (), {"slots": slots})()
@@ -340,9 +345,28 @@ def test_capture_prefill_covers_every_forward_the_scheduler_can_make(slots, rows
     assert made == len(runner.graphs)
     budget = rows * chunk
     for c in range(1, chunk + 1):
-        for r in range(1, min(slots, budget // c) + 1):
-            rb, cb = prefill_bucket(r, c)
-            assert ("prefill", min(rb, slots), cb) in runner.graphs, (r, c)
+        for r in range(1, slots + 1):
+            shape = runner.prefill_shape(r, c, True)
+            if r > 1 and shape[0] * shape[1] > budget:
+                break
+            assert ("prefill", *shape) in runner.graphs, (r, c)
+    # what the scheduler asks for, on prompts of random lengths
+    rng = random.Random(slots * 7 + rows)
+    for _ in range(20):
+        sched = Scheduler(slots, prefill_chunk=chunk, prefill_rows=rows, shape=runner.prefill_shape)
+        for i in range(rng.randint(1, 2 * slots)):
+            n = rng.randint(1, 3 * chunk)
+            sched.add(Tracked(i, None, Prefill(torch.zeros(n), torch.zeros(n), 0, 0)))
+        sched.admit()
+        while (plan := sched.next_prefill()) is not None:
+            batch, c = plan
+            shape = runner.prefill_shape(len(batch), c, batch[0].written == 0)
+            assert len(batch) == 1 or shape[0] * shape[1] <= budget
+            if batch[0].written == 0:
+                assert ("prefill", *shape) in runner.graphs, (len(batch), c)
+            for t in batch:
+                t.written += min(c, t.prefill_left)
+            sched.ready()
 
 
 @pytest.mark.gpu

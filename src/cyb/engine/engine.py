@@ -59,11 +59,12 @@ class EngineOptions:
             and all its pauses; adaptive rows keep the steps up to their stop) or ``"auto"``
             (:func:`choose_positions`).
         prefill_chunk: prompt columns one row writes per prefill forward at most.
-        prefill_rows: a prefill forward writes at most ``prefill_rows x prefill_chunk`` positions
-            (rows padded to the longest chunk among them).  While rows decode, every one of them
-            waits for that forward: on an H200 (134 M model, 256 rows of a mixed load) 16 rows
-            of 512 held the p99 gap between tokens at 11.6 ms where 32 gave 20 ms, at the same
-            throughput (``benchmarks/engine_gaps.py``).
+        prefill_rows: a prefill forward computes at most ``prefill_rows x prefill_chunk``
+            positions, padding included (rows are padded to the longest chunk among them, and
+            where prefill runs from CUDA graphs, to its graph's shape).  While rows decode, every
+            one of them waits for that forward: on an H200 (134 M model, 256 rows of a mixed
+            load) 8 rows of 512 held the p99 gap between tokens at 2.9x its median where 16 gave
+            4.3x, at the same throughput (``benchmarks/engine_gaps.py``).
         refill: while rows decode, waiting prompts start in groups of this many (as many as
             free slots and waiting prompts allow; 0: an eighth of the slots in use), written by
             a few large prefill forwards; 1 starts each prompt as soon as a slot is free (more
@@ -90,7 +91,7 @@ class EngineOptions:
     cache_bytes: int | None = None
     positions: str = "auto"
     prefill_chunk: int = 512
-    prefill_rows: int = 16
+    prefill_rows: int = 8
     refill: int = 0
     refill_wait: int = 16
     cuda_graph: bool | None = None
@@ -194,7 +195,8 @@ class Engine:
         graphs = opts.cuda_graph if opts.cuda_graph is not None else device.type == "cuda"
         self.runner = Runner(model, self.cache, self.rows, cuda_graph=graphs, row_attention=opts.row_attention,
                              prefill_chunk=opts.prefill_chunk)
-        self.scheduler = Scheduler(self.slots, prefill_chunk=opts.prefill_chunk, prefill_rows=opts.prefill_rows)
+        self.scheduler = Scheduler(self.slots, prefill_chunk=opts.prefill_chunk, prefill_rows=opts.prefill_rows,
+                                   shape=self.runner.prefill_shape)
         self.lookahead = device.type == "cuda"
         self._tracked: dict[int, Tracked] = {}
         self._next_id = 0

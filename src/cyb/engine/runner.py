@@ -36,24 +36,35 @@ from .cache import SlotCache
 from .readout import SamplingKind
 from .rows import Rows, to_device
 
-#: graphed prefill: a forward's rows are padded to a multiple of PREFILL_ROWS_STEP up to
-#: PREFILL_ROWS_LINEAR rows, then to a power of two; its chunk length to a power of two of at
-#: least PREFILL_MIN_CHUNK (a graph per pair: a handful for a server, captured at start by
-#: :meth:`Runner.capture_prefill`).  Padding is computed for nothing: rows in powers of two
-#: throughout made a forward of 33 rows cost one of 64.
+#: graphed prefill: a forward's rows are padded to a power of two up to PREFILL_ROWS_STEP, to a
+#: multiple of it up to PREFILL_ROWS_LINEAR, then to a power of two; its chunk length to a multiple
+#: of PREFILL_MIN_CHUNK, or of an eighth of the next power of two above it where that is more (at
+#: most about a fifth of a chunk is padding).  A graph per pair: a few dozen for a server, captured
+#: at start by :meth:`Runner.capture_prefill`.  Padding is computed for nothing: chunks in powers
+#: of two made a prompt of 260 tokens cost one of 512, and rows in multiples of 8 made a lone
+#: prompt cost eight.
 PREFILL_ROWS_STEP = 8
 PREFILL_ROWS_LINEAR = 32
 PREFILL_MIN_CHUNK = 64
 
 
+def _prefill_rows_bucket(rows: int) -> int:
+    if rows <= PREFILL_ROWS_STEP:
+        return 1 << (rows - 1).bit_length()
+    if rows <= PREFILL_ROWS_LINEAR:
+        return -(-rows // PREFILL_ROWS_STEP) * PREFILL_ROWS_STEP
+    return 1 << (rows - 1).bit_length()
+
+
+def _prefill_chunk_bucket(chunk: int) -> int:
+    step = max(PREFILL_MIN_CHUNK, (1 << (chunk - 1).bit_length()) // 8)
+    return -(-chunk // step) * step
+
+
 def prefill_bucket(rows: int, chunk: int) -> tuple[int, int]:
     """The ``(rows, chunk)`` graph bucket a prefill forward of ``rows x chunk`` positions runs in
     (before the cap at the slots)."""
-    if rows <= PREFILL_ROWS_LINEAR:
-        rb = -(-rows // PREFILL_ROWS_STEP) * PREFILL_ROWS_STEP
-    else:
-        rb = 1 << (rows - 1).bit_length()
-    return rb, max(PREFILL_MIN_CHUNK, 1 << (chunk - 1).bit_length())
+    return _prefill_rows_bucket(rows), _prefill_chunk_bucket(chunk)
 
 
 def row_attention_reason(model, *, requested: bool = False) -> str | None:
@@ -303,28 +314,36 @@ class Runner:
         pad()
         return graph, (b_ids, b_pos, b_cols, b_rows)
 
+    def prefill_shape(self, rows: int, chunk: int, fresh: bool) -> tuple[int, int]:
+        """The ``(rows, chunk)`` a prefill forward of ``rows`` rows of at most ``chunk`` columns
+        computes, padding included: its graph's bucket where it is replayed from one (first
+        chunks, see :meth:`prefill`), else as given."""
+        if not (fresh and self._prefill_in is not None):
+            return rows, chunk
+        rb, cb = prefill_bucket(rows, chunk)
+        return min(rb, self.cache.slots), cb
+
     def capture_prefill(self, budget: int, chunk: int) -> int:
         """Capture the graph of every bucket a prefill forward of first chunks can take when it
-        holds at most ``budget`` positions (rows x its longest chunk) and chunks of at most
-        ``chunk`` columns, so that none is captured while rows decode; returns the graphs made.
-        Does nothing where prefill is not graphed."""
+        computes at most ``budget`` positions (:meth:`prefill_shape`, padding included; a single
+        row whatever its bucket) in chunks of at most ``chunk`` columns, so that none is
+        captured while rows decode; returns the graphs made.  Does nothing where prefill is not
+        graphed."""
         if self._prefill_in is None:
             return 0
         before = len(self.graphs)
-        cb = PREFILL_MIN_CHUNK
-        while True:
-            shortest = 1 if cb == PREFILL_MIN_CHUNK else cb // 2 + 1  # the shortest chunk of this bucket
-            most = min(self.cache.slots, max(1, budget // shortest))
+        shapes = set()
+        for c in range(1, chunk + 1):
             r = 1
-            while True:
-                self._prefill_graph(r, min(cb, chunk))
-                rb = prefill_bucket(r, 1)[0]
-                if rb >= most:
+            while r <= self.cache.slots:
+                rb, cb = self.prefill_shape(r, c, True)
+                if r > 1 and rb * cb > budget:
                     break
-                r = rb + 1
-            if cb >= chunk:
-                break
-            cb *= 2
+                shapes.add((rb, cb, r, c))
+                r = prefill_bucket(r, c)[0] + 1
+        for _, _, r, c in sorted(shapes):
+            if ("prefill", *self.prefill_shape(r, c, True)) not in self.graphs:
+                self._prefill_graph(r, c)
         return len(self.graphs) - before
 
 

@@ -56,12 +56,17 @@ class Scheduler:
 
     Args:
         prefill_chunk: prompt columns one row writes per prefill forward at most.
-        prefill_rows: rows one prefill forward covers at most.
+        prefill_rows: a prefill forward computes at most ``prefill_rows x prefill_chunk``
+            positions, padding included.
+        shape: ``(rows, chunk, first chunks) -> (rows, chunk)`` that a prefill forward of
+            ``rows`` rows of at most ``chunk`` columns computes, padding included (the runner's
+            :meth:`~cyb.engine.runner.Runner.prefill_shape`); None: as given.
     """
 
-    def __init__(self, slots: int, *, prefill_chunk: int, prefill_rows: int) -> None:
+    def __init__(self, slots: int, *, prefill_chunk: int, prefill_rows: int, shape=None) -> None:
         self.slots = slots
         self.prefill_chunk, self.prefill_rows = prefill_chunk, prefill_rows
+        self._shape = shape or (lambda rows, chunk, fresh: (rows, chunk))
         self.waiting: deque[Tracked] = deque()
         self.prefilling: list[Tracked] = []
         self.decoding: dict[int, Tracked] = {}  # slot -> request
@@ -106,21 +111,25 @@ class Scheduler:
     def next_prefill(self) -> tuple[list[Tracked], int] | None:
         """The rows of the next prefill forward and its chunk length ``C`` (each row writes
         ``min(C, what it has left)`` columns), or None when no prompt is left to write.  Rows
-        are taken longest remainder first while ``rows x C`` stays within ``prefill_rows`` full
-        chunks (``C``: the longest remainder among them, at most ``prefill_chunk``): rows of
-        similar length share a forward, so little of it is padding, and many short prompts fit
-        in one.  A forward holds either first chunks only (every row from column 0: their
-        attention reads nothing of the cache) or later chunks only, as its first row does."""
+        are taken longest remainder first while the forward, padded as it runs (``shape``),
+        stays within ``prefill_rows x prefill_chunk`` positions (``C``: the longest remainder
+        among them, at most ``prefill_chunk``; a single row always fits): rows of similar length
+        share a forward, so little of it is padding, and many short prompts fit in one.  A
+        forward holds either first chunks only (every row from column 0: their attention reads
+        nothing of the cache) or later chunks only, as its first row does."""
         budget = self.prefill_rows * self.prefill_chunk
         batch, chunk = [], 0
         for t in sorted(self.prefilling, key=lambda t: -t.prefill_left):
             if t.prefill_left <= 0:
                 break
-            if batch and (t.written == 0) != (batch[0].written == 0):
+            fresh = t.written == 0
+            if batch and fresh != (batch[0].written == 0):
                 continue
             c = max(chunk, min(self.prefill_chunk, t.prefill_left))
-            if batch and (len(batch) + 1) * c > budget:
-                break
+            if batch:
+                rows, width = self._shape(len(batch) + 1, c, fresh)
+                if rows * width > budget:
+                    break
             batch.append(t)
             chunk = c
         return (batch, chunk) if batch else None
