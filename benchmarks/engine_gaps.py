@@ -130,7 +130,7 @@ def build(pm, items, *, slots: int, mode: str, options: dict) -> Engine:
     capacity = max(layout.columns_needed(len(p), n) for p, n in items)
     engine = Engine(pm, capacity=capacity, slots=slots, positions=choose_positions(pm, [mode], slots),
                     options=EngineOptions(max_slots=slots, **options))
-    engine.capture_prefill()  # as a server's engine does at start
+    engine.warm_up()  # as a server's engine does at start
     return engine
 
 

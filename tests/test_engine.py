@@ -288,9 +288,10 @@ def test_row_streams():
 @pytest.mark.parametrize("visibility,scheme", LAYOUTS)
 def test_cuda_graph_engine_equals_the_reference(visibility, scheme, row_attention):
     """On CUDA the engine's steps are graphs (captured per batch size, and per attention limit
-    when attention runs through the mask): float32, every mode, greedy and sampled, rows coming
-    and going, the eager decoder's and the reference's decisions; attention over each row's own
-    columns (the default where triton is installed) and through the mask."""
+    when attention runs through the mask) with fused small operations: float32, every mode,
+    greedy and sampled, rows coming and going, the eager decoder's and the reference's
+    decisions; attention over each row's own columns (the default where triton is installed)
+    and through the mask."""
     from cyb.generation import generate
 
     pm = layout_model(visibility, scheme=scheme).to("cuda")
@@ -304,6 +305,7 @@ def test_cuda_graph_engine_equals_the_reference(visibility, scheme, row_attentio
                 got, engine = engine_run(pm, prompts, mode, s, max_new=[12] * len(prompts), keys=keys,
                                          options=dataclasses.replace(small, positions=positions))
                 assert engine.runner.use_graph and engine.runner.row_attention == (row_attention is None)
+                assert engine.runner.fused  # the steps' norms, MLPs and rotary embedding compiled
                 assert engine.runner.row_attention or len(engine.runner.graphs) > 1
                 # first chunks from graphs wherever the model allows causal prefill (not gated
                 # pauses; with the pause attention function, which row attention switches on)

@@ -27,12 +27,14 @@ self-attention over the chunk, on CUDA from a graph per bucket of rows and chunk
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
 from ..model import attention, hf
 from ..runtime import growing_attention
 from .cache import SlotCache
+from .fused import fused_small_ops
 from .readout import SamplingKind
 from .rows import Rows, to_device
 
@@ -101,10 +103,13 @@ class Runner:
         row_attention: decoding steps attend over each row's own columns (None: wherever
             :func:`row_attention_reason` allows; True where it does not raises a ValueError).
         prefill_chunk: the most columns a row writes per prefill forward.
+        fused: capture decoding steps with the model's small operations compiled
+            (:mod:`cyb.engine.fused`; None: where steps are graphed; True without graphs raises a
+            ValueError).
     """
 
     def __init__(self, model, cache: SlotCache, rows: Rows, *, cuda_graph: bool,
-                 row_attention: bool | None = None, prefill_chunk: int = 512) -> None:
+                 row_attention: bool | None = None, prefill_chunk: int = 512, fused: bool | None = None) -> None:
         self.model, self.cache, self.rows = model, cache, rows
         self.decoder = model.decoder
         self.cache_arg = hf.cache_arg_name(self.decoder)
@@ -139,6 +144,10 @@ class Runner:
         self.use_graph = bool(cuda_graph)
         if self.use_graph and device.type != "cuda":
             raise ValueError("cuda_graph needs the model on a CUDA device")
+        if fused and not self.use_graph:
+            raise ValueError("fused kernels apply to decoding steps captured as CUDA graphs: set cuda_graph")
+        #: decoding steps are captured with the model's small operations compiled
+        self.fused = self.use_graph if fused is None else fused
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.capture_ms = 0.0
@@ -210,11 +219,28 @@ class Runner:
             graph = self._capture(key)
         graph.replay()
 
+    def capture_decode(self, n: int, q: int, limit: int, kind: SamplingKind) -> None:
+        """Capture the graph of a decoding step of ``n`` rows (as :meth:`decode` would, without
+        running it), unless it is captured already."""
+        if (n, q, limit, kind) not in self.graphs:
+            self._capture((n, q, limit, kind))
+
     def _capture(self, key: tuple) -> torch.cuda.CUDAGraph:
         rows = self.rows
         saved = rows.snapshot()
         rows.active.zero_()  # the warm-up writes into the scratch columns only
-        graph = self._captured(key, lambda: self._body(*key))
+        graph = None
+        if self.fused:
+            try:
+                with fused_small_ops(self.model):
+                    graph = self._captured(key, lambda: self._body(*key))
+            except Exception as e:  # noqa: BLE001  (a model whose code does not compile: run it as it is)
+                warnings.warn(f"the engine runs this model's decoding steps without fused kernels: compiling "
+                              f"its norms, MLPs or rotary embedding failed ({type(e).__name__}: {e})", stacklevel=2)
+                self.fused = False
+                torch.cuda.synchronize(self.device)
+        if graph is None:
+            graph = self._captured(key, lambda: self._body(*key))
         rows.restore(saved)
         return graph
 

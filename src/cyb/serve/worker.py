@@ -150,7 +150,7 @@ class EngineWorker:
         positions = choose_positions(served.model, [served.default_mode], self._slots_wanted)
         engine = Engine(served.model, capacity=served.columns, slots=self._slots_wanted, positions=positions,
                         options=options)
-        engine.capture_prefill()  # before the first request: none is captured while rows decode
+        engine.warm_up()  # before the first request: no graph is captured or compiled while rows decode
         return engine
 
     def _run(self) -> None:
