@@ -83,3 +83,21 @@ def test_fused_engine_compiles_at_warm_up_and_gives_the_plain_engines_tokens(vis
         assert counters["stats"]["unique_graphs"] == compiled  # nothing compiled while rows decoded
         out[fused] = got
     assert out[True] == out[False]
+
+
+def test_fused_small_ops_trace_through_unmerged_lora_adapters():
+    """A served model may keep its LoRA adapters unmerged: the compiled MLPs run them too."""
+    peft = pytest.importorskip("peft")
+    pm = layout_model("shared")
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "q_proj"])
+    lora = peft.get_peft_model(pm.hf_model, cfg)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1)
+    ids = torch.randint(3, 40, (2, 7))
+    want = _hidden(pm, ids)
+    with fused_small_ops(pm):
+        got = _hidden(pm, ids)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(want, _hidden(layout_model("shared"), ids))  # the adapters changed the model
