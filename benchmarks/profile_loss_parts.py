@@ -37,10 +37,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 from cyb.kernels import chunked  # noqa: E402
+from cyb.bench.loss import make_methods, make_problem  # noqa: E402
 from cyb.kernels.chunk_ops import OPS, resolve_backend  # noqa: E402
-from cyb.layout import IGNORE_INDEX  # noqa: E402
-from cyb.losses import cyb_loss, discount  # noqa: E402
-from cyb.readout import dk_logit_bias  # noqa: E402
 
 PARTS = ("logits", "stats", "block loss", "logits grad", "grad matmuls")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -84,20 +82,8 @@ class PartsInRanges:
         return False
 
 
-def case(rows: int, hidden: int, vocab: int, m: int, dtype, device):
-    g = torch.Generator().manual_seed(0)
-    h = (torch.randn(rows, hidden, generator=g)).to(device=device, dtype=dtype).requires_grad_()
-    w = (torch.randn(vocab, hidden, generator=g) * hidden ** -0.5).to(device=device, dtype=dtype).requires_grad_()
-    t = torch.randint(0, vocab - 1, (rows // m,), generator=g)
-    t[::20] = IGNORE_INDEX
-    return h, w, t.repeat_interleave(m).to(device)
-
-
-def one_call(h, w, t, m: int, backend: str):
-    dk, bias, gamma = w.shape[0] - 1, dk_logit_bias(w.shape[0]), discount(0.95, m)
-    loss, _ = chunked.fused_linear_loss(h, w, t, lambda lt, ld, lnd: cyb_loss(lt, ld, lnd, gamma=gamma), m,
-                                        dk_id=dk, dk_bias=bias, backend=backend)
-    loss.backward()
+def one_call(loss, h, w, t):
+    loss(h, w, t).backward()
     h.grad = w.grad = None
 
 
@@ -118,22 +104,23 @@ def main(argv=None):
     if a.quick:
         a.rows, a.hidden, a.vocab, a.dtype = 512, 64, 1024, "fp32"
     backend = resolve_backend(a.backend, device, DTYPES[a.dtype])
-    h, w, t = case(a.rows, a.hidden, a.vocab, a.num_steps, DTYPES[a.dtype], device)
+    h, w, t = make_problem(a.rows, a.vocab, a.hidden, a.num_steps, DTYPES[a.dtype], device)
+    loss = make_methods(a.vocab, a.num_steps, None)[f"fused_{backend}"]  # cyb_loss, the bench's own
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(3):
-        one_call(h, w, t, a.num_steps, backend)
+        one_call(loss, h, w, t)
     sync()
     walls = []
     for _ in range(a.calls):
         t0 = time.perf_counter()
-        one_call(h, w, t, a.num_steps, backend)
+        one_call(loss, h, w, t)
         sync()
         walls.append((time.perf_counter() - t0) * 1e3)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with PartsInRanges(backend), torch.profiler.profile(activities=activities) as prof:
         with torch.profiler.record_function("call"):
             for _ in range(a.calls):
-                one_call(h, w, t, a.num_steps, backend)
+                one_call(loss, h, w, t)
             sync()
     events = {e.key: e for e in prof.key_averages()}
     parts = {}
