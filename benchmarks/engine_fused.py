@@ -1,7 +1,9 @@
-"""The engine's decoding step with and without fused small operations (:mod:`cyb.engine.fused`):
-ms per step at a few batch sizes, in one process, on one GPU.
+"""The engine's decoding step and its graphed prefill forward with and without fused small
+operations (:mod:`cyb.engine.fused`): ms per step at a few batch sizes, and ms per prefill forward
+at a few shapes, in one process, on one GPU.
 
     python benchmarks/engine_fused.py --out FILE.json [--batches 1 8 64 256] [--new-tokens 256]
+        [--prefill 1x64 1x512 8x64 8x512 32x128]
 
 The 134 M Llama of the serve benchmark (random weights, bf16, no pauses), prompts of 128 tokens,
 every row decoding ``--new-tokens`` tokens (no EOS).  Each engine runs the job twice; the second
@@ -47,15 +49,58 @@ def run(pm, mode, batch: int, new: int, limit: int, fused: bool) -> dict:
             "tok_s": batch * new / seconds, "tokens": tokens}
 
 
+def prefill_ms(pm, shapes: list[tuple[int, int]], fused: bool, replays: int = 50) -> dict[str, float]:
+    """Median ms of one graphed prefill forward of first chunks of each ``(rows, columns)`` shape."""
+    rows = max(r for r, _ in shapes)
+    chunk = max(c for _, c in shapes)
+    engine = Engine(pm, capacity=chunk, slots=rows, options=EngineOptions(fused=fused, prefill_chunk=chunk))
+    runner = engine.runner
+    out = {}
+    with torch.inference_mode():
+        for r, c in shapes:
+            cols = torch.arange(c, device=pm.device).expand(r, c).contiguous()
+            ids = torch.randint(10, 1000, (r, c), device=pm.device)
+            for _ in range(2):  # capture, then one replay as a warm-up
+                runner.prefill(list(range(r)), ids, cols, cols, c, fresh=True)
+            times = []
+            for _ in range(replays):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                runner.prefill(list(range(r)), ids, cols, cols, c, fresh=True)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            out[f"{r}x{c}"] = sorted(times)[len(times) // 2]
+    assert runner.fused == fused
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--prefill", nargs="*", default=["1x64", "1x512", "8x64", "8x512", "32x128"],
+                    help="prefill shapes ROWSxCOLUMNS (none: skip)")
     a = ap.parse_args(argv)
     job = TrafficJob(4, 1)
     pm, mode = job.model("none")
     rows = []
+    result = {"argv": sys.argv[1:], "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "rows": rows}
+
+    def save() -> None:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    if a.prefill:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.prefill]
+        plain, fused = prefill_ms(pm, shapes, False), prefill_ms(pm, shapes, True)
+        result["prefill"] = [{"shape": k, "plain_ms": plain[k], "fused_ms": fused[k],
+                              "speedup": plain[k] / fused[k]} for k in plain]
+        for row in result["prefill"]:
+            print(json.dumps(row), flush=True)
+        save()
     for batch in a.batches:
         plain = run(pm, mode, batch, a.new_tokens, job.limit, False)
         fused = run(pm, mode, batch, a.new_tokens, job.limit, True)
@@ -65,9 +110,7 @@ def main(argv=None):
                "rows_with_the_same_tokens": same}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        with open(a.out, "w") as f:
-            json.dump({"argv": sys.argv[1:], "device": torch.cuda.get_device_name(),
-                       "torch": torch.__version__, "rows": rows}, f, indent=1)
+        save()
 
 
 if __name__ == "__main__":

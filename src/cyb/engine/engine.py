@@ -81,9 +81,10 @@ class EngineOptions:
             (a step costs the columns its rows hold, and one CUDA graph serves every length);
             None: on CUDA where the model allows it (:func:`cyb.engine.runner.row_attention_reason`),
             False: through the mask, up to the attention limit above.
-        fused: decoding steps run the model's norms, gated MLPs and rotary embedding compiled
-            into fused kernels (:mod:`cyb.engine.fused`; on an H200 a token of a 134 M model at
-            batch 1 took 0.85 ms where it took 1.41); None: where steps are CUDA graphs.
+        fused: decoding steps and graphed prefill forwards run the model's norms, gated MLPs and
+            rotary embedding compiled into fused kernels (:mod:`cyb.engine.fused`; on an H200 a
+            token of a 134 M model at batch 1 took 0.85 ms where it took 1.41); None: where steps
+            are CUDA graphs.
         read_at: an ablation: every token is read out at this step, whatever the model's dk
             says (1: no pause taken, the pauses removed at inference; ``M``: every pause taken;
             the reported ``d`` stays the model's own, fixed-mode rows still feed all pauses);

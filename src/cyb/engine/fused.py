@@ -1,11 +1,12 @@
-"""Fewer, larger kernels for a decoding step: the model's small operations compiled.
+"""Fewer, larger kernels for the engine's graphed forwards: the model's small operations compiled.
 
 At small batches a decoding step is bound by the number of kernels it launches, not by the
 bytes it reads: a 134 M Llama launches about 85 matrix products and 300 elementwise, copy and
 reduce kernels per step (RMSNorm alone is six per call).  :func:`fused_small_ops` compiles, with
 ``torch.compile``, the code of the model's own norm and MLP modules and of its rotary embedding
-function, each into a few fused kernels, and runs them while the body of a step is captured
-into a CUDA graph (:mod:`cyb.engine.runner`), where their launches are recorded once and replayed.
+function, each into a few fused kernels, and runs them while the body of a decoding step or of
+a prefill forward is captured into a CUDA graph (:mod:`cyb.engine.runner`), where their launches
+are recorded once and replayed.
 The maths is the modules' own code, traced, not a copy of it; only the graphs that are captured
 inside the context use it, so the model's other forwards (training, ``generate()`` without the
 engine) are untouched.

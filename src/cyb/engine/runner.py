@@ -103,9 +103,9 @@ class Runner:
         row_attention: decoding steps attend over each row's own columns (None: wherever
             :func:`row_attention_reason` allows; True where it does not raises a ValueError).
         prefill_chunk: the most columns a row writes per prefill forward.
-        fused: capture decoding steps with the model's small operations compiled
-            (:mod:`cyb.engine.fused`; None: where steps are graphed; True without graphs raises a
-            ValueError).
+        fused: capture decoding steps and graphed prefill forwards with the model's small operations
+            compiled (:mod:`cyb.engine.fused`; None: where steps are graphed; True without graphs
+            raises a ValueError).
     """
 
     def __init__(self, model, cache: SlotCache, rows: Rows, *, cuda_graph: bool,
@@ -146,7 +146,8 @@ class Runner:
             raise ValueError("cuda_graph needs the model on a CUDA device")
         if fused and not self.use_graph:
             raise ValueError("fused kernels apply to decoding steps captured as CUDA graphs: set cuda_graph")
-        #: decoding steps are captured with the model's small operations compiled
+        #: decoding steps and graphed prefill forwards are captured with the model's small
+        #: operations compiled
         self.fused = self.use_graph if fused is None else fused
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None
@@ -229,20 +230,24 @@ class Runner:
         rows = self.rows
         saved = rows.snapshot()
         rows.active.zero_()  # the warm-up writes into the scratch columns only
-        graph = None
+        graph = self._captured_fused(key, lambda: self._body(*key))
+        rows.restore(saved)
+        return graph
+
+    def _captured_fused(self, key: tuple, body) -> torch.cuda.CUDAGraph:
+        """:meth:`_captured`, with the model's small operations compiled where :attr:`fused` holds
+        (a model whose code does not compile is captured as it is, with one warning, and
+        :attr:`fused` turns off)."""
         if self.fused:
             try:
                 with fused_small_ops(self.model):
-                    graph = self._captured(key, lambda: self._body(*key))
+                    return self._captured(key, body)
             except Exception as e:  # noqa: BLE001  (a model whose code does not compile: run it as it is)
-                warnings.warn(f"the engine runs this model's decoding steps without fused kernels: compiling "
-                              f"its norms, MLPs or rotary embedding failed ({type(e).__name__}: {e})", stacklevel=2)
+                warnings.warn(f"the engine runs this model without fused kernels: compiling its norms, MLPs "
+                              f"or rotary embedding failed ({type(e).__name__}: {e})", stacklevel=3)
                 self.fused = False
                 torch.cuda.synchronize(self.device)
-        if graph is None:
-            graph = self._captured(key, lambda: self._body(*key))
-        rows.restore(saved)
-        return graph
+        return self._captured(key, body)
 
     def _captured(self, key: tuple, body) -> torch.cuda.CUDAGraph:
         """``body`` run twice on a side stream (a warm-up: it must write only where nothing is
@@ -336,7 +341,7 @@ class Runner:
         graph = self.graphs.get(key)
         if graph is None:
             pad()  # (the capture's warm-up runs on these inputs)
-            graph = self._captured(key, lambda: self._causal_prefill(b_rows, b_ids, b_pos, b_cols))
+            graph = self._captured_fused(key, lambda: self._causal_prefill(b_rows, b_ids, b_pos, b_cols))
         pad()
         return graph, (b_ids, b_pos, b_cols, b_rows)
 
