@@ -122,10 +122,15 @@ def main(argv=None):
             for _ in range(a.calls):
                 one_call(loss, h, w, t)
             sync()
-    events = {e.key: e for e in prof.key_averages()}
+    averages = prof.key_averages()
+    # a named range appears twice: as a host range (its calls, host time, and the time of the
+    # kernels launched inside it) and, on CUDA, as an annotation of the GPU's timeline (a span,
+    # which overlaps other ranges' kernels where the loss runs on a side stream): the host's is read
+    host = {e.key: e for e in averages if getattr(e, "device_type", None) == torch.autograd.DeviceType.CPU}
+    ranges = {"call", *PARTS}
     parts = {}
     for name in ("call",) + PARTS:
-        e = events.get(name)
+        e = host.get(name)
         if e is None:
             continue
         device_us = getattr(e, "device_time_total", None)
@@ -133,8 +138,9 @@ def main(argv=None):
             device_us = getattr(e, "cuda_time_total", 0.0)
         parts[name] = {"calls_per_loss_call": e.count / a.calls, "host_ms": e.cpu_time_total / 1e3 / a.calls,
                        "kernel_ms": device_us / 1e3 / a.calls}
-    kernels = sum(getattr(e, "self_device_time_total", 0.0) or 0.0 for e in prof.key_averages()
-                  if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    kernels = sum(getattr(e, "self_device_time_total", 0.0) or 0.0 for e in averages
+                  if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.key not in ranges
+                  and not getattr(e, "is_user_annotation", False))
     result = {"argv": sys.argv[1:], "device": torch.cuda.get_device_name() if cuda else "cpu",
               "torch": torch.__version__, "backend": backend, "rows": a.rows, "hidden": a.hidden, "vocab": a.vocab,
               "num_steps": a.num_steps, "dtype": a.dtype, "wall_ms_median": statistics.median(walls),
