@@ -25,7 +25,7 @@ start=$SECONDS passed=0 runs=0 last=0
 while [ "$runs" -lt "$RUNS" ] && [ $((SECONDS - start + last)) -le "$BUDGET_S" ]; do
     t0=$SECONDS
     line=$(python3 -m pytest -m gpu -p no:cacheprovider -q $TESTS 2>&1 | tail -n 1)
-    rc=${PIPESTATUS[0]}
+    rc=$?  # (pipefail: pytest's status)
     runs=$((runs + 1)) last=$((SECONDS - t0))
     [ "$rc" -eq 0 ] && passed=$((passed + 1))
     echo "run $runs: $line" | tee -a "$LOG"
