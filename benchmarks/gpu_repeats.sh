@@ -1,33 +1,33 @@
 #!/usr/bin/env bash
-# The engine's GPU tests run again and again on one GPU, to show they pass every time (a race
-# that fails one run in a few shows here). From the repository root:
+# The engine's GPU tests run again and again at one commit, spread over the GPUs of one host: for
+# each GPU in GPUS, LANES processes side by side, each running the tests ROUNDS times in a row.
+# From the repository root, on a GPU machine:
 #
-#   COMMIT=<hash> OUT=results/benchmarks RUNS=10 BUDGET_S=480 bash benchmarks/gpu_repeats.sh [TESTS]
+#   GPUS="1 2" LANES=2 ROUNDS=2 OUT=/some/folder bash benchmarks/gpu_repeats.sh
 #
-# Runs `pytest -m gpu TESTS` (default tests/test_engine.py) RUNS times, or fewer when the next
-# run would start after BUDGET_S seconds; writes $OUT/engine-gpu-repeats.log: the commit, date
-# and device, then each run's summary line, then how many of how many passed.
+# Writes $OUT/repeats.log: one line per run (GPU, lane, round, the time it started, pytest's
+# summary line), then how many runs were green.  TESTS overrides the test files.
 set -uo pipefail
-OUT=${OUT:-results/benchmarks}
-RUNS=${RUNS:-10}
-BUDGET_S=${BUDGET_S:-480}
-TESTS=${*:-tests/test_engine.py}
+OUT=${OUT:-outputs/gpu_repeats}
+GPUS=${GPUS:-0}
+LANES=${LANES:-1}
+ROUNDS=${ROUNDS:-1}
+TESTS=${TESTS:-tests/test_engine.py tests/test_engine_schedules.py tests/test_row_attention.py}
 mkdir -p "$OUT"
 source benchmarks/gpu_env.sh > /dev/null
-LOG="$OUT/engine-gpu-repeats.log"
-{
-    echo "commit ${COMMIT:?set COMMIT to the hash of the checkout that runs}"
-    echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "device $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)"
-    echo "command: pytest -m gpu $TESTS, up to $RUNS runs within $BUDGET_S s"
-} > "$LOG"
-start=$SECONDS passed=0 runs=0 last=0
-while [ "$runs" -lt "$RUNS" ] && [ $((SECONDS - start + last)) -le "$BUDGET_S" ]; do
-    t0=$SECONDS
-    line=$(python3 -m pytest -m gpu -p no:cacheprovider -q $TESTS 2>&1 | tail -n 1)
-    rc=$?  # (pipefail: pytest's status)
-    runs=$((runs + 1)) last=$((SECONDS - t0))
-    [ "$rc" -eq 0 ] && passed=$((passed + 1))
-    echo "run $runs: $line" | tee -a "$LOG"
+lane() {  # GPU, lane
+    for round in $(seq 1 "$ROUNDS"); do
+        start=$(date -u +%H:%M:%SZ)
+        summary=$(CUDA_VISIBLE_DEVICES=$1 python3 -m pytest -m gpu -p no:cacheprovider -q $TESTS 2>&1 | tail -n 1)
+        echo "gpu $1 lane $2 round $round ($start): $summary" >> "$OUT/repeats.log"
+    done
+}
+for gpu in $GPUS; do
+    for l in $(seq 1 "$LANES"); do
+        lane "$gpu" "$l" &
+    done
 done
-echo "passed $passed of $runs runs" | tee -a "$LOG"
+wait
+runs=$(grep -c "round" "$OUT/repeats.log")
+green=$(grep "round" "$OUT/repeats.log" | grep " passed" | grep -vc "failed\|error")
+echo "$green of $runs runs green" | tee -a "$OUT/repeats.log"
