@@ -11,7 +11,8 @@ tokens and answers of 8-256 (seeded, no EOS), ``C`` slots:
   batching; graph captures taken out, as the server captures its own in a warm-up);
 * ``closed_loop_wait{W}`` (with ``--closed-waits``): the same engine fed by ``C`` closed-loop
   clients, as the serve benchmark's clients feed the server, with ``refill_wait=W``;
-* ``static``: :func:`cyb.generation.generate` on batches of ``C`` prompts, one after another;
+* ``static``: :func:`cyb.generation.generate` on batches of ``C`` prompts, one after another
+  (each call's graph captures taken out likewise, and reported beside);
 * ``steady``: the engine's steady decoding step at ``C`` rows (the positions per step the
   continuous run used), and its prefill rate, from which a ceiling of the job follows: its
   prefill columns at the prefill rate plus its decode steps (the positions it fed over ``C``
@@ -34,7 +35,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from cyb.bench.engine_runs import ceiling_tokens_per_s, mixed_job, steady_rates  # noqa: E402
 from cyb.bench.models import SHAPE_134M, SHAPE_TINY, adaptive_fixture, build_hf_model, random_ids  # noqa: E402
 from cyb.bench.models import real_ids_limit, spread_weights, wrap  # noqa: E402
-from cyb.bench.serve import offline_engine  # noqa: E402
+from cyb.bench.serve import offline_engine, static_generate  # noqa: E402
 from cyb.engine.layout import RowLayout  # noqa: E402
 
 
@@ -94,20 +94,10 @@ def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=No
 
 
 def static(pm, items, *, batch, mode, row_attention=None):
+    """:func:`cyb.bench.serve.static_generate` (graph captures taken out, and reported beside)."""
     from cyb.engine import EngineOptions
-    from cyb.generation import generate
 
-    options = EngineOptions(row_attention=row_attention)
-    sync()
-    t0 = time.perf_counter()
-    for s in range(0, len(items), batch):
-        part = items[s:s + batch]
-        generate(pm, [p for p, _ in part], mode=mode, max_new_tokens=max(n for _, n in part), eos_token_ids=(),
-                 max_batch=batch, engine_options=options)
-    sync()
-    seconds = time.perf_counter() - t0
-    tokens = sum(n for _, n in items)
-    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds}
+    return static_generate(pm, items, batch=batch, mode=mode, engine_options=EngineOptions(row_attention=row_attention))
 
 
 def profile(pm, items, *, slots, mode, refill=0, row_attention=None):
@@ -194,7 +184,7 @@ def main(argv=None):
         if not a.no_static:
             row["static"] = static(pm, items, batch=a.concurrency, mode=mode, row_attention=row_attention)
             print(case, "static", json.dumps(row["static"]), flush=True)
-            row["continuous_vs_static"] = cont["real_tokens_per_s"] / row["static"]["tok_s"]
+            row["continuous_vs_static"] = cont["real_tokens_per_s"] / row["static"]["real_tokens_per_s"]
         st = steady_rates(pm, rows=a.concurrency, mode=mode, id_limit=limit, row_attention=row_attention)
         row["steady"] = st
         row["ceiling_tok_s"] = ceiling_tokens_per_s(pm, [p for p, _ in items], [n for _, n in items], st,

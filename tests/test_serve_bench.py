@@ -124,3 +124,24 @@ def test_offline_engine_from_closed_loop_clients(tmp_path_factory):
     closed = offline_engine(pm, items, slots=2, mode="fixed", capacity=128, clients=2, refill_wait=0)
     assert at_once["real_tokens"] == closed["real_tokens"] == sum(n for _, n in items)
     assert closed["clients"] == 2 and closed["itl_ms_p50"] > 0
+
+
+def test_static_batches_leave_their_engines_graph_captures_out():
+    """Each generate() call builds an engine; the runners it builds are found and their capture
+    time taken out of the static figure, as the offline engine's is (none on the CPU: 0)."""
+    import torch
+
+    from cyb.bench.serve import engine_runners_made, static_generate
+    from cyb.engine import runner as runner_module
+    from engine_helpers import layout_model
+    from generation_helpers import PROMPTS, encode
+
+    init = runner_module.Runner.__init__
+    pm = layout_model("shared")
+    items = [(encode(p), 3) for p in PROMPTS[:3]]
+    with engine_runners_made() as made:
+        r = static_generate(pm, items, batch=2, mode="fixed")
+    assert runner_module.Runner.__init__ is init and len(made) == 2  # two batches, one engine each
+    assert r["capture_s"] == 0.0 and r["real_tokens"] == 9
+    assert r["real_tokens_per_s"] == pytest.approx(r["with_captures_tokens_per_s"])
+    assert torch.is_tensor(made[0].columns)

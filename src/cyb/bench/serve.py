@@ -28,8 +28,8 @@ the model decides.  Each case:
    at once: what the server's engine does with nothing between it and the requests; the time
    its CUDA graph captures took is left out, as the server took its own in the warm-up), and
    :func:`cyb.generation.generate` in static batches of ``C`` prompts, each batch decoding to its
-   longest answer (the tokens counted are the answers'; each call builds its own engine, graph
-   captures included, as a user's call does).
+   longest answer (the tokens counted are the answers'; each call builds its own engine, whose
+   graph captures are left out likewise, and reported beside).
 4. A ceiling of the offline job: the engine's steady decoding step with ``C`` rows and its
    prefill rate (:func:`cyb.bench.engine_runs.steady_rates`), and from them the job's prompts
    prefilled at that rate plus its decode steps at that step time, as if every slot were busy in
@@ -44,6 +44,7 @@ fixed mode, and at least 0.5 x its ceiling without pauses; private pauses in ada
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -264,21 +265,49 @@ def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_
             "itl_ms_p50": percentile(gaps, 50), "itl_ms_p99": percentile(gaps, 99)}
 
 
-def static_generate(model, items, *, batch: int, mode: str) -> dict:
+@contextlib.contextmanager
+def engine_runners_made():
+    """While inside, every :class:`cyb.engine.runner.Runner` built (by any engine, one per
+    :func:`cyb.generation.generate` call) is added to the yielded list, so that the time their
+    CUDA graph captures took (``capture_ms``) can be read after."""
+    from ..engine import runner as runner_module
+
+    made = []
+    init = runner_module.Runner.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    runner_module.Runner.__init__ = recording
+    try:
+        yield made
+    finally:
+        runner_module.Runner.__init__ = init
+
+
+def static_generate(model, items, *, batch: int, mode: str, engine_options=None) -> dict:
     """:func:`cyb.generation.generate` on batches of ``batch`` prompts, one after another, each
-    to its longest answer; the tokens counted are the answers' lengths."""
+    to its longest answer; the tokens counted are the answers' lengths.  Each call builds an
+    engine and captures its CUDA graphs: ``real_tokens_per_s`` leaves that capture time out (as
+    :func:`offline_engine` does, so the two compare batching alone), ``with_captures_tokens_per_s``
+    keeps it (what a user's one-off calls take)."""
     from ..generation import generate
 
     sync(model.device)
     t0 = time.perf_counter()
-    for s in range(0, len(items), batch):
-        part = items[s:s + batch]
-        generate(model, [p for p, _ in part], mode=mode, max_new_tokens=max(n for _, n in part), eos_token_ids=(),
-                 max_batch=batch)
+    with engine_runners_made() as runners:
+        for s in range(0, len(items), batch):
+            part = items[s:s + batch]
+            generate(model, [p for p, _ in part], mode=mode, max_new_tokens=max(n for _, n in part),
+                     eos_token_ids=(), max_batch=batch, engine_options=engine_options)
     sync(model.device)
-    seconds = time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    capture_s = sum(r.capture_ms for r in runners) / 1e3
+    seconds = wall - capture_s
     tokens = sum(n for _, n in items)
-    return {"seconds": seconds, "real_tokens": tokens, "real_tokens_per_s": tokens / seconds}
+    return {"seconds": seconds, "capture_s": capture_s, "real_tokens": tokens, "real_tokens_per_s": tokens / seconds,
+            "with_captures_tokens_per_s": tokens / wall}
 
 
 # --------------------------------------------------------------------------- the run
