@@ -197,7 +197,7 @@ def run(args) -> int:
 
 
 #: a job of fewer decoding steps than this runs the plain model: compiling the engine's fused
-#: kernels (``EngineOptions.fused``) takes about 8 s once per process on CUDA, and a fused step
+#: kernels (``EngineOptions.fused``) takes 3-8 s once per process on CUDA, and a fused step
 #: saves about 0.6 ms (a 134 M model on an H200), so a shorter one-off job would wait longer than
 #: it gains
 FUSED_MIN_STEPS = 16384
