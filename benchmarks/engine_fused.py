@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 from cyb.engine import Engine, EngineOptions, Request  # noqa: E402
-from engine_traffic import TrafficJob  # noqa: E402  (this folder)
+from engine_gaps import prefill_probe  # noqa: E402  (this folder)
+from engine_traffic import TrafficJob  # noqa: E402
 
 
 def run(pm, mode, batch: int, new: int, limit: int, fused: bool) -> dict:
@@ -50,29 +51,15 @@ def run(pm, mode, batch: int, new: int, limit: int, fused: bool) -> dict:
 
 
 def prefill_ms(pm, shapes: list[tuple[int, int]], fused: bool, replays: int = 50) -> dict[str, float]:
-    """Median ms of one graphed prefill forward of first chunks of each ``(rows, columns)`` shape."""
+    """Median ms of one graphed prefill forward of first chunks of each ``(rows, columns)`` shape
+    (:func:`engine_gaps.prefill_probe`)."""
     rows = max(r for r, _ in shapes)
     chunk = max(c for _, c in shapes)
     engine = Engine(pm, capacity=chunk, slots=rows, options=EngineOptions(fused=fused, prefill_chunk=chunk))
-    runner = engine.runner
-    out = {}
     with torch.inference_mode():
-        for r, c in shapes:
-            cols = torch.arange(c, device=pm.device).expand(r, c).contiguous()
-            ids = torch.randint(10, 1000, (r, c), device=pm.device)
-            for _ in range(2):  # capture, then one replay as a warm-up
-                runner.prefill(list(range(r)), ids, cols, cols, c, fresh=True)
-            times = []
-            for _ in range(replays):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                runner.prefill(list(range(r)), ids, cols, cols, c, fresh=True)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            out[f"{r}x{c}"] = sorted(times)[len(times) // 2]
-    assert runner.fused == fused
-    return out
+        probed = prefill_probe(engine, shapes, replays)
+    assert engine.runner.fused == fused
+    return {f"{p['rows']}x{p['chunk']}": p["ms"] for p in probed}
 
 
 def main(argv=None):

@@ -163,10 +163,10 @@ def run(engine: Engine, items, *, slots: int, mode: str) -> dict:
             "capture_ms": engine.runner.capture_ms}
 
 
-def prefill_probe(engine: Engine, shapes) -> list[dict]:
+def prefill_probe(engine: Engine, shapes, replays: int = 10) -> list[dict]:
     """GPU time of one prefill forward of first chunks, ``rows x C`` positions (every row a
     whole chunk, written into slots ``0 .. rows-1``), as the engine runs it (from its graph where
-    it has one): the median of 10 after 3 warm-ups."""
+    it has one): the median of ``replays`` after 3 warm-ups (the first captures the graph)."""
     runner, out = engine.runner, []
     for rows, c in shapes:
         if rows > engine.slots or c > engine.capacity:
@@ -174,7 +174,7 @@ def prefill_probe(engine: Engine, shapes) -> list[dict]:
         ids = torch.randint(0, 100, (rows, c))
         pos = torch.arange(c).expand(rows, c).contiguous()
         times = []
-        for i in range(13):
+        for i in range(3 + replays):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             runner.prefill(list(range(rows)), ids, pos, pos.clone(), c, fresh=True)
