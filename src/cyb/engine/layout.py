@@ -20,7 +20,7 @@ keep the positions of the Recipe 1 layout, ``M`` apart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,17 +36,19 @@ class Prefill:
         first_token: the prompt's last token, fed by the row's first decoding step (its block
             gives the first new token).
         first_position: its rotary position.
+        columns: ``C``.
     """
 
     ids: torch.Tensor
     positions: torch.Tensor
     first_token: int
     first_position: int
+    #: columns prefill writes (the first decoding step writes the next one); a plain int, read
+    #: for every token a row decides
+    columns: int = field(init=False)
 
-    @property
-    def columns(self) -> int:
-        """Columns prefill writes (the first decoding step writes the next one)."""
-        return int(self.ids.shape[0])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", int(self.ids.shape[0]))
 
 
 @dataclass(frozen=True)
