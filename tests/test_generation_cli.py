@@ -94,3 +94,14 @@ def test_cli_generate_accepts_a_run_folder(saved, tmp_path, capsys):
     shutil.copytree(saved, run / "final")
     assert main(["generate", str(run), "--prompt", "12+", "--max-new-tokens", "3", "--device", "cpu"]) == 0
     assert "12+" in capsys.readouterr().out
+
+
+def test_cyb_generate_compiles_fused_kernels_only_for_long_jobs():
+    """A one-off job of fewer decoding steps than FUSED_MIN_STEPS runs the plain model (no
+    seconds of compiling for a few hundred steps); a long one keeps the engine's default."""
+    from cyb.commands.generate import FUSED_MIN_STEPS, engine_options_for
+
+    assert engine_options_for(1, 64, 1).fused is False
+    assert engine_options_for(100, 256, 100).fused is False  # one batch: 256 steps
+    assert engine_options_for(FUSED_MIN_STEPS // 64, 64, 1).fused is None  # one at a time
+    assert engine_options_for(3, FUSED_MIN_STEPS, 2).fused is None
