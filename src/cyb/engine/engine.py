@@ -465,23 +465,26 @@ class Engine:
         hits = np.flatnonzero(values[ros.slots, 0])
         m, events = self.layout.num_steps, []
         per_step = self.q == 1
+        rows, most, emitted = ros.rows, self._max_real, events.append
         for k, row in zip(hits.tolist(), values[ros.slots[hits]].tolist()):
-            t = ros.rows[k]
+            t = rows[k]
             if t.finished is not None:
                 continue
             steps = int(row[2])
             r = t.request
-            t.positions += steps if (per_step and r.mode == "adaptive") else m
-            t.tokens += 1
-            if t.prefill.columns + t.tokens > self._max_real:
-                self._max_real = t.prefill.columns + t.tokens
+            fixed = r.mode == "fixed"
+            t.positions += m if (fixed or not per_step) else steps
+            tokens = t.tokens = t.tokens + 1
+            if t.prefill.columns + tokens > most:
+                most = t.prefill.columns + tokens
             token = int(row[1])
-            reason = "eos" if token in r.eos else ("length" if t.tokens >= r.max_new_tokens else None)
-            events.append(Emitted(t.id, t.tokens - 1, token, steps, tuple(row[OUT_FIXED_COLUMNS:]),
-                                  row[3] if r.mode == "fixed" else None, t.positions, reason))
+            reason = "eos" if token in r.eos else ("length" if tokens >= r.max_new_tokens else None)
+            emitted(Emitted(t.id, tokens - 1, token, steps, tuple(row[OUT_FIXED_COLUMNS:]),
+                            row[3] if fixed else None, t.positions, reason))
             if reason is not None:
                 t.finished = reason
                 self._finish(t)
+        self._max_real = most
         return events
 
 

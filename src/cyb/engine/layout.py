@@ -20,7 +20,7 @@ keep the positions of the Recipe 1 layout, ``M`` apart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,17 +36,19 @@ class Prefill:
         first_token: the prompt's last token, fed by the row's first decoding step (its block
             gives the first new token).
         first_position: its rotary position.
+        columns: ``C``.
     """
 
     ids: torch.Tensor
     positions: torch.Tensor
     first_token: int
     first_position: int
+    #: columns prefill writes (the first decoding step writes the next one); a plain int, read
+    #: for every token a row decides
+    columns: int = field(init=False)
 
-    @property
-    def columns(self) -> int:
-        """Columns prefill writes (the first decoding step writes the next one)."""
-        return int(self.ids.shape[0])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", int(self.ids.shape[0]))
 
 
 @dataclass(frozen=True)
@@ -73,18 +75,19 @@ class RowLayout:
 
     def prefill(self, prompt: list[int]) -> Prefill:
         """The columns of ``prompt`` (its token ids) before decoding starts."""
-        m, earlier = self.num_steps, prompt[:-1]
+        m = self.num_steps
+        earlier = torch.tensor(prompt[:-1], dtype=torch.long)
+        n = earlier.shape[0]
+        step = m if self.advance else 1
         if self.real_only:
-            ids = list(earlier)
-            positions = [k * (m if self.advance else 1) for k in range(len(earlier))]
-        else:
-            ids, positions = [], []
-            for k, token in enumerate(earlier):
-                ids += [token, *self.pause_ids[: m - 1]]
-                positions += [k * m + j if self.advance else k for j in range(m)]
-        first = (len(prompt) - 1) * (m if self.advance else 1)
-        return Prefill(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long),
-                       int(prompt[-1]), first)
+            ids, positions = earlier, torch.arange(n) * step
+        else:  # each token followed by its M - 1 pauses
+            blocks = torch.empty((n, m), dtype=torch.long)
+            blocks[:, 0] = earlier
+            blocks[:, 1:] = torch.tensor(self.pause_ids[: m - 1], dtype=torch.long)
+            ids = blocks.view(-1)
+            positions = torch.arange(n * m) if self.advance else torch.arange(n).repeat_interleave(m)
+        return Prefill(ids, positions, int(prompt[-1]), n * step)
 
     def columns_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """Columns a request may fill: its prefill, then every decoded block at its longest."""

@@ -123,19 +123,16 @@ def _engine_main(loader, slots, cache_bytes, threads, inboxes, outboxes) -> None
     links = _Links(outboxes)
     jobs = links.jobs
 
-    def deliver(batch) -> None:  # the worker's thread, once per step
+    def deliver(batch) -> None:  # the worker's thread, once per step; items as _pack made them
         out: dict[int, list] = {}
         for job, items in batch:
             if isinstance(items, WorkerFailure):
                 job.open.clear()
-                out.setdefault(job.link, []).append((job.jid, items))
             else:
-                compact = []
-                for i, e in items:
-                    compact.append((i, e.token, e.steps, e.positions, e.finished))
-                    if e.finished is not None:
-                        job.open.discard(i)
-                out.setdefault(job.link, []).append((job.jid, compact))
+                for item in items:
+                    if item[4] is not None:
+                        job.open.discard(item[0])
+            out.setdefault(job.link, []).append((job.jid, items))
             if not job.open:
                 jobs.pop((job.link, job.jid), None)
         state = _state(worker)
@@ -146,7 +143,7 @@ def _engine_main(loader, slots, cache_bytes, threads, inboxes, outboxes) -> None
     try:
         served = loader()
         worker = EngineWorker(served, slots=slots or default_slots(served.device), cache_bytes=cache_bytes,
-                              deliver=deliver).start()
+                              deliver=deliver, pack=_pack).start()
     except BaseException as e:  # noqa: BLE001 - said to the HTTP process, which exits with it
         links.send(0, ("failed", first_line(e) or type(e).__name__, "value" if isinstance(e, ValueError) else "other"))
         return
@@ -185,6 +182,11 @@ def _engine_main(loader, slots, cache_bytes, threads, inboxes, outboxes) -> None
     finally:
         worker.stop()
         links.broadcast(("stopped",))
+
+
+def _pack(i: int, e) -> tuple:
+    """A token as it crosses the pipe: ``(choice, token, steps, positions, finished)``."""
+    return i, e.token, e.steps, e.positions, e.finished
 
 
 def _handle(message, link: int, worker, links: _Links) -> bool:

@@ -12,7 +12,7 @@ requests, a bounded batch at a time, so that decoding rows are never stalled for
 A job (what :meth:`~EngineWorker.submit` takes) has ``requests`` (one
 :class:`cyb.engine.Request` per choice) and a ``cancelled`` flag; the worker gives it ``rids``.
 ``deliver`` receives ``[(job, items), ...]`` where ``items`` is a list of ``(choice index,
-Emitted)`` or a :class:`WorkerFailure`.
+Emitted)`` (or what ``pack`` makes of them) or a :class:`WorkerFailure`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import traceback
 from collections import deque
 from typing import Callable
 
-from ..engine import Engine, EngineOptions, choose_positions
+from ..engine import Emitted, Engine, EngineOptions, choose_positions
 from .protocol import first_line
 
 log = logging.getLogger("cyb.serve")
@@ -60,6 +60,10 @@ def settle(future: concurrent.futures.Future, *, result=None, exception=None) ->
         pass
 
 
+def _pair(i: int, e: Emitted) -> tuple[int, Emitted]:
+    return i, e
+
+
 def default_slots(device) -> int:
     """Slots when ``--slots`` is not given, by the model's device (a torch device or its name)."""
     return 256 if str(getattr(device, "type", device)).startswith("cuda") else 64
@@ -79,14 +83,18 @@ class EngineWorker:
         slots: rows that decode at once (cut by the engine to the cache memory).
         cache_bytes: the engine's cache memory (None: its default).
         deliver: called from the worker thread with each step's ``[(job, items)]``.
+        pack: what each of a job's new tokens is in ``items``, from the choice's index and the
+            :class:`~cyb.engine.Emitted` (None: the pair ``(index, emitted)``); the engine's
+            process packs them as the tuples it sends, in the same pass.
     """
 
     def __init__(self, served, *, slots: int, cache_bytes: int | None = None,
-                 deliver: Callable[[list], None]) -> None:
+                 deliver: Callable[[list], None], pack: Callable[[int, Emitted], object] | None = None) -> None:
         self.served = served
         self._slots_wanted = slots
         self._cache_bytes = cache_bytes
         self._deliver = deliver
+        self._pack = pack or _pair
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._owners: dict[int, tuple[object, int]] = {}
         self._scores: deque[_Scoring] = deque()
@@ -226,7 +234,7 @@ class EngineWorker:
             return
         if not events:
             return
-        owners = self._owners
+        owners, pack = self._owners, self._pack
         out: dict = {}
         for e in events:
             owner = owners.get(e.request)
@@ -236,7 +244,7 @@ class EngineWorker:
             items = out.get(job)
             if items is None:
                 items = out[job] = []
-            items.append((i, e))
+            items.append(pack(i, e))
             if e.finished is not None:
                 del owners[e.request]
         if out:
