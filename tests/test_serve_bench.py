@@ -126,6 +126,25 @@ def test_offline_engine_from_closed_loop_clients(tmp_path_factory):
     assert closed["clients"] == 2 and closed["itl_ms_p50"] > 0
 
 
+def test_offline_engine_readied_as_a_server_is(tmp_path_factory):
+    """With ``warm`` the engine decodes the warm-up requests first, outside the timed run, and its
+    counts cover the timed job only; the job's tokens are those of an engine built for it alone."""
+    from cyb.bench.serve import offline_engine
+    from cyb.engine.layout import RowLayout
+    from serve_helpers import pause_model, tokenizer
+
+    pm = pause_model(tokenizer(tmp_path_factory.mktemp("tok")))
+    items = [([5] * (3 + i), 2 + i) for i in range(5)]
+    cold = offline_engine(pm, items, slots=2, mode="fixed", capacity=128)
+    warmed = offline_engine(pm, items, slots=2, mode="fixed", capacity=128, warm=[([7] * 8, 6)] * 2)
+    layout = RowLayout.of(pm.vocab, pm.pause_visibility)
+    assert warmed["warmed"] and not cold["warmed"]
+    assert warmed["real_tokens"] == cold["real_tokens"] == sum(n for _, n in items)
+    assert warmed["stats"] == cold["stats"]
+    assert warmed["stats"]["prefill_positions"] == sum(layout.prefill(p).columns for p, _ in items)
+    assert warmed["capture_s"] == 0.0  # the CPU captures no graph
+
+
 def test_static_batches_leave_their_engines_graph_captures_out():
     """Each generate() call builds an engine; the runners it builds are found and their capture
     time taken out of the static figure, as the offline engine's is (none on the CPU: 0)."""

@@ -25,8 +25,9 @@ the model decides.  Each case:
    request, as p50 / p99.
 3. In this process, the same prompts and answers: the engine offline (one
    :class:`cyb.engine.Engine` with ``C`` slots and the server's options, every request submitted
-   at once: what the server's engine does with nothing between it and the requests; the time
-   its CUDA graph captures took is left out, as the server took its own in the warm-up), and
+   at once: what the server's engine does with nothing between it and the requests; readied as
+   the server is, by :meth:`~cyb.engine.Engine.warm_up` and the same warm-up requests, then
+   timed whole, as the server is), and
    :func:`cyb.generation.generate` in static batches of ``C`` prompts, each batch decoding to its
    longest answer (the tokens counted are the answers'; each call builds its own engine, whose
    graph captures are left out likewise, and reported beside).
@@ -221,23 +222,47 @@ class ThreadServer:
 
 def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_bytes: int | None = None,
                    refill: int = 0, refill_wait: int | None = None, clients: int | None = None,
-                   prefill_rows: int | None = None, row_attention: bool | None = None) -> dict:
+                   prefill_rows: int | None = None, row_attention: bool | None = None,
+                   warm: list[tuple[list[int], int]] | None = None) -> dict:
     """The engine with the server's options (the positions per step of a server whose default
     mode is ``mode``; ``refill``, ``refill_wait``: :class:`~cyb.engine.EngineOptions`, None its
     default; ``prefill_rows`` and ``row_attention`` likewise) and ``slots`` slots.  Every request is submitted at once,
     or with ``clients``, as that many closed-loop clients send them: each its next request when its
     last one ends (the load the serve benchmark's clients bring, without HTTP).  The inter-token
-    latency is the time between a request's tokens as the engine hands them out."""
+    latency is the time between a request's tokens as the engine hands them out.
+
+    Without ``warm`` the engine is built inside the timed run, and the time its CUDA graph
+    captures took is left out (``capture_s``; a capture also waits for the work queued before it,
+    so that figure holds a little of the run's own GPU time).  With ``warm`` (prompts and answer
+    lengths) the engine is readied as a server's is before the timed run: :meth:`Engine.warm_up`,
+    then ``warm`` decoded to the end; the run is then timed whole, a capture it still makes
+    included (``capture_s`` says how long those took), as the server's is.  ``stats`` counts the
+    timed run only."""
     from ..engine import Engine, EngineOptions, Request, choose_positions
 
     reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
     given = {"refill_wait": refill_wait, "prefill_rows": prefill_rows}
     opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes, refill=refill, row_attention=row_attention,
                          **{k: v for k, v in given.items() if v is not None})
+
+    def build():
+        return Engine(model, capacity=capacity, slots=slots, positions=choose_positions(model, [mode], slots),
+                      options=opts)
+
+    engine = None
+    if warm is not None:
+        engine = build()
+        engine.warm_up()
+        for p, n in warm:
+            engine.submit(Request(tuple(p), n, mode=mode))
+        for _ in engine.run():
+            pass
+    stats0 = dict(engine.stats) if engine is not None else {}
+    capture0 = engine.runner.capture_ms if engine is not None else 0.0
     sync(model.device)
     t0 = time.perf_counter()
-    engine = Engine(model, capacity=capacity, slots=slots, positions=choose_positions(model, [mode], slots),
-                    options=opts)
+    if engine is None:
+        engine = build()
     first = len(reqs) if clients is None else clients
     for r in reqs[:first]:
         engine.submit(r)
@@ -257,11 +282,12 @@ def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_
             if r is not None:
                 engine.submit(r)
     sync(model.device)
-    capture_s = engine.runner.capture_ms / 1e3  # CUDA graphs: the server captured its own in the warm-up
-    seconds = time.perf_counter() - t0 - capture_s
+    capture_s = (engine.runner.capture_ms - capture0) / 1e3
+    seconds = time.perf_counter() - t0 - (capture_s if warm is None else 0.0)
     return {"seconds": seconds, "capture_s": capture_s, "real_tokens": tokens, "real_tokens_per_s": tokens / seconds,
-            "mean_steps": steps / tokens if tokens else None, "slots": engine.slots, "stats": dict(engine.stats),
-            "graphs": len(engine.runner.graphs), "clients": clients,
+            "mean_steps": steps / tokens if tokens else None, "slots": engine.slots,
+            "stats": {k: v - stats0.get(k, 0) for k, v in engine.stats.items()},
+            "graphs": len(engine.runner.graphs), "warmed": warm is not None, "clients": clients,
             "itl_ms_p50": percentile(gaps, 50), "itl_ms_p99": percentile(gaps, 99)}
 
 
@@ -311,6 +337,12 @@ def static_generate(model, items, *, batch: int, mode: str, engine_options=None)
 
 
 # --------------------------------------------------------------------------- the run
+
+
+def warm_up_items(items, cfg: ServeBenchConfig, c: int) -> list[tuple[list[int], int]]:
+    """The requests that ready a server (and the offline engine it is compared with) for a
+    concurrency of ``c``: ``c`` of the longest prompt and answer, their ids the job's first."""
+    return [([items[0][0][0]] * cfg.prompt_lengths[1], cfg.answer_lengths[1])] * c
 
 
 def _models(cfg: ServeBenchConfig, device, log) -> tuple[dict, int]:
@@ -409,7 +441,7 @@ def run(cfg: ServeBenchConfig, *, out=None, log=print) -> dict:
                         continue
                     items = job(cfg.requests_at(c), cfg.prompt_lengths, cfg.answer_lengths, limit,
                                 seed=cfg.seed + c)
-                    warm = [([items[0][0][0]] * cfg.prompt_lengths[1], cfg.answer_lengths[1])] * c
+                    warm = warm_up_items(items, cfg, c)
                     procs = client_processes(c, cfg.client_processes)
                     load_from_processes(server.url, warm, concurrency=c, processes=procs, mode=mode)
                     with ServerProbe(server.url) as probe:
@@ -435,7 +467,8 @@ def run(cfg: ServeBenchConfig, *, out=None, log=print) -> dict:
                     c = row["concurrency"]
                     if cfg.offline:
                         row["offline_engine"] = guarded(lambda: offline_engine(
-                            pm, items, slots=c, mode=mode, capacity=capacity, cache_bytes=cache), device)
+                            pm, items, slots=c, mode=mode, capacity=capacity, cache_bytes=cache,
+                            warm=warm_up_items(items, cfg, c)), device)
                     if cfg.static:
                         row["static_generate"] = guarded(lambda: static_generate(pm, items, batch=c, mode=mode),
                                                          device)
