@@ -26,8 +26,8 @@ the model decides.  Each case:
 3. In this process, the same prompts and answers: the engine offline (one
    :class:`cyb.engine.Engine` with ``C`` slots and the server's options, every request submitted
    at once: what the server's engine does with nothing between it and the requests; readied as
-   the server is, by :meth:`~cyb.engine.Engine.warm_up` and the same warm-up requests, then
-   timed whole, as the server is), and
+   the server is, by :meth:`~cyb.engine.Engine.warm_up` and the same warm-up requests, and the
+   time of any graph capture that readying did not make left out), and
    :func:`cyb.generation.generate` in static batches of ``C`` prompts, each batch decoding to its
    longest answer (the tokens counted are the answers'; each call builds its own engine, whose
    graph captures are left out likewise, and reported beside).
@@ -231,13 +231,15 @@ def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_
     last one ends (the load the serve benchmark's clients bring, without HTTP).  The inter-token
     latency is the time between a request's tokens as the engine hands them out.
 
-    Without ``warm`` the engine is built inside the timed run, and the time its CUDA graph
-    captures took is left out (``capture_s``; a capture also waits for the work queued before it,
-    so that figure holds a little of the run's own GPU time).  With ``warm`` (prompts and answer
-    lengths) the engine is readied as a server's is before the timed run: :meth:`Engine.warm_up`,
-    then ``warm`` decoded to the end; the run is then timed whole, a capture it still makes
-    included (``capture_s`` says how long those took), as the server's is.  ``stats`` counts the
-    timed run only."""
+    The time the CUDA graph captures of the timed run took is left out (``capture_s``; a capture
+    also waits for the work queued before it, so that figure holds a little of the run's own GPU
+    time, one step or prefill forward at most a capture).  Without ``warm`` the engine is built
+    inside the timed run and captures every graph there.  With ``warm`` (prompts and answer
+    lengths) it is readied as a server's is before the timed run: :meth:`Engine.warm_up`, then
+    ``warm`` decoded to the end; the timed run then captures only the graphs that readying did not
+    reach (a server captures those under load: submitted at once, the warm-up requests start
+    together and skip some row counts that requests arriving over HTTP reach).  ``stats`` counts
+    the timed run only."""
     from ..engine import Engine, EngineOptions, Request, choose_positions
 
     reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
@@ -283,7 +285,7 @@ def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_
                 engine.submit(r)
     sync(model.device)
     capture_s = (engine.runner.capture_ms - capture0) / 1e3
-    seconds = time.perf_counter() - t0 - (capture_s if warm is None else 0.0)
+    seconds = time.perf_counter() - t0 - capture_s
     return {"seconds": seconds, "capture_s": capture_s, "real_tokens": tokens, "real_tokens_per_s": tokens / seconds,
             "mean_steps": steps / tokens if tokens else None, "slots": engine.slots,
             "stats": {k: v - stats0.get(k, 0) for k, v in engine.stats.items()},
