@@ -21,6 +21,8 @@ tokens and answers of 8-256 (seeded, no EOS), ``C`` slots:
 
 ``--row-attention off`` runs every engine of the job with ``EngineOptions(row_attention=False)``
 (attention through the mask up to the batch's bucketed limit) rather than the default.
+``--options prefill_chunk=2048 prefill_rows=2`` sets further :class:`cyb.engine.EngineOptions`
+fields (``name=int``) of every engine, continuous and static (the file's name then carries them).
 
 ``--profile`` runs the first case's continuous job once more under :mod:`torch.profiler` and
 writes the GPU's kernel time, host-device copies, synchronisations and kernel launches; the
@@ -83,29 +85,31 @@ ROW_ATTENTION = {"auto": None, "off": False, "on": True}
 
 
 def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=None, prefill_rows=None,
-               row_attention=None):
+               row_attention=None, options=None):
     """The continuous engine offline (graph captures taken out): every request submitted at once,
     or by ``clients`` closed-loop clients (:func:`cyb.bench.serve.offline_engine`)."""
     layout = RowLayout.of(pm.vocab, pm.pause_visibility)
     capacity = max(layout.columns_needed(len(p), n) for p, n in items)
     return offline_engine(pm, items, slots=slots, mode=mode, capacity=capacity, refill=refill,
                           refill_wait=refill_wait, clients=clients, prefill_rows=prefill_rows,
-                          row_attention=row_attention)
+                          row_attention=row_attention, options=options)
 
 
-def static(pm, items, *, batch, mode, row_attention=None):
+def static(pm, items, *, batch, mode, row_attention=None, options=None):
     """:func:`cyb.bench.serve.static_generate` (graph captures taken out, and reported beside)."""
     from cyb.engine import EngineOptions
 
-    return static_generate(pm, items, batch=batch, mode=mode, engine_options=EngineOptions(row_attention=row_attention))
+    return static_generate(pm, items, batch=batch, mode=mode,
+                           engine_options=EngineOptions(row_attention=row_attention, **(options or {})))
 
 
-def profile(pm, items, *, slots, mode, refill=0, row_attention=None):
+def profile(pm, items, *, slots, mode, refill=0, row_attention=None, options=None):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof_ctx
 
     with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        res = continuous(pm, items, slots=slots, mode=mode, refill=refill, row_attention=row_attention)
+        res = continuous(pm, items, slots=slots, mode=mode, refill=refill, row_attention=row_attention,
+                         options=options)
     events = prof.events()
     spans = sorted((e.time_range.start, e.time_range.end) for e in events
                    if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
@@ -153,36 +157,42 @@ def main(argv=None):
                          "default): the prefill forward's size against the latency it adds")
     ap.add_argument("--row-attention", choices=sorted(ROW_ATTENTION), default="auto",
                     help="EngineOptions.row_attention of every engine (auto: the default)")
+    ap.add_argument("--options", nargs="*", default=[], help="further EngineOptions fields of every engine, as name=int")
     ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU (a smoke run)")
     a = ap.parse_args(argv)
     row_attention = ROW_ATTENTION[a.row_attention]
+    try:
+        options = {k: int(v) for k, v in (o.split("=", 1) for o in a.options)}
+    except ValueError:
+        ap.error(f"--options takes name=int pairs, got {a.options}")
+    eng = {"row_attention": row_attention, "options": options}
     os.makedirs(a.out, exist_ok=True)
     job = TrafficJob(a.requests, a.concurrency, quick=a.quick)
     dev, items, limit = job.device, job.items, job.limit
     result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-              "row_attention": a.row_attention,
+              "row_attention": a.row_attention, "options": options,
               "concurrency": a.concurrency, "requests": a.requests, "cases": {}}
     for case in a.cases:
         pm, mode = job.model(case)
         row = {}
-        continuous(pm, items[:8], slots=a.concurrency, mode=mode, row_attention=row_attention)  # warm-up
+        continuous(pm, items[:8], slots=a.concurrency, mode=mode, **eng)  # warm-up
         for refill in a.refill:
-            cont = continuous(pm, items, slots=a.concurrency, mode=mode, refill=refill, row_attention=row_attention)
+            cont = continuous(pm, items, slots=a.concurrency, mode=mode, refill=refill, **eng)
             row[f"continuous_refill{refill}"] = cont
             print(case, f"continuous refill={refill}", json.dumps(cont), flush=True)
         for wait in a.closed_waits:
             closed = continuous(pm, items, slots=a.concurrency, mode=mode, refill_wait=wait, clients=a.concurrency,
-                                row_attention=row_attention)
+                                **eng)
             row[f"closed_loop_wait{wait}"] = closed
             print(case, f"closed loop refill_wait={wait}", json.dumps(closed), flush=True)
         for rows in a.closed_prefill_rows:
             closed = continuous(pm, items, slots=a.concurrency, mode=mode, clients=a.concurrency, prefill_rows=rows,
-                                row_attention=row_attention)
+                                **eng)
             row[f"closed_loop_prefill_rows{rows}"] = closed
             print(case, f"closed loop prefill_rows={rows}", json.dumps(closed), flush=True)
         cont = max((row[f"continuous_refill{r}"] for r in a.refill), key=lambda c: c["real_tokens_per_s"])
         if not a.no_static:
-            row["static"] = static(pm, items, batch=a.concurrency, mode=mode, row_attention=row_attention)
+            row["static"] = static(pm, items, batch=a.concurrency, mode=mode, **eng)
             print(case, "static", json.dumps(row["static"]), flush=True)
             row["continuous_vs_static"] = cont["real_tokens_per_s"] / row["static"]["real_tokens_per_s"]
         st = steady_rates(pm, rows=a.concurrency, mode=mode, id_limit=limit, row_attention=row_attention)
@@ -193,15 +203,16 @@ def main(argv=None):
         row["continuous_vs_ceiling"] = cont["real_tokens_per_s"] / row["ceiling_tok_s"]
         print(case, "steady", json.dumps(st), "ceiling", round(row["ceiling_tok_s"]), flush=True)
         if a.profile and case == a.cases[0]:
-            row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, refill=a.refill[0], row_attention=row_attention)
+            row["profile"] = profile(pm, items, slots=a.concurrency, mode=mode, refill=a.refill[0], **eng)
             # the profiler slows the host (every kernel of a graph is traced): the GPU's kernel time
             # over the wall time of the same job unprofiled
             wall = row[f"continuous_refill{a.refill[0]}"]["seconds"]
             row["gpu_busy_share_unprofiled"] = row["profile"]["gpu_busy_s"] / wall
             print(case, "profile", json.dumps(row["profile"]), flush=True)
         result["cases"][case] = row
-        with open(os.path.join(a.out, f"traffic{'' if a.row_attention == 'auto' else '-row-' + a.row_attention}.json"),
-                  "w") as f:
+        tag = ("" if a.row_attention == "auto" else "-row-" + a.row_attention) + "".join(
+            f"-{k}{v}" for k, v in options.items())
+        with open(os.path.join(a.out, f"traffic{tag}.json"), "w") as f:
             json.dump(result, f, indent=1)
         torch.cuda.empty_cache()
 

@@ -223,10 +223,10 @@ class ThreadServer:
 def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_bytes: int | None = None,
                    refill: int = 0, refill_wait: int | None = None, clients: int | None = None,
                    prefill_rows: int | None = None, row_attention: bool | None = None,
-                   warm: list[tuple[list[int], int]] | None = None) -> dict:
+                   warm: list[tuple[list[int], int]] | None = None, options: dict | None = None) -> dict:
     """The engine with the server's options (the positions per step of a server whose default
     mode is ``mode``; ``refill``, ``refill_wait``: :class:`~cyb.engine.EngineOptions`, None its
-    default; ``prefill_rows`` and ``row_attention`` likewise) and ``slots`` slots.  Every request is submitted at once,
+    default; ``prefill_rows`` and ``row_attention`` likewise; ``options``: further fields) and ``slots`` slots.  Every request is submitted at once,
     or with ``clients``, as that many closed-loop clients send them: each its next request when its
     last one ends (the load the serve benchmark's clients bring, without HTTP).  The inter-token
     latency is the time between a request's tokens as the engine hands them out.
@@ -243,7 +243,7 @@ def offline_engine(model, items, *, slots: int, mode: str, capacity: int, cache_
     from ..engine import Engine, EngineOptions, Request, choose_positions
 
     reqs = [Request(tuple(p), n, mode=mode) for p, n in items]
-    given = {"refill_wait": refill_wait, "prefill_rows": prefill_rows}
+    given = {"refill_wait": refill_wait, "prefill_rows": prefill_rows, **(options or {})}
     opts = EngineOptions(max_slots=slots, cache_bytes=cache_bytes, refill=refill, row_attention=row_attention,
                          **{k: v for k, v in given.items() if v is not None})
 
