@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from cyb.bench.load import percentile, summarise  # noqa: E402
+from cyb.bench.load import percentile, step_gaps, summarise  # noqa: E402
 from cyb.cli import main  # noqa: E402
 from cyb.serve.client import StreamResult  # noqa: E402
 
@@ -42,7 +42,10 @@ def test_quick_run_of_every_case(tmp_path, capsys):
     assert "| case | C | serve tok/s |" in printed and "inter-token latency" in printed
     assert "offline / ceiling" in printed
     names = [t["target"] for t in result["targets"]]
-    assert len(names) == 19 and all(t["value"] is not None for t in result["targets"])
+    assert len(names) == 21 and all(t["value"] is not None for t in result["targets"])
+    assert [n for n in names if n.startswith("p99 gap a decoding step")] == [
+        "p99 gap a decoding step <= 3.0 x p50 (shared-adaptive, C=3)",
+        "p99 gap a decoding step <= 3.0 x p50 (private-adaptive, C=3)"]
     assert "engine offline tokens/s >= 1.7 x generate() static (none, C=3)" in names
     assert "engine offline tokens/s >= 0.5 x its ceiling (none, C=3)" in names
     assert "engine offline tokens/s >= 1.5 x generate() static (shared-fixed, C=3)" in names
@@ -65,10 +68,14 @@ def test_the_ceiling_and_the_adaptive_target():
     assert got == pytest.approx(40 / (0.498 + 0.2))
 
     def row(case, tok_s, steps):
-        serve = {"real_tokens_per_s": 1.0, "itl_ms_p50": 1.0, "itl_ms_p99": 2.0, "errors": 0}
-        return {"case": case, "concurrency": 8, "status": "ok", "serve": serve,
+        serve = {"real_tokens_per_s": 1.0, "itl_ms_p50": 1.0, "itl_ms_p99": 4.0, "errors": 0,
+                 "itl_step_ms_p50": 1.0, "itl_step_ms_p99": 2.0}
+        return {"case": case, "mode": case.split("-")[-1], "concurrency": 8, "status": "ok", "serve": serve,
                 "offline_engine": {"status": "ok", "real_tokens_per_s": tok_s, "mean_steps": steps}}
     checks = serve_targets({"results": [row("none", 1000.0, 1.0), row("private-adaptive", 600.0, 1.6)]})
+    per_step = [c for c in checks if c["target"].startswith("p99 gap a decoding step")]
+    assert len(per_step) == 1 and "private-adaptive" in per_step[0]["target"] and per_step[0]["met"] is True
+    assert all(not c["met"] for c in checks if c["target"].startswith("p99 inter-token latency"))
     adaptive = [c for c in checks if c["target"].startswith("engine offline tokens/s >= 0.85 / E[S]")]
     assert len(adaptive) == 1 and adaptive[0]["value"] == pytest.approx(600 / (0.85 / 1.6 * 1000))
     assert adaptive[0]["met"] is True
@@ -83,6 +90,9 @@ def test_percentiles_and_summary():
     assert (s["requests"], s["errors"], s["real_tokens"], s["first_error"]) == (2, 1, 4, "max_tokens: ...")
     assert s["ttft_ms_p50"] == pytest.approx(100.0) and s["itl_ms_p50"] == pytest.approx(150.0)
     assert s["tpot_ms_p50"] == pytest.approx(100.0) and s["mean_steps"] == 1.25
+    # a gap over the steps of the tokens its event carries: 200 ms / (2 + 1) steps, 100 ms / 1 step
+    assert step_gaps(r) == pytest.approx([0.2 / 3, 0.1])
+    assert s["itl_step_ms_p50"] == pytest.approx((200 / 3 + 100) / 2)
 
 
 def test_load_from_two_processes_and_the_probe(tmp_path_factory):

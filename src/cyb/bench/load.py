@@ -27,13 +27,27 @@ def percentile(values, q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def step_gaps(result) -> list[float]:
+    """Seconds between consecutive events of a :class:`cyb.serve.client.StreamResult`, each
+    divided by the decoding steps of the tokens the later event carries (a token that paused
+    takes several steps: its gap is several steps long by design)."""
+    out, at, before = [], 0, None
+    for t, n in result.events:
+        if before is not None:
+            out.append((t - before) / max(1, sum(result.steps[at:at + n])))
+        before, at = t, at + n
+    return out
+
+
 def summarise(results, wall_s: float) -> dict:
-    """Throughput and latencies (ms) of a load's :class:`cyb.serve.client.StreamResult` list."""
+    """Throughput and latencies (ms) of a load's :class:`cyb.serve.client.StreamResult` list;
+    ``itl_step_ms_*``: the gaps between events a decoding step (:func:`step_gaps`)."""
     ok = [r for r in results if r.ok]
     tokens = sum(r.tokens for r in ok)
     steps = sum(sum(r.steps) for r in ok)
     ttft = [r.ttft * 1e3 for r in ok if r.ttft is not None]
     gaps = [g * 1e3 for r in ok for g in r.gaps()]
+    per_step = [g * 1e3 for r in ok for g in step_gaps(r)]
     tpot = [(r.events[-1][0] - r.events[0][0]) * 1e3 / (r.tokens - 1) for r in ok if r.tokens > 1 and r.events]
     events = sum(len(r.events) for r in ok)
     errors = [r.error or f"HTTP {r.status}" for r in results if not r.ok]
@@ -43,6 +57,7 @@ def summarise(results, wall_s: float) -> dict:
             "mean_steps": steps / tokens if tokens else None, "tokens_per_event": tokens / events if events else None,
             "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
             "itl_ms_p50": percentile(gaps, 50), "itl_ms_p99": percentile(gaps, 99),
+            "itl_step_ms_p50": percentile(per_step, 50), "itl_step_ms_p99": percentile(per_step, 99),
             "tpot_ms_p50": percentile(tpot, 50), "tpot_ms_p99": percentile(tpot, 99)}
 
 
@@ -242,4 +257,4 @@ def job(count: int, prompt_lengths, answer_lengths, limit: int, seed: int) -> li
 
 
 __all__ = ["NAME", "STREAMS_PER_CLIENT", "ServerProbe", "client_processes", "job", "load", "load_from_processes",
-           "percentile", "summarise"]
+           "percentile", "step_gaps", "summarise"]
