@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from cyb.bench.engine_runs import ceiling_tokens_per_s, mixed_job, steady_rates  # noqa: E402
 from cyb.bench.models import SHAPE_134M, SHAPE_TINY, adaptive_fixture, build_hf_model, random_ids  # noqa: E402
 from cyb.bench.models import real_ids_limit, spread_weights, wrap  # noqa: E402
-from cyb.bench.serve import offline_engine, static_generate  # noqa: E402
+from cyb.bench.offline import offline_engine, static_generate  # noqa: E402
 from cyb.engine.layout import RowLayout  # noqa: E402
 
 
@@ -87,7 +87,7 @@ ROW_ATTENTION = {"auto": None, "off": False, "on": True}
 def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=None, prefill_rows=None,
                row_attention=None, options=None):
     """The continuous engine offline (graph captures taken out): every request submitted at once,
-    or by ``clients`` closed-loop clients (:func:`cyb.bench.serve.offline_engine`)."""
+    or by ``clients`` closed-loop clients (:func:`cyb.bench.offline.offline_engine`)."""
     layout = RowLayout.of(pm.vocab, pm.pause_visibility)
     capacity = max(layout.columns_needed(len(p), n) for p, n in items)
     return offline_engine(pm, items, slots=slots, mode=mode, capacity=capacity, refill=refill,
@@ -96,7 +96,7 @@ def continuous(pm, items, *, slots, mode, refill=0, refill_wait=None, clients=No
 
 
 def static(pm, items, *, batch, mode, row_attention=None, options=None):
-    """:func:`cyb.bench.serve.static_generate` (graph captures taken out, and reported beside)."""
+    """:func:`cyb.bench.offline.static_generate` (graph captures taken out, and reported beside)."""
     from cyb.engine import EngineOptions
 
     return static_generate(pm, items, batch=batch, mode=mode,

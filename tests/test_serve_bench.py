@@ -125,7 +125,7 @@ def test_load_from_two_processes_and_the_probe(tmp_path_factory):
 def test_offline_engine_from_closed_loop_clients(tmp_path_factory):
     """The engine fed by two closed-loop clients decodes every answer to its length, as with every
     request submitted at once."""
-    from cyb.bench.serve import offline_engine
+    from cyb.bench.offline import offline_engine
     from serve_helpers import pause_model, tokenizer
 
     pm = pause_model(tokenizer(tmp_path_factory.mktemp("tok")))
@@ -139,7 +139,7 @@ def test_offline_engine_from_closed_loop_clients(tmp_path_factory):
 def test_offline_engine_readied_as_a_server_is(tmp_path_factory):
     """With ``warm`` the engine decodes the warm-up requests first, outside the timed run, and its
     counts cover the timed job only; the job's tokens are those of an engine built for it alone."""
-    from cyb.bench.serve import offline_engine
+    from cyb.bench.offline import offline_engine
     from cyb.engine.layout import RowLayout
     from serve_helpers import pause_model, tokenizer
 
@@ -160,7 +160,7 @@ def test_static_batches_leave_their_engines_graph_captures_out():
     time taken out of the static figure, as the offline engine's is (none on the CPU: 0)."""
     import torch
 
-    from cyb.bench.serve import engine_runners_made, static_generate
+    from cyb.bench.offline import engine_runners_made, static_generate
     from cyb.engine import runner as runner_module
     from engine_helpers import layout_model
     from generation_helpers import PROMPTS, encode
