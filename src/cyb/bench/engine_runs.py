@@ -2,7 +2,10 @@
 
 * :func:`engine_rate`: ``B`` prompts in ``B`` slots; once every row decodes, ``timed`` engine
   steps are timed on the host clock (each step launches one decoding step and reads the
-  decisions of one, as generation does), captures of new graphs taken out.  Rows never finish
+  decisions of one, as generation does), captures of new graphs taken out.  The prompts are
+  prefilled twice, the first time untimed and aborted, so that the timed prefill replays the
+  graphs the first captured (a capture's own time also holds the GPU work queued before it: taken
+  out of a timed prefill, it made the rate come out too high).  Rows never finish
   while timed.  ``ms_per_token`` is the time per real token of a row: total time / (real tokens
   decided / B).
 * :func:`steady_rates`, :func:`ceiling_tokens_per_s`: the steady step and prefill rate, and
@@ -39,14 +42,17 @@ def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, w
     opts = EngineOptions(positions=positions, cuda_graph=cuda_graph, max_slots=len(prompts),
                          prefill_rows=64, prefill_chunk=2048, row_attention=row_attention)
     engine = Engine.sized_for(model, reqs, options=opts)
-    for r in reqs:
-        engine.submit(r)
     b = len(reqs)
-    t0 = time.perf_counter()
-    while len(engine.scheduler.decoding) < b:
+    for rid in _fill(engine, reqs):  # an untimed fill captures every graph the timed one replays
+        engine.abort(rid)
+    while engine.busy:
         engine.step()
     sync(model.device)
-    prefill_s = time.perf_counter() - t0 - engine.runner.capture_ms / 1e3  # graphs captured on the way left out
+    capture0 = engine.runner.capture_ms
+    t0 = time.perf_counter()
+    _fill(engine, reqs)
+    sync(model.device)
+    prefill_s = time.perf_counter() - t0 - (engine.runner.capture_ms - capture0) / 1e3
     for _ in range(warmup):
         engine.step()
     sync(model.device)
@@ -67,6 +73,14 @@ def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, w
         out.update(ms_per_token=elapsed_ms / (tokens / b), real_tokens_per_s=tokens * 1e3 / elapsed_ms,
                    steps_per_token=steps_used / tokens, positions_per_token=steps * engine.q * b / tokens)
     return out
+
+
+def _fill(engine: Engine, reqs: list[Request]) -> list[int]:
+    """Submit ``reqs`` to an idle ``engine`` and step until every one decodes; returns their ids."""
+    ids = [engine.submit(r) for r in reqs]
+    while len(engine.scheduler.decoding) < len(reqs):
+        engine.step()
+    return ids
 
 
 def steady_rates(model, *, rows: int, mode: str, id_limit: int, prompt_len: int = 256, timed: int = 50,
