@@ -500,7 +500,7 @@ def test_bench_train_quick_compiled(tmp_path, monkeypatch):
 def test_engine_rate_times_a_second_fill_that_repeats_the_first():
     """engine_rate's timed prefill repeats its untimed one (same slots, same prefill forwards), so
     on CUDA it replays the graphs the first fill captured rather than subtracting captures."""
-    from cyb.bench.engine_runs import _fill, engine_rate
+    from cyb.bench.engine_runs import _end, _fill, engine_rate
     from cyb.engine import Engine, EngineOptions, Request
     from engine_helpers import layout_model
 
@@ -514,10 +514,7 @@ def test_engine_rate_times_a_second_fill_that_repeats_the_first():
         ids = _fill(engine, reqs)
         fills.append(({t.slot: t.request.prompt for t in engine.scheduler.decoding.values()},
                       engine.stats["prefill_forwards"] - before["prefill_forwards"]))
-        for rid in ids:
-            engine.abort(rid)
-        while engine.busy:
-            engine.step()
+        _end(engine, ids)
     assert fills[0] == fills[1] and fills[0][1] > 1
     out = engine_rate(pm, prompts, mode="fixed", positions="block", warmup=1, timed=2)
     assert out["prefill_s"] > 0 and out["real_tokens"] == 2 * len(prompts)

@@ -43,10 +43,7 @@ def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, w
                          prefill_rows=64, prefill_chunk=2048, row_attention=row_attention)
     engine = Engine.sized_for(model, reqs, options=opts)
     b = len(reqs)
-    for rid in _fill(engine, reqs):  # an untimed fill captures every graph the timed one replays
-        engine.abort(rid)
-    while engine.busy:
-        engine.step()
+    _end(engine, _fill(engine, reqs))  # an untimed fill captures every graph the timed one replays
     sync(model.device)
     capture0 = engine.runner.capture_ms
     t0 = time.perf_counter()
@@ -81,6 +78,14 @@ def _fill(engine: Engine, reqs: list[Request]) -> list[int]:
     while len(engine.scheduler.decoding) < len(reqs):
         engine.step()
     return ids
+
+
+def _end(engine: Engine, ids: list[int]) -> None:
+    """Abort requests ``ids`` and step until ``engine`` is idle (every slot free again)."""
+    for rid in ids:
+        engine.abort(rid)
+    while engine.busy:
+        engine.step()
 
 
 def steady_rates(model, *, rows: int, mode: str, id_limit: int, prompt_len: int = 256, timed: int = 50,
