@@ -63,7 +63,8 @@ def test_warm_up_on_the_cpu_captures_nothing():
 @pytest.mark.parametrize("visibility", ["shared", "private", "gated"])
 def test_fused_engine_compiles_at_warm_up_and_gives_the_plain_engines_tokens(visibility):
     """After :meth:`Engine.warm_up` a fused engine compiles nothing more while rows of 1 to 3
-    come and go, and decides what the engine without fused kernels decides (float32)."""
+    come and go (and, where steps attend per row, captures no graph more), and decides what the
+    engine without fused kernels decides (float32)."""
     from torch._dynamo.utils import counters
 
     from generation_helpers import PROMPTS, encode
@@ -76,11 +77,14 @@ def test_fused_engine_compiles_at_warm_up_and_gives_the_plain_engines_tokens(vis
         engine.warm_up()
         assert engine.runner.fused == fused
         compiled = counters["stats"]["unique_graphs"]
+        captured = set(engine.runner.graphs)
         ids = {engine.submit(r): i for i, r in enumerate(reqs)}
         got = {i: [] for i in ids.values()}
         for e in engine.run():
             got[ids[e.request]].append((e.token, e.steps))
         assert counters["stats"]["unique_graphs"] == compiled  # nothing compiled while rows decoded
+        if engine.runner.row_attention:
+            assert set(engine.runner.graphs) == captured  # nor captured
         out[fused] = got
     assert out[True] == out[False]
 

@@ -58,13 +58,16 @@ class EngineOptions:
         positions: positions each row feeds per step: ``"one"``, ``"block"`` (``M``: the token
             and all its pauses; adaptive rows keep the steps up to their stop) or ``"auto"``
             (:func:`choose_positions`).
-        prefill_chunk: prompt columns one row writes per prefill forward at most.
+        prefill_chunk: prompt columns one row writes per prefill forward at most.  On an H200
+            (134 M model, a mixed load) chunks of 2048 made continuous batching with shared
+            pauses 1.29x faster than chunks of 512: a shared prompt of up to 512 tokens then
+            prefills in one graphed forward (``benchmarks/engine_traffic.py``).
         prefill_rows: a prefill forward computes at most ``prefill_rows x prefill_chunk``
             positions, padding included (rows are padded to the longest chunk among them, and
             where prefill runs from CUDA graphs, to its graph's shape).  While rows decode, every
             one of them waits for that forward: on an H200 (134 M model, 256 rows of a mixed
-            load) 8 rows of 512 held the p99 gap between tokens at 2.9x its median where 16 gave
-            4.3x, at the same throughput (``benchmarks/engine_gaps.py``).
+            load) 4,096 positions per forward held the p99 gap between tokens at 2.9x its median
+            where 8,192 gave 4.3x, at the same throughput (``benchmarks/engine_gaps.py``).
         refill: while rows decode, waiting prompts start in groups of this many (as many as
             free slots and waiting prompts allow; 0: an eighth of the slots in use), written by
             a few large prefill forwards; 1 starts each prompt as soon as a slot is free (more
@@ -94,8 +97,8 @@ class EngineOptions:
     max_slots: int = 256
     cache_bytes: int | None = None
     positions: str = "auto"
-    prefill_chunk: int = 512
-    prefill_rows: int = 8
+    prefill_chunk: int = 2048
+    prefill_rows: int = 2
     refill: int = 0
     refill_wait: int = 16
     cuda_graph: bool | None = None
@@ -238,14 +241,25 @@ class Engine:
 
     def warm_up(self) -> None:
         """What a server does before its first request, so that no row waits for it later:
-        capture every prefill graph (:meth:`capture_prefill`) and, where steps are fused, the
-        decoding graphs of one row and of two (compiling the fused kernels, which then serve
-        every later capture: a few seconds once per process)."""
+        capture every prefill graph (:meth:`capture_prefill`) and the decoding graphs that
+        load will ask for.  Where steps attend per row, one graph serves every length, so each
+        row bucket (1, 2, 4, ... up to the slots) is captured now: under load no step then
+        waits for a capture.  Otherwise, where steps are fused, the graphs of one row and of
+        two (compiling the fused kernels, which then serve every later capture: a few seconds
+        once per process)."""
         self.capture_prefill()
-        if self.runner.fused:
-            with torch.inference_mode():
-                for n in sorted({1, min(2, self.slots)}):
-                    self.runner.capture_decode(n, self.q, self._limit(self.capacity, n), SamplingKind())
+        runner = self.runner
+        if not runner.use_graph:
+            return
+        if runner.row_attention:
+            counts = {self._rows_bucket(n) for n in range(1, self.slots + 1)}
+        elif runner.fused:
+            counts = {1, min(2, self.slots)}
+        else:
+            return
+        with torch.inference_mode():
+            for n in sorted(counts):
+                runner.capture_decode(n, self.q, self._limit(self.capacity, n), SamplingKind())
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: Request) -> int:

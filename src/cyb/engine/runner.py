@@ -251,7 +251,10 @@ class Runner:
 
     def _captured(self, key: tuple, body) -> torch.cuda.CUDAGraph:
         """``body`` run twice on a side stream (a warm-up: it must write only where nothing is
-        read), then captured into a graph kept under ``key`` (every graph in one memory pool)."""
+        read), then captured into a graph kept under ``key`` (every graph in one memory pool).
+        :attr:`capture_ms` counts the capture alone: the work queued before it is waited for
+        first."""
+        torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         main = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
