@@ -18,7 +18,8 @@ Variants (rows of ``L`` real tokens, batch ``B``, ``M`` steps per token):
   attention (:mod:`cyb.kernels.split_attention`: causal FlashAttention calls on CUDA).
 * ``cyb_gated``: ``cyb_fused`` with gated pauses (the kernel ``auto`` picks: the split attention
   on CUDA in bf16); ``cyb_gated_dense``: the same through the dense ``[B, heads, T, T]``
-  additive mask.
+  additive mask; ``cyb_gated_flex``: through FlexAttention with the gate in its scores
+  (``pause_kernel="flex"``; CUDA only, where FlexAttention has a backward).
 
 Each in mode ``eager`` or ``compile`` (every decoder layer compiled with ``module.compile()``,
 as ``train.compile`` does).  A step is forward, backward, AdamW (fused on CUDA) and zeroing the
@@ -46,22 +47,22 @@ from .models import random_ids, real_ids_limit, wrap
 from .timing import Budget, device_name, environment, free_memory, guarded, kernel_ms, time_calls, write_json
 
 VARIANTS = ("baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused", "cyb_fused_lowmem",
-            "cyb_private", "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense")
+            "cyb_private", "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense", "cyb_gated_flex")
 MODES = ("eager", "compile")
 PRECISIONS = ("autocast", "bf16", "fp32")
 _METHOD = {"baseline_hf": "baseline", "tbys_hf": "tbys", "tbys_liger": "tbys",
            "cyb_naive": "cyb", "cyb_fused": "cyb", "cyb_fused_lowmem": "cyb",
            "cyb_private": "cyb_private", "tbys_private": "tbys_private", "cyb_private_split": "cyb_private_split",
-           "cyb_gated": "cyb_gated", "cyb_gated_dense": "cyb_gated_dense"}
+           "cyb_gated": "cyb_gated", "cyb_gated_dense": "cyb_gated_dense", "cyb_gated_flex": "cyb_gated_flex"}
 #: the method of each model key (its visibility and pause kernel: :func:`_model_kind`)
 _BASE = {"baseline": "baseline", "tbys": "tbys", "cyb": "cyb", "cyb_private": "cyb", "tbys_private": "tbys",
-         "cyb_private_split": "cyb", "cyb_gated": "cyb", "cyb_gated_dense": "cyb"}
+         "cyb_private_split": "cyb", "cyb_gated": "cyb", "cyb_gated_dense": "cyb", "cyb_gated_flex": "cyb"}
 
 
 def _model_kind(key: str) -> tuple[str, str]:
     """``(visibility, pause kernel)`` of a model key."""
     visibility = "private" if "_private" in key else "gated" if "_gated" in key else "shared"
-    kernel = "split" if key.endswith("_split") else "dense" if key.endswith("_dense") else "auto"
+    kernel = next((k for k in ("split", "dense", "flex") if key.endswith("_" + k)), "auto")
     return visibility, kernel
 #: Logits per chunk of ``cyb_fused_lowmem`` (bf16: 256 MiB).
 LOWMEM_CHUNK_ELEMENTS = 1 << 27
@@ -148,6 +149,8 @@ def unavailable(variant: str, device: torch.device) -> str | None:
             return "needs CUDA"
         if liger_loss_or_none() is None:
             return "liger_kernel not importable"
+    if variant == "cyb_gated_flex" and device.type != "cuda":
+        return "needs CUDA (FlexAttention has no backward on the CPU)"
     return None
 
 
@@ -358,12 +361,12 @@ def _static_compile_settings():
 
 #: Run order of the variants: the target rows first, the one that compiles another shape last.
 PRIORITY = ("cyb_fused", "cyb_private", "cyb_gated", "tbys_liger", "tbys_private", "cyb_private_split",
-            "cyb_gated_dense", "cyb_fused_lowmem", "cyb_naive", "tbys_hf", "baseline_hf")
+            "cyb_gated_flex", "cyb_gated_dense", "cyb_fused_lowmem", "cyb_naive", "tbys_hf", "baseline_hf")
 
 
 #: Compiled rows of the targets run for every case before the other compiled rows.
 TARGET_VARIANTS = ("cyb_fused", "cyb_private", "cyb_gated", "tbys_liger", "tbys_private", "cyb_private_split",
-                   "cyb_gated_dense", "cyb_fused_lowmem")
+                   "cyb_gated_flex", "cyb_gated_dense", "cyb_fused_lowmem")
 
 
 def _order(cfg: TrainBenchConfig):
