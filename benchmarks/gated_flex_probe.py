@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -39,6 +38,8 @@ import torch
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
+
+from benchmarks.flex_variants import timed  # noqa: E402
 
 
 def foreign_mask(t: int, m: int, device) -> torch.Tensor:
@@ -165,17 +166,6 @@ def check_gate_gradient(m, device, b=2, length=32, heads=4, dim=32):
             float((dgate - want_dgate).abs().max() / want_dgate.abs().max()))
 
 
-def timed(fn, repeats=10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeats * 1e3
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="+", default=["32:256", "4:2048"], help="BATCH:REAL_TOKENS")
@@ -213,7 +203,7 @@ def main() -> None:
                     out = fn(q, k, v, gate)
                     out.backward(do)
                 try:
-                    row[name] = round(timed(step), 3)
+                    row[name] = round(timed(step, repeats=10), 3)
                 except Exception as e:  # noqa: BLE001  (a variant that cannot run: reported, not fatal)
                     row[name] = f"{type(e).__name__}: {e}"[:300]
                 print(case, name, row[name], flush=True)
