@@ -42,12 +42,17 @@ if REPO_ROOT not in sys.path:
 from benchmarks.flex_variants import timed  # noqa: E402
 
 
+def foreign(q, k, m: int):
+    """Whether key position ``k`` is a pause of an earlier token than query position ``q``
+    (Recipe 1, interleaved, no padding; index tensors that broadcast, as FlexAttention's mask
+    and score functions get them)."""
+    return (k // m < q // m) & (k % m > 0)
+
+
 def foreign_mask(t: int, m: int, device) -> torch.Tensor:
-    """``[T, T]`` bool: key ``k`` is a pause of an earlier token than query ``q`` (Recipe 1,
-    interleaved, no padding)."""
+    """``[T, T]`` bool of :func:`foreign` (queries by row)."""
     pos = torch.arange(t, device=device)
-    tok, step = pos // m, pos % m
-    return (tok.view(1, t) < tok.view(t, 1)) & (step.view(1, t) > 0)
+    return foreign(pos.view(t, 1), pos.view(1, t), m)
 
 
 def reference(q, k, v, gate, m):
@@ -83,17 +88,16 @@ def build(t: int, m: int, device, compiled: bool):
     def causal(b, h, q, k):
         return k <= q
 
-    def foreign(b, h, q, k):
-        return (k // m < q // m) & (k % m > 0)
+    def earlier_pauses(b, h, q, k):
+        return foreign(q, k, m)
 
     mask = create_block_mask(causal, None, None, t, t, device=device, _compile=compiled)
-    mask_f = create_block_mask(foreign, None, None, t, t, device=device, _compile=compiled)
+    mask_f = create_block_mask(earlier_pauses, None, None, t, t, device=device, _compile=compiled)
     kernel = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
 
     def gate_mod(gate):
         def mod(score, b, h, q, k):
-            on = (k // m < q // m) & (k % m > 0)
-            return score + torch.where(on, gate[h].to(score.dtype), torch.zeros_like(score))
+            return score + torch.where(foreign(q, k, m), gate[h].to(score.dtype), torch.zeros_like(score))
         return mod
 
     def flex_bias(q, k, v, gate):
