@@ -160,6 +160,40 @@ def test_gated_flex_path_matches_dense(kind):
     torch.testing.assert_close(out["flex"], out["dense"], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("gate_scale", [0.0, 2.0, 30.0])
+def test_gated_flex_takes_the_gates_gradient_outside_the_kernel(gate_scale):
+    """:func:`cyb.model.attention.gated_flex`: the kernel sees the gate detached, and the gate's
+    gradient from a second forward over earlier tokens' pauses equals the explicit softmax's
+    (float64), for gates near zero, moderate and far open or shut (FlexAttention on the CPU, where
+    it has no backward: the queries, keys and values take no gradient here)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from cyb.model.attention import gated_flex
+
+    torch.manual_seed(0)
+    m, length, b, h, d = M, 7, 2, 3, 8
+    t = m * length
+    pos = torch.arange(t)
+    token, step = (pos // m).view(1, t), (pos % m).view(1, t)
+    q, k, v = (torch.randn(b, h, t, d, dtype=torch.float64) for _ in range(3))
+    gate = (torch.randn(h, dtype=torch.float64) * gate_scale).requires_grad_()
+    mask = create_block_mask(lambda bi, hi, qi, ki: ki <= qi, None, None, t, t, device="cpu", _compile=False)
+
+    def flex(score_mod=None, return_lse=False):
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, return_lse=return_lse)
+
+    foreign = (token.view(t, 1) > token.view(1, t)) & (step.view(1, t) > 0)
+    scores = (q @ k.transpose(-1, -2)) * d ** -0.5 + torch.where(foreign, gate.view(1, h, 1, 1), 0.0)
+    want = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf")).softmax(-1) @ v
+    grad = torch.randn_like(want)
+    got = gated_flex(flex, gate, token, step)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    (want_dgate,) = torch.autograd.grad(want, gate, grad)
+    (dgate,) = torch.autograd.grad(got, gate, grad)
+    torch.testing.assert_close(dgate, want_dgate, atol=1e-10, rtol=1e-10)
+
+
 @pytest.mark.gpu
 def test_gated_flex_matches_dense_on_cuda():
     """The compiled FlexAttention kernel with the gate as a learned score bias: values and the

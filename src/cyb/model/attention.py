@@ -133,10 +133,13 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
         kernel = _flex_kernel(query.device.type == "cuda")
     # (the layers hand over [B, heads, T, dim] views of [B, T, heads, dim]; the kernel reads
     # contiguous heads much faster, and 64 x 64 tiles beat its defaults on the private mask)
-    score_mod = None if blocks is None else _gate_score_mod(module, *blocks)
-    out = kernel(query.contiguous(), key.contiguous(), value.contiguous(),
-                 score_mod=score_mod, block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
-                 kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
+    def flex(score_mod=None, return_lse=False):
+        return kernel(query, key, value, score_mod=score_mod, block_mask=attention_mask, scale=scaling,
+                      enable_gqa=gqa, return_lse=return_lse,
+                      kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
+
+    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    out = flex() if blocks is None else gated_flex(flex, gates.required_gate(module), *blocks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -227,18 +230,60 @@ def split_supported(steps: vis.BlockSteps, config) -> str | None:
     return None
 
 
-def _gate_score_mod(module, token: torch.Tensor, step: torch.Tensor):
-    """FlexAttention's ``score_mod`` of a gated layer: the gate added to the scores of keys that
-    are pauses of earlier tokens (``token``, ``step``: ``[B', T]`` in the kernel's order)."""
-    gate = gates.required_gate(module)
+#: the shift on keys outside the earlier tokens' pauses in the gate's second forward: their
+#: weight there is exp(-1e6) = 0, and a query with no such key gets a share of 0
+_ELSEWHERE = -1.0e6
 
+
+def _gate_score_mod(gate: torch.Tensor, token: torch.Tensor, step: torch.Tensor, elsewhere: float = 0.0):
+    """FlexAttention's ``score_mod`` of a gated layer: ``gate [heads]`` added to the scores of
+    keys that are pauses of earlier tokens (``token``, ``step``: ``[B', T]`` in the kernel's
+    order), ``elsewhere`` to every other score."""
     def row(x, b):
         return x[b if x.shape[0] > 1 else 0]
 
     def mod(score, b, h, q, k):
         foreign = (row(token, b)[k] < row(token, b)[q]) & (row(step, b)[k] > 0)
-        return score + torch.where(foreign, gate[h].to(score.dtype), torch.zeros_like(score))
+        other = torch.full_like(score, elsewhere) if elsewhere else torch.zeros_like(score)
+        return score + torch.where(foreign, gate[h].to(score.dtype), other)
     return mod
+
+
+class _GateGradient(torch.autograd.Function):
+    """The identity on ``out [B, heads, T, dim]``, whose backward also gives the gate's gradient:
+    ``sum over rows and queries of share * (grad . (out_f - out))``, with ``out_f`` the attention
+    over earlier tokens' pauses alone and ``share [B, heads, T]`` the part of the attention they
+    take (the softmax's derivative by a bias on those keys)."""
+
+    @staticmethod
+    def forward(ctx, out, gate, out_f, share):
+        ctx.save_for_backward(out, out_f, share)
+        ctx.gate_dtype = gate.dtype
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, out_f, share = ctx.saved_tensors
+        ct = share.dtype
+        pull = (grad.to(ct) * (out_f.to(ct) - out.to(ct))).sum(-1)
+        return grad, (share * pull).sum((0, 2)).to(ctx.gate_dtype), None, None
+
+
+def gated_flex(flex, gate: torch.Tensor, token: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """Gated attention through FlexAttention (``flex(score_mod, return_lse)``, the layer's call):
+    ``[B, heads, T, dim]``.  The kernel sees the gate detached, and the gate's gradient comes from
+    a second forward over earlier tokens' pauses alone (:class:`_GateGradient`): the kernel's own
+    gradient of a per-head bias adds every tile's share into a few values, which took 170x the
+    whole call on an H200 (docs/benchmarks.md)."""
+    fixed = gate.detach()
+    out, lse = flex(_gate_score_mod(fixed, token, step), True)
+    if not (torch.is_grad_enabled() and gate.requires_grad):
+        return out
+    with torch.no_grad():
+        out_f, lse_f = flex(_gate_score_mod(fixed, token, step, _ELSEWHERE), True)
+        ct = torch.float64 if out.dtype == torch.float64 else torch.float32
+        share = (lse_f.to(ct) - lse.to(ct)).exp()
+    return _GateGradient.apply(out, gate, out_f, share)
 
 
 def use_pause_attention(hf_model) -> bool:
