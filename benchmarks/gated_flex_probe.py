@@ -16,9 +16,12 @@ comes from a second forward over the earlier pauses alone::
 with ``out_F`` that forward's output, ``s = exp(lse_F - lse)`` the share of the attention those
 keys take (``lse_F`` with the gate, ``lse`` of the whole call).  The variants:
 
-* ``split``: :func:`~cyb.kernels.split_attention.split_attention` (what ``auto`` runs today);
+* ``split``: :func:`~cyb.kernels.split_attention.split_attention` (what ``auto`` runs on rows
+  longer than :data:`cyb.model.attention.GATED_FLEX_MAX_POSITIONS`);
 * ``flex_bias``: the gate inside FlexAttention's ``score_mod``, its gradient by the kernel;
-* ``flex_detached``: as above with the gate detached, and its gradient as written above.
+* ``flex_detached``: :func:`cyb.model.attention.gated_flex`, the gate detached in the kernel
+  and its gradient as written above (the second forward over the same causal block mask, the
+  other keys shifted out).
 
 Checks each variant's output and gradients (queries, keys, values, gate) against the float32
 explicit softmax on the first rows, then times one forward and backward of each (CUDA).
@@ -65,35 +68,18 @@ def reference(q, k, v, gate, m):
     return (s.softmax(-1) @ v.float()).transpose(1, 2)  # [B, T, H, dim]
 
 
-class _GateGrad(torch.autograd.Function):
-    """Identity on ``out``; its backward also gives the gate's gradient from the earlier pauses'
-    output ``out_f`` and share ``share`` (``[B, H, T, dim]``, ``[B, H, T]``)."""
-
-    @staticmethod
-    def forward(ctx, out, gate, out_f, share):
-        ctx.save_for_backward(out, out_f, share)
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, do):
-        out, out_f, share = ctx.saved_tensors
-        pull = (do.float() * (out_f.float() - out.float())).sum(-1)  # [B, H, T]
-        dgate = (share * pull).sum((0, 2))
-        return do, dgate, None, None
-
-
 def build(t: int, m: int, device, compiled: bool):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from cyb.model.attention import gated_flex
 
     def causal(b, h, q, k):
         return k <= q
 
-    def earlier_pauses(b, h, q, k):
-        return foreign(q, k, m)
-
     mask = create_block_mask(causal, None, None, t, t, device=device, _compile=compiled)
-    mask_f = create_block_mask(earlier_pauses, None, None, t, t, device=device, _compile=compiled)
     kernel = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    pos = torch.arange(t, device=device)
+    token, step = (pos // m).view(1, t), (pos % m).view(1, t)
 
     def gate_mod(gate):
         def mod(score, b, h, q, k):
@@ -103,13 +89,10 @@ def build(t: int, m: int, device, compiled: bool):
     def flex_bias(q, k, v, gate):
         return kernel(q, k, v, score_mod=gate_mod(gate), block_mask=mask).transpose(1, 2)
 
-    def flex_detached(q, k, v, gate):
-        g = gate.detach()
-        out, lse = kernel(q, k, v, score_mod=gate_mod(g), block_mask=mask, return_lse=True)
-        with torch.no_grad():
-            out_f, lse_f = kernel(q, k, v, score_mod=gate_mod(g), block_mask=mask_f, return_lse=True)
-            share = (lse_f.float() - lse.float()).exp().nan_to_num(0.0)  # (rows with no such key: 0)
-        return _GateGrad.apply(out, gate, out_f, share).transpose(1, 2)
+    def flex_detached(q, k, v, gate):  # the library's path (pause_kernel="flex")
+        def flex(score_mod=None, return_lse=False):
+            return kernel(q, k, v, score_mod=score_mod, block_mask=mask, return_lse=return_lse)
+        return gated_flex(flex, gate, token, step).transpose(1, 2)
 
     return {"flex_bias": flex_bias, "flex_detached": flex_detached}
 

@@ -91,13 +91,12 @@ def test_monotonic_in_micro_batch_and_sequence():
     assert est(cfg_of(method={"name": "baseline", "num_steps": 1})).positions == 2048
 
 
-def test_gated_pauses_add_one_mask_per_layer_where_the_split_attention_does_not_run():
-    """Through the dense path (here: Recipe 2 layouts) a gated layout keeps a [B, heads, T, T]
-    additive mask (and the bool of other tokens' pauses) per layer for backward, and backward
-    makes the mask's gradient."""
-    recipe2 = {"recipe": 2}
-    shared = est(cfg_of(block_len=512, method=recipe2))
-    gated = est(cfg_of(block_len=512, method={**recipe2, "pause_visibility": "gated"}))
+def test_gated_pauses_add_one_mask_per_layer_off_cuda():
+    """Through the dense path (the CPU) a gated layout keeps a [B, heads, T, T] additive mask
+    (and the bool of other tokens' pauses) per layer for backward, and backward makes the mask's
+    gradient."""
+    shared = est(cfg_of(block_len=512), device_type="cpu")
+    gated = est(cfg_of(block_len=512, method={"pause_visibility": "gated"}), device_type="cpu")
     shape = memory.run_shape(cfg_of(block_len=512), 256000 - 4)
     mask = memory.gated_mask_bytes(1, shape.heads, 2048, 2)
     assert mask == 2048 * 2048 * (8 * 2 + 1)  # Gemma 2B: 8 heads, bf16
@@ -105,21 +104,31 @@ def test_gated_pauses_add_one_mask_per_layer_where_the_split_attention_does_not_
     assert gated.peak > shared.peak and any("additive mask" in n for n in gated.notes)
 
 
-def test_gated_pauses_through_the_split_attention_keep_no_mask():
-    """On CUDA in bf16 with Recipe 1 blocks, a gated layer keeps the earlier pauses' attention
-    output and two log-sum-exps per query head: linear in the positions, not quadratic."""
-    shape = memory.run_shape(cfg_of(block_len=512), 256000 - 4)
-    growth = []
-    for block_len in (512, 2048):
-        shared = est(cfg_of(block_len=block_len))
-        gated = est(cfg_of(block_len=block_len, method={"pause_visibility": "gated"}))
-        kept, _ = memory.gated_split_bytes(block_len * 4, shape, 2)
-        assert gated.activations - shared.activations == shape.layers * kept
-        assert any("split attention" in n for n in gated.notes)
-        growth.append(gated.peak - shared.peak)
-    assert growth[1] < 5 * growth[0]  # 4x the positions: about 4x, not 16x
-    cpu = est(cfg_of(block_len=512, method={"pause_visibility": "gated"}), device_type="cpu")
-    assert any("additive mask" in n for n in cpu.notes)
+@pytest.mark.parametrize("block_len, method, kernel", [
+    (512, {}, "flex"),  # 2,048 positions: FlexAttention
+    (1024, {}, "flex"),  # 4,096: the longest row that runs it
+    (2048, {}, "split"),  # 8,192: the split attention
+    (2048, {"recipe": 2}, "flex"),  # a layout the split attention cannot run
+])
+def test_gated_pauses_on_cuda_keep_no_mask(block_len, method, kernel):
+    """On CUDA a gated layer keeps no T x T mask: FlexAttention keeps its output once more, the
+    output over earlier tokens' pauses and their share of the attention; the split attention the
+    earlier pauses' output and two log-sum-exps per query head; linear in the positions."""
+    from cyb.model.attention import GATED_FLEX_MAX_POSITIONS
+
+    assert GATED_FLEX_MAX_POSITIONS == 4096
+    shape = memory.run_shape(cfg_of(block_len=block_len, method=method), 256000 - 4)
+    shared = est(cfg_of(block_len=block_len, method=method))
+    gated_cfg = cfg_of(block_len=block_len, method={**method, "pause_visibility": "gated"})
+    gated = est(gated_cfg)
+    assert memory.gated_kernel(gated_cfg, shape, "cuda", 2, gated.positions) == kernel
+    if kernel == "split":
+        kept, _ = memory.gated_split_bytes(gated.positions, shape, 2)
+    else:
+        kept = memory.gated_flex_bytes(gated.positions, shape, 2)
+    assert gated.activations - shared.activations == shape.layers * kept
+    assert any(("split attention" if kernel == "split" else "FlexAttention with the gate") in n for n in gated.notes)
+    assert not any("additive mask" in n for n in gated.notes)
 
 
 def test_private_pauses_keep_one_more_attention_output_per_layer_on_cuda():

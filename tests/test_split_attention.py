@@ -220,6 +220,30 @@ def test_auto_picks_the_dense_mask_on_the_cpu():
 
 
 @pytest.mark.gpu
+def test_auto_picks_flex_for_short_gated_rows_and_the_split_for_long_ones_on_cuda():
+    """On CUDA ``auto`` runs private pauses through FlexAttention; gated ones through
+    FlexAttention up to GATED_FLEX_MAX_POSITIONS positions a row and through the split attention
+    beyond (bf16/fp16 Recipe 1 rows), FlexAttention again where the split cannot run (float32)."""
+    from cyb.layout import expand
+    from cyb.model import attention
+    from test_model import real_ids
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pm = _model("gated").to("cuda")
+    limit = attention.GATED_FLEX_MAX_POSITIONS // pm.num_steps  # real tokens a row
+    short, long = (expand(real_ids(1, n, 90), pm.vocab).steps.to("cuda") for n in (limit, limit + 1))
+    assert short.valid.shape[1] <= attention.GATED_FLEX_MAX_POSITIONS < long.valid.shape[1]
+
+    def pick(visibility, steps, half=True):
+        return attention.choose_kernel("auto", visibility, steps, pm.hf_model, half=half, training=True)
+
+    assert pick("private", short) == pick("private", long) == "flex"
+    assert pick("gated", short) == "flex" and pick("gated", long) == "split"
+    assert pick("gated", long, half=False) == "flex"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("visibility", ["private", "gated"])
 def test_split_kernel_in_a_compiled_bf16_model_on_cuda(visibility):
     """A bf16 model with compiled layers through the split attention (FlashAttention), against

@@ -315,12 +315,25 @@ def gated_mask_bytes(rows: int, heads: int, positions: int, compute_bytes: int) 
     return rows * positions * positions * (heads * compute_bytes + 1)
 
 
-def gated_split_runs(cfg, shape: ModelShape, device_type: str, compute_bytes: int) -> bool:
-    """Whether a gated model trains through the split attention
-    (:func:`cyb.model.attention.choose_kernel`): CUDA in bf16, Recipe 1 blocks, full attention."""
-    return (device_type == "cuda" and compute_bytes == 2 and cfg.method.recipe != 2
-            and cfg.method.spec.layout != "inserted" and shape.head_dim <= 256
-            and not (shape.sliding_window and shape.sliding_layers))
+def gated_kernel(cfg, shape: ModelShape, device_type: str, compute_bytes: int, positions: int) -> str:
+    """``"flex"``, ``"split"`` or ``"dense"``: how a gated model's attention trains on rows of
+    ``positions`` (:func:`cyb.model.attention.choose_kernel`'s ``auto``): the split attention on
+    rows longer than :data:`~cyb.model.attention.GATED_FLEX_MAX_POSITIONS` on CUDA in bf16 with
+    Recipe 1 blocks and full attention, FlexAttention elsewhere on CUDA, the dense mask off it."""
+    from .model.attention import GATED_FLEX_MAX_POSITIONS
+
+    if device_type != "cuda":
+        return "dense"
+    split = (compute_bytes == 2 and cfg.method.recipe != 2 and cfg.method.spec.layout != "inserted"
+             and shape.head_dim <= 256 and not (shape.sliding_window and shape.sliding_layers))
+    return "split" if split and positions > GATED_FLEX_MAX_POSITIONS else "flex"
+
+
+def gated_flex_bytes(tokens: int, shape: ModelShape, compute_bytes: int) -> int:
+    """What one gated layer through FlexAttention keeps for backward beyond a shared one: the
+    kernel's own copy of the attention output, the output over earlier tokens' pauses alone and
+    the float32 share of the attention they take, per query head (:func:`cyb.model.attention.gated_flex`)."""
+    return tokens * (2 * shape.q_dim * compute_bytes + 4 * shape.heads)
 
 
 def gated_split_bytes(tokens: int, shape: ModelShape, compute_bytes: int) -> tuple[int, int]:
@@ -427,10 +440,16 @@ def estimate(cfg, shape: ModelShape, *, world_size: int = 1, device_type: str = 
         activations += kept_layers * tokens * shape.q_dim * a
         notes.append("private pauses: FlexAttention keeps each layer's attention output once more")
     if cfg.method.uses_pauses and cfg.method.pause_visibility == "gated":
-        if gated_split_runs(cfg, shape, device_type, a):
+        kernel = gated_kernel(cfg, shape, device_type, a, n_pos)
+        if kernel == "split":
             kept, gated_mask = gated_split_bytes(tokens, shape, a)
             activations += kept_layers * kept
             notes.append("gated pauses: the split attention (causal FlashAttention calls, no T x T mask), "
+                         f"{kept / GIB:.2f} GiB kept per layer")
+        elif kernel == "flex":
+            kept = gated_flex_bytes(tokens, shape, a)
+            activations += kept_layers * kept
+            notes.append("gated pauses: FlexAttention with the gate in its scores (no T x T mask), "
                          f"{kept / GIB:.2f} GiB kept per layer")
         else:
             # every layer builds its [B, heads, T, T] additive mask (the gates in it) and keeps
@@ -534,5 +553,5 @@ def check_fits(est: MemoryEstimate, capacity: int, cfg) -> None:
 
 
 __all__ = ["GIB", "MemoryEstimate", "MemoryPlanError", "ModelShape",
-           "activation_bytes_per_token", "check_fits", "device_capacity", "estimate", "gated_mask_bytes",
-           "lora_trainable", "positions_per_row", "run_shape", "suggestions"]
+           "activation_bytes_per_token", "check_fits", "device_capacity", "estimate", "gated_flex_bytes",
+           "gated_kernel", "gated_mask_bytes", "lora_trainable", "positions_per_row", "run_shape", "suggestions"]

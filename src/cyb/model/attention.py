@@ -10,10 +10,12 @@ Three ways to run the same mask:
   (:func:`cyb.visibility.real_first_order`) and run through FlexAttention with a ``BlockMask``,
   which skips every tile that no query attends to.  Under private pauses a row of ``L`` real
   tokens and ``M`` steps then costs about ``M L^2 / 2`` attention products, against
-  ``(M L)^2 / 2`` for the paper's shared layout.
+  ``(M L)^2 / 2`` for the paper's shared layout.  Gated pauses keep the layout's order and the
+  causal mask, the gate added to the scores (:func:`gated_flex`); what they run on CUDA on rows
+  of up to :data:`GATED_FLEX_MAX_POSITIONS`.
 * **Split** (:func:`cyb.kernels.split_attention.split_attention`, Recipe 1 layouts): causal
   FlashAttention calls over the real keys (and, gated, the earlier pauses) merged with the own
-  block's pauses by log-sum-exp; no mask at all.  What gated layouts run on CUDA in bf16/fp16.
+  block's pauses by log-sum-exp; no mask at all.  What longer gated rows run on CUDA in bf16/fp16.
 
 The decoder must route a ``BlockMask`` to FlexAttention, a split layout (the ``pause_split``
 argument) to the split attention and any other mask to its usual kernel:
@@ -179,6 +181,11 @@ def _row_attention(module, query, key, value, rows: tuple, scaling, kwargs):
 #: how a private or gated layout's attention runs (:func:`choose_kernel`)
 PAUSE_KERNELS = ("auto", "dense", "flex", "split")
 
+#: the longest row (positions) on which ``"auto"`` runs gated pauses through FlexAttention
+#: rather than the split attention: a 134 M Llama's training step on an H200 took 0.71, 0.78 and
+#: 0.89x the split's at 1,024, 2,048 and 4,096 positions, and 1.04x at 8,192 (docs/benchmarks.md)
+GATED_FLEX_MAX_POSITIONS = 4096
+
 
 def choose_kernel(requested: str, visibility: str, steps: vis.BlockSteps, hf_model, *,
                   half: bool, training: bool) -> str:
@@ -186,9 +193,11 @@ def choose_kernel(requested: str, visibility: str, steps: vis.BlockSteps, hf_mod
 
     ``"auto"`` on CUDA: block-sparse FlexAttention for private pauses (it trained faster than
     the split attention at 256 and 512 real tokens per row, docs/benchmarks.md); for gated
-    pauses the split attention (causal FlashAttention calls, :mod:`cyb.kernels.split_attention`)
-    where it runs (Recipe 1 layouts in bf16/fp16, ``half``), else the dense mask (also while
-    :func:`cyb.model.gates.foreign_attention` records); elsewhere the dense mask.  ``training``
+    pauses FlexAttention with the gate in its scores (:func:`gated_flex`) on rows of up to
+    :data:`GATED_FLEX_MAX_POSITIONS`, the split attention (causal FlashAttention calls,
+    :mod:`cyb.kernels.split_attention`) on longer rows where it runs (Recipe 1 layouts in
+    bf16/fp16, ``half``), else FlexAttention again; the dense mask while
+    :func:`cyb.model.gates.foreign_attention` records, and everywhere off CUDA.  ``training``
     with attention dropout rules out the split and flex kernels.
     """
     if requested not in PAUSE_KERNELS:
@@ -207,9 +216,12 @@ def choose_kernel(requested: str, visibility: str, steps: vis.BlockSteps, hf_mod
         return "dense"
     if visibility != "gated":
         return "flex"
-    if half and not gates.recording() and split_supported(steps, hf_model.config) is None:
+    if gates.recording():
+        return "dense"
+    longer = steps.valid.shape[1] > GATED_FLEX_MAX_POSITIONS
+    if longer and half and split_supported(steps, hf_model.config) is None:
         return "split"
-    return "dense"
+    return "flex"
 
 
 def split_supported(steps: vis.BlockSteps, config) -> str | None:
@@ -441,5 +453,5 @@ def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tenso
     return _pack(out)
 
 
-__all__ = ["PAUSE_ATTENTION", "PAUSE_KERNELS", "choose_kernel", "dense_masks", "flex_available", "flex_layout",
-           "flex_masks", "layer_windows", "per_layer_masks", "split_supported", "use_pause_attention"]
+__all__ = ["GATED_FLEX_MAX_POSITIONS", "PAUSE_ATTENTION", "PAUSE_KERNELS", "choose_kernel", "dense_masks", "flex_available", "flex_layout",
+           "flex_masks", "gated_flex", "layer_windows", "per_layer_masks", "split_supported", "use_pause_attention"]

@@ -478,9 +478,10 @@ class PauseModel(torch.nn.Module):
     def _pause_masked(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                       steps: BlockSteps) -> torch.Tensor:
         """Hidden states under private or gated pauses, through the kernel that
-        :func:`cyb.model.attention.choose_kernel` picks: the split attention (Recipe 1 layouts
-        in bf16/fp16 on CUDA), block-sparse FlexAttention over the real-first order (other
-        private layouts on CUDA), or a dense 4-D mask in the layout's order."""
+        :func:`cyb.model.attention.choose_kernel` picks: FlexAttention on CUDA (private
+        pauses block-sparse over the real-first order, gated ones with the gate in the scores),
+        the split attention (long gated rows of Recipe 1 layouts in bf16/fp16 on CUDA), or a
+        dense 4-D mask in the layout's order."""
         visibility = self.pause_visibility
         steps = steps.to(input_ids.device)
         kernel = attention.choose_kernel(self.pause_kernel, visibility, steps, self.hf_model,
