@@ -51,11 +51,11 @@ def test_bench_train_quick_writes_json(tmp_path, capsys):
     rows = {r["variant"]: r for r in res["results"]}
     assert set(rows) == {"baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused",
                          "cyb_fused_lowmem", "cyb_private", "tbys_private", "cyb_private_split",
-                         "cyb_gated", "cyb_gated_dense", "cyb_gated_flex"}
+                         "cyb_gated", "cyb_gated_dense", "cyb_gated_flex", "cyb_gated_split"}
     assert rows["tbys_liger"]["status"] == "skipped"  # needs CUDA
     assert rows["cyb_gated_flex"]["status"] == "skipped"  # (FlexAttention has no backward on the CPU)
     for name in ("baseline_hf", "tbys_hf", "cyb_naive", "cyb_fused", "cyb_fused_lowmem", "cyb_private",
-                 "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense"):
+                 "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense", "cyb_gated_split"):
         r = rows[name]
         assert r["status"] == "ok", r
         assert r["ms"] > 0 and math.isfinite(r["first_loss"])

@@ -16,10 +16,11 @@ Variants (rows of ``L`` real tokens, batch ``B``, ``M`` steps per token):
   pauses (:mod:`cyb.visibility`), through the kernel ``auto`` picks (block-sparse FlexAttention
   on CUDA, a dense mask on the CPU); ``cyb_private_split``: the same through the split
   attention (:mod:`cyb.kernels.split_attention`: causal FlashAttention calls on CUDA).
-* ``cyb_gated``: ``cyb_fused`` with gated pauses (the kernel ``auto`` picks: the split attention
-  on CUDA in bf16); ``cyb_gated_dense``: the same through the dense ``[B, heads, T, T]``
-  additive mask; ``cyb_gated_flex``: through FlexAttention with the gate in its scores
-  (``pause_kernel="flex"``; CUDA only, where FlexAttention has a backward).
+* ``cyb_gated``: ``cyb_fused`` with gated pauses (the kernel ``auto`` picks: on CUDA
+  FlexAttention with the gate in its scores on rows of up to 4,096 positions, the split attention
+  beyond); ``cyb_gated_dense``: the same through the dense ``[B, heads, T, T]`` additive mask;
+  ``cyb_gated_flex``: through FlexAttention (``pause_kernel="flex"``; CUDA only, where
+  FlexAttention has a backward); ``cyb_gated_split``: through the split attention.
 
 Each in mode ``eager`` or ``compile`` (every decoder layer compiled with ``module.compile()``,
 as ``train.compile`` does).  A step is forward, backward, AdamW (fused on CUDA) and zeroing the
@@ -47,16 +48,19 @@ from .models import random_ids, real_ids_limit, wrap
 from .timing import Budget, device_name, environment, free_memory, guarded, kernel_ms, time_calls, write_json
 
 VARIANTS = ("baseline_hf", "tbys_hf", "tbys_liger", "cyb_naive", "cyb_fused", "cyb_fused_lowmem",
-            "cyb_private", "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense", "cyb_gated_flex")
+            "cyb_private", "tbys_private", "cyb_private_split", "cyb_gated", "cyb_gated_dense", "cyb_gated_flex",
+            "cyb_gated_split")
 MODES = ("eager", "compile")
 PRECISIONS = ("autocast", "bf16", "fp32")
 _METHOD = {"baseline_hf": "baseline", "tbys_hf": "tbys", "tbys_liger": "tbys",
            "cyb_naive": "cyb", "cyb_fused": "cyb", "cyb_fused_lowmem": "cyb",
            "cyb_private": "cyb_private", "tbys_private": "tbys_private", "cyb_private_split": "cyb_private_split",
-           "cyb_gated": "cyb_gated", "cyb_gated_dense": "cyb_gated_dense", "cyb_gated_flex": "cyb_gated_flex"}
+           "cyb_gated": "cyb_gated", "cyb_gated_dense": "cyb_gated_dense", "cyb_gated_flex": "cyb_gated_flex",
+           "cyb_gated_split": "cyb_gated_split"}
 #: the method of each model key (its visibility and pause kernel: :func:`_model_kind`)
 _BASE = {"baseline": "baseline", "tbys": "tbys", "cyb": "cyb", "cyb_private": "cyb", "tbys_private": "tbys",
-         "cyb_private_split": "cyb", "cyb_gated": "cyb", "cyb_gated_dense": "cyb", "cyb_gated_flex": "cyb"}
+         "cyb_private_split": "cyb", "cyb_gated": "cyb", "cyb_gated_dense": "cyb", "cyb_gated_flex": "cyb",
+         "cyb_gated_split": "cyb"}
 
 
 def _model_kind(key: str) -> tuple[str, str]:
@@ -361,12 +365,13 @@ def _static_compile_settings():
 
 #: Run order of the variants: the target rows first, the one that compiles another shape last.
 PRIORITY = ("cyb_fused", "cyb_private", "cyb_gated", "tbys_liger", "tbys_private", "cyb_private_split",
-            "cyb_gated_flex", "cyb_gated_dense", "cyb_fused_lowmem", "cyb_naive", "tbys_hf", "baseline_hf")
+            "cyb_gated_flex", "cyb_gated_split", "cyb_gated_dense", "cyb_fused_lowmem", "cyb_naive", "tbys_hf",
+            "baseline_hf")
 
 
 #: Compiled rows of the targets run for every case before the other compiled rows.
 TARGET_VARIANTS = ("cyb_fused", "cyb_private", "cyb_gated", "tbys_liger", "tbys_private", "cyb_private_split",
-                   "cyb_gated_flex", "cyb_gated_dense", "cyb_fused_lowmem")
+                   "cyb_gated_flex", "cyb_gated_split", "cyb_gated_dense", "cyb_fused_lowmem")
 
 
 def _order(cfg: TrainBenchConfig):

@@ -72,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        + _OWN_DEFAULT)
     train.add_argument("--variants", nargs="+", help="baseline_hf tbys_hf tbys_liger cyb_naive cyb_fused "
                        "cyb_fused_lowmem cyb_private tbys_private cyb_private_split cyb_gated cyb_gated_dense "
-                       "cyb_gated_flex (default: all)" + _OWN_DEFAULT)
+                       "cyb_gated_flex cyb_gated_split (default: all)" + _OWN_DEFAULT)
     train.add_argument("--shape", choices=("134m", "smollm2"),
                        help="the Llama's shape: 134m (hidden 768, 12 layers) or smollm2 (SmolLM2-135M: "
                        "hidden 576, 30 layers, 9 heads on 3 key/value heads, tied embeddings) "
