@@ -2,7 +2,7 @@
 causal kernel (one layer's shapes of the 134 M Llama)::
 
     python benchmarks/flex_variants.py [--real-tokens 2048] [--batch 4] [--steps 4]
-        [--forms tensor arith] [--options '{"BLOCK_M": 64, "BLOCK_N": 64}' ...] [--no-causal]
+        [--heads 12] [--head-dim 64] [--forms tensor arith] [--options '{"BLOCK_M": 64, "BLOCK_N": 64}' ...] [--no-causal]
 
 Forms: a plain causal ``mask_mod`` (the kernel's own speed), the private mask read from index
 tensors (any layout), the private mask computed from the indices of Recipe 1's real-first order
@@ -38,6 +38,8 @@ def main() -> None:
     p.add_argument("--real-tokens", type=int, default=2048)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--forms", nargs="+", choices=("tensor", "arith"), default=["tensor", "arith"])
     p.add_argument("--options", nargs="+", type=json.loads, metavar="JSON",
                    default=[{"BACKEND": "TRITON"}, {"BLOCK_M": 64, "BLOCK_N": 64},
@@ -49,7 +51,7 @@ def main() -> None:
     from cyb import visibility as vis
 
     dev = torch.device("cuda")
-    b, length, m, heads, dim = args.batch, args.real_tokens, args.steps, 12, 64
+    b, length, m, heads, dim = args.batch, args.real_tokens, args.steps, args.heads, args.head_dim
     t = length * m
     q, k, v = (torch.randn(b, heads, t, dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
@@ -66,9 +68,10 @@ def main() -> None:
                 flex(q, k, v, block_mask=mask, **kw)
         return go
 
+    print(f"T = {t}, B = {b}, {heads} heads of {dim}", flush=True)
     if not args.no_causal:
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()  # noqa: E731
-        print(f"T = {t}, B = {b}: sdpa causal fwd+bwd {timed(sdpa):.2f} ms", flush=True)
+        print(f"sdpa causal fwd+bwd {timed(sdpa):.2f} ms", flush=True)
         causal = create_block_mask(lambda b_, h, qi, ki: ki <= qi, None, None, t, t, device=dev)
         print(f"flex causal: fwd+bwd {timed(run(causal)):.2f} ms, fwd {timed(fwd(causal)):.2f} ms", flush=True)
 

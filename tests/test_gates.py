@@ -192,6 +192,8 @@ def test_gated_flex_takes_the_gates_gradient_outside_the_kernel(gate_scale):
     (want_dgate,) = torch.autograd.grad(want, gate, grad)
     (dgate,) = torch.autograd.grad(got, gate, grad)
     torch.testing.assert_close(dgate, want_dgate, atol=1e-10, rtol=1e-10)
+    with torch.no_grad():  # the values alone
+        torch.testing.assert_close(gated_flex(flex, gate, token, step), want, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.gpu
