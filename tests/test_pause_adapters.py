@@ -138,7 +138,7 @@ def test_gradients_reach_only_what_trains(pretrained, tmp_path, label, base, lor
     model = build_model(cfg, tok).train()
     randomise(model, scale=0.05)  # B != 0, so that A gets a gradient too
     before = {n: p.detach().clone() for n, p in model.hf_model.named_parameters()}
-    opt = build_optimizer(model, cfg, 1e-2, torch.device("cpu"))
+    opt = build_optimizer(model, cfg, 1e-2)
     out = model(IDS)
     loss = -(out.log_t.sum() + out.log_not_d[..., 0].sum())
     loss.backward()

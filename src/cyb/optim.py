@@ -31,11 +31,14 @@ def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float, device: torch.device):
-    """AdamW with decoupled weight decay on matrices only (fused kernels on CUDA; not on the
-    embedding of a frozen base, :func:`cyb.model.pause_adapters.freeze_base`, whose other rows
-    must stay as they are); the gates of a gated pause layout (:mod:`cyb.model.gates`) in a group
-    of their own at ``method.pause_gate_lr``."""
+def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float):
+    """AdamW with decoupled weight decay on matrices only, through torch's fused kernel on every
+    device (on the CPU the others take the second moment's square root from MKL, whose last bits
+    follow the CPU's approximate reciprocal square root, so another CPU model would train other
+    weights: docs/training.md, "CPU numerics").  Not on the embedding of a frozen base
+    (:func:`cyb.model.pause_adapters.freeze_base`), whose other rows must stay as they are; the
+    gates of a gated pause layout (:mod:`cyb.model.gates`) in a group of their own at
+    ``method.pause_gate_lr``."""
     gate_ids = {id(p) for p in gates.gate_parameters(model)}
     decay, no_decay, gate = [], [], []
     for p in model.parameters():
@@ -46,9 +49,8 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float, device: t
               {"params": no_decay, "weight_decay": 0.0}]
     if gate:
         groups.append({"params": gate, "weight_decay": 0.0, "lr": cfg.method.pause_gate_lr})
-    kw = {"fused": True} if device.type == "cuda" else {}
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
-                             eps=cfg.optim.eps, **kw)
+                             eps=cfg.optim.eps, fused=True)
 
 
 __all__ = ["build_optimizer", "lr_factor", "peak_lr"]

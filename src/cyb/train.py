@@ -165,7 +165,7 @@ class Trainer:
         self.wrapped = wrap(self.loss_module, info, layers=model.decoder_layers(),
                             mixed_precision=self.device.type == "cuda" and t.precision != "fp32")
         self.lr = peak_lr(cfg, model.config.hidden_size)
-        self.optimizer = build_optimizer(self.loss_module, cfg, self.lr, self.device)
+        self.optimizer = build_optimizer(self.loss_module, cfg, self.lr)
         schedule = lambda s: lr_factor(s, warmup=cfg.optim.warmup_steps, total=t.steps,
                                        min_ratio=cfg.optim.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
