@@ -422,9 +422,12 @@ def demo_numbers(ctx: Context) -> dict:
     cyb = re.search(r"^\| cyb \| \d+ \| [^|]+ \| [^|]+ \| [^|]+ \| ([\d.]+) \|", report, re.M)
     fixed = re.search(r"cyb_decoupled generating .*?\n  fixed    mode: exact match ([\d.]+%)", report, re.S)
     tbys = re.search(r"^\| tbys \| \d+ \| ([\d.]+%) \|", report, re.M)
+    cyb_modes = re.search(r"cyb generating .*?\n  fixed    mode: exact match ([\d.]+%).*?\n  adaptive mode: exact match "
+                          r"([\d.]+%)", report, re.S)
     return {"dec_exact": dec.group(1), "dec_hard": dec.group(2), "dec_easy": dec.group(3),
             "dec_adaptive": dec.group(4), "dec_positions": dec.group(5), "cyb_es": cyb.group(1),
-            "tbys_exact": tbys.group(1), "dec_fixed": fixed.group(1)}
+            "tbys_exact": tbys.group(1), "dec_fixed": fixed.group(1), "cyb_fixed": cyb_modes.group(1),
+            "cyb_adaptive": cyb_modes.group(2)}
 
 
 @dataclass
@@ -455,8 +458,8 @@ FACTS: list[Fact] = [
          tinyfull_numbers),
     Fact("docs/evaluation.md", r"`perplexity [\d.]+ \(loss [\d.]+; cross-entropy\)` and `exact match [\d.]+%`",
          "`perplexity {base_ppl} (loss {base_loss}; cross-entropy)` and `exact match {base_exact}`", add_numbers),
-    Fact("docs/evaluation.md", r"neither model does the sums \([\d.]+% and [\d.]+% exact\)",
-         "neither model does the sums ({cyb_exact} and {base_exact} exact)", add_numbers),
+    Fact("docs/evaluation.md", r"\(the baseline [\d.]+% exact, CYB [\d.]+%\)",
+         "(the baseline {base_exact} exact, CYB {cyb_exact})", add_numbers),
     Fact("docs/evaluation.md", r"that line read `gated pauses: [^`]*`", "that line read `{line}`", gated_numbers),
     Fact("docs/demo.md", r"it answers at the real token \(E\[S\] [\d.]+\)",
          "it answers at the real token (E[S] {cyb_es})", demo_numbers),
@@ -468,6 +471,8 @@ FACTS: list[Fact] = [
          "`cyb_decoupled` answers {dec_exact} exactly against TBYS's {tbys_exact}", demo_numbers),
     Fact("docs/demo.md", r"\([\d.]+% exact against [\d.]+% in fixed mode\)",
          "({dec_adaptive} exact against {dec_fixed} in fixed mode)", demo_numbers),
+    Fact("docs/demo.md", r"it answers [\d.]+% exactly in fixed mode and [\d.]+% in adaptive mode",
+         "it answers {cyb_fixed} exactly in fixed mode and {cyb_adaptive} in adaptive mode", demo_numbers),
 ]
 
 
@@ -489,6 +494,27 @@ def _cyb_unlearned(ctx: Context):
     return float(n.group(1)) < 5, f"CYB {n.group(1)}%, the baseline {base.group(1)}%"
 
 
+def _cyb_learned(ctx: Context):
+    cyb = re.search(r"^\| cyb \| \d+ \| ([\d.]+)%", demo_report(ctx), re.M).group(1)
+    return float(cyb) > 50, f"CYB {cyb}%"
+
+
+def _decoupled_misses(ctx: Context):
+    meets, numbers = _decoupled_meets(ctx)
+    return not meets, numbers
+
+
+def _decoupled_keeps(ctx: Context):
+    n = demo_numbers(ctx)
+    fixed, adaptive = float(n["dec_fixed"][:-1]), float(n["dec_adaptive"][:-1])
+    return adaptive >= fixed - 2, f"cyb_decoupled {adaptive}% adaptive against {fixed}% fixed"
+
+
+def _baseline_ahead_on_add(ctx: Context):
+    n = add_numbers(ctx)
+    return float(n["base_exact"][:-1]) > float(n["cyb_exact"][:-1]), f"the baseline {n['base_exact']}, CYB {n['cyb_exact']}"
+
+
 def _decoupled_keeps_most(ctx: Context):
     n = demo_numbers(ctx)
     fixed, adaptive = float(n["dec_fixed"][:-1]), float(n["dec_adaptive"][:-1])
@@ -502,7 +528,13 @@ CLAIMS = [
     ("docs/demo.md", "In this run plain CYB did not learn the task", _cyb_unlearned),
     ("docs/demo.md", "CYB and the baseline did not", _cyb_unlearned),
     ("docs/demo.md", "keeps most of its answers (", _decoupled_keeps_most),
+    ("docs/demo.md", "In this run plain CYB learned the task", _cyb_learned),
+    ("docs/demo.md", "CYB learned it too", _cyb_learned),
+    ("docs/demo.md", "Here the recipe does not meet the demo's criterion", _decoupled_misses),
+    ("docs/demo.md", "keeps its answers (", _decoupled_keeps),
     ("docs/evaluation.md", "keeps most of its answers that way", _decoupled_keeps_most),
+    ("docs/evaluation.md", "keeps its answers that way", _decoupled_keeps),
+    ("docs/evaluation.md", "the baseline does more of the sums than CYB", _baseline_ahead_on_add),
 ]
 
 
