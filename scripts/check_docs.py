@@ -488,12 +488,6 @@ def _decoupled_meets(ctx: Context):
         demo_report(ctx).split("- cyb_decoupled: ", 1)[1].split("\n", 1)[0], f"cyb_decoupled {dec}% against TBYS {tbys}%"
 
 
-def _cyb_unlearned(ctx: Context):
-    n = re.search(r"^\| cyb \| \d+ \| ([\d.]+)%", demo_report(ctx), re.M)
-    base = re.search(r"^\| baseline \| \d+ \| ([\d.]+)%", demo_report(ctx), re.M)
-    return float(n.group(1)) < 5, f"CYB {n.group(1)}%, the baseline {base.group(1)}%"
-
-
 def _cyb_learned(ctx: Context):
     cyb = re.search(r"^\| cyb \| \d+ \| ([\d.]+)%", demo_report(ctx), re.M).group(1)
     return float(cyb) > 50, f"CYB {cyb}%"
@@ -515,24 +509,13 @@ def _baseline_ahead_on_add(ctx: Context):
     return float(n["base_exact"][:-1]) > float(n["cyb_exact"][:-1]), f"the baseline {n['base_exact']}, CYB {n['cyb_exact']}"
 
 
-def _decoupled_keeps_most(ctx: Context):
-    n = demo_numbers(ctx)
-    fixed, adaptive = float(n["dec_fixed"][:-1]), float(n["dec_adaptive"][:-1])
-    return fixed / 2 <= adaptive < fixed - 2, f"cyb_decoupled {adaptive}% adaptive against {fixed}% fixed"
-
-
 #: ``(page, the phrase that reads the numbers, check(ctx) -> (holds, what the numbers are))``.
 CLAIMS = [
     ("docs/evaluation.md", "Here the baseline is better (a negative relative improvement)", _negative_improvement),
-    ("docs/demo.md", "Here the recipe meets the demo's criterion", _decoupled_meets),
-    ("docs/demo.md", "In this run plain CYB did not learn the task", _cyb_unlearned),
-    ("docs/demo.md", "CYB and the baseline did not", _cyb_unlearned),
-    ("docs/demo.md", "keeps most of its answers (", _decoupled_keeps_most),
     ("docs/demo.md", "In this run plain CYB learned the task", _cyb_learned),
     ("docs/demo.md", "CYB learned it too", _cyb_learned),
     ("docs/demo.md", "Here the recipe does not meet the demo's criterion", _decoupled_misses),
     ("docs/demo.md", "keeps its answers (", _decoupled_keeps),
-    ("docs/evaluation.md", "keeps most of its answers that way", _decoupled_keeps_most),
     ("docs/evaluation.md", "keeps its answers that way", _decoupled_keeps),
     ("docs/evaluation.md", "the baseline does more of the sums than CYB", _baseline_ahead_on_add),
 ]
