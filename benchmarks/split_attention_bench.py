@@ -67,7 +67,7 @@ def _rows(length: int, batch: int, m: int, heads: int = 12, dim: int = 64, profi
         out = flex(vis.reorder(q.transpose(1, 2), order).transpose(1, 2).contiguous(),
                    vis.reorder(k.transpose(1, 2), order).transpose(1, 2).contiguous(),
                    vis.reorder(v.transpose(1, 2), order).transpose(1, 2).contiguous(),
-                   block_mask=mask, kernel_options=attention.KERNEL_OPTIONS)
+                   block_mask=mask, kernel_options=attention.kernel_options(dev, q.shape[-1]))
         out.sum().backward()
 
     def private_split():

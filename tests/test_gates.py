@@ -196,6 +196,18 @@ def test_gated_flex_takes_the_gates_gradient_outside_the_kernel(gate_scale):
         torch.testing.assert_close(gated_flex(flex, gate, token, step), want, atol=1e-10, rtol=1e-10)
 
 
+def test_flex_kernel_options_take_the_backward_tiles_up_to_their_head_size():
+    """FlexAttention's options: the kernel's own choice off CUDA, the forward tiles on CUDA, and
+    the backward tiles too at head sizes up to the one they were measured at."""
+    from cyb.model import attention
+
+    assert attention.kernel_options(torch.device("cpu"), 64) is None
+    cuda = torch.device("cuda")
+    small, large = attention.kernel_options(cuda, 64), attention.kernel_options(cuda, 128)
+    assert small == {**attention.FORWARD_TILES, **attention.BACKWARD_TILES}
+    assert large == attention.FORWARD_TILES and large is not attention.FORWARD_TILES
+
+
 @pytest.mark.gpu
 def test_gated_flex_matches_dense_on_cuda():
     """The compiled FlexAttention kernel with the gate as a learned score bias: values and the

@@ -42,9 +42,24 @@ from .. import visibility as vis
 from . import gates, hf
 
 PAUSE_ATTENTION = hf.PAUSE_ATTENTION
-#: FlexAttention tiles on CUDA: 64 x 64 ran the private mask's forward and backward faster
-#: than the defaults on an H200 (benchmarks/flex_variants.py)
-KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64}
+#: FlexAttention's forward tiles on CUDA: 64 x 64 ran the private mask's forward and backward
+#: faster than the defaults on an H200 (benchmarks/flex_variants.py)
+FORWARD_TILES = {"BLOCK_M": 64, "BLOCK_N": 64}
+#: and its backward tiles at head sizes up to :data:`BACKWARD_TILES_MAX_HEAD_DIM`: 13% off one
+#: layer's private attention at 4 x 2048 on an H200 (docs/benchmarks.md, ``flex-options/``)
+BACKWARD_TILES = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32,
+                  "bwd_num_warps": 4, "bwd_num_stages": 3}
+BACKWARD_TILES_MAX_HEAD_DIM = 64
+
+
+def kernel_options(device: torch.device, head_dim: int) -> dict | None:
+    """FlexAttention's ``kernel_options`` for a call on ``device`` with heads of ``head_dim``
+    (``None`` off CUDA: the kernel's own choice)."""
+    if device.type != "cuda":
+        return None
+    if head_dim <= BACKWARD_TILES_MAX_HEAD_DIM:
+        return {**FORWARD_TILES, **BACKWARD_TILES}
+    return dict(FORWARD_TILES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,11 +149,12 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     else:
         kernel = _flex_kernel(query.device.type == "cuda")
     # (the layers hand over [B, heads, T, dim] views of [B, T, heads, dim]; the kernel reads
-    # contiguous heads much faster, and 64 x 64 tiles beat its defaults on the private mask)
+    # contiguous heads much faster)
+    options = kernel_options(query.device, query.shape[-1])
+
     def flex(score_mod=None, return_lse=False):
         return kernel(query, key, value, score_mod=score_mod, block_mask=attention_mask, scale=scaling,
-                      enable_gqa=gqa, return_lse=return_lse,
-                      kernel_options=KERNEL_OPTIONS if query.device.type == "cuda" else None)
+                      enable_gqa=gqa, return_lse=return_lse, kernel_options=options)
 
     query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
     out = flex() if blocks is None else gated_flex(flex, gates.required_gate(module), *blocks)
@@ -256,8 +272,7 @@ def _gate_score_mod(gate: torch.Tensor, token: torch.Tensor, step: torch.Tensor,
 
     def mod(score, b, h, q, k):
         foreign = (row(token, b)[k] < row(token, b)[q]) & (row(step, b)[k] > 0)
-        other = torch.full_like(score, elsewhere) if elsewhere else torch.zeros_like(score)
-        return score + torch.where(foreign, gate[h].to(score.dtype), other)
+        return score + torch.where(foreign, gate[h].to(score.dtype), torch.full_like(score, elsewhere))
     return mod
 
 
@@ -288,9 +303,9 @@ def gated_flex(flex, gate: torch.Tensor, token: torch.Tensor, step: torch.Tensor
     gradient of a per-head bias adds every tile's share into a few values, which took 170x the
     whole call on an H200 (docs/benchmarks.md)."""
     fixed = gate.detach()
-    out, lse = flex(_gate_score_mod(fixed, token, step), True)
     if not (torch.is_grad_enabled() and gate.requires_grad):
-        return out
+        return flex(_gate_score_mod(fixed, token, step))
+    out, lse = flex(_gate_score_mod(fixed, token, step), True)
     with torch.no_grad():
         out_f, lse_f = flex(_gate_score_mod(fixed, token, step, _ELSEWHERE), True)
         ct = torch.float64 if out.dtype == torch.float64 else torch.float32
