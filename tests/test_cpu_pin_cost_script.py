@@ -1,21 +1,11 @@
 """benchmarks/cpu_pin_cost.py: each command run pinned and native, and its table."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("cpu_pin_cost", ROOT / "benchmarks" / "cpu_pin_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import cpu_pin_cost as script
 
 
 def test_pin_cost_runs_each_setting_and_prints_its_table(tmp_path, monkeypatch, capsys):
-    script = _script()
     monkeypatch.setattr(script, "COMMANDS", {"demo": ("cyb demo --help", ["demo", "--help"], "--out")})
     out = tmp_path / "cost.json"
     script.main(["--runs", "2", "--only", "demo", "--out", str(out)])
