@@ -164,3 +164,78 @@ def adaptive_fixture(hf_model, num_steps: int, ids: torch.Tensor, pause_fraction
     got = float(((margin + dk_logit_bias(v, psi)) > 0).double().mean())
     return model, {"psi_dk": psi, "dk_bias": dk_logit_bias(v, psi), "target_fraction": pause_fraction,
                    "step1_dk_fraction_on_prompts": got}
+
+
+# --------------------------------------------------------------------------- named models
+
+#: The models the serving record measures at their real shapes (random weights: nothing is
+#: downloaded): each a Hugging Face config as a dict, ``model_type`` first.  The values are those
+#: of the published ``config.json`` of the model named in the comment.
+NAMED_CONFIGS: dict[str, dict] = {
+    # the benchmark Llama of docs/benchmarks.md (SHAPE_134M at vocabulary 32768)
+    "llama-134m": dict(model_type="llama", vocab_size=32768, hidden_size=768, intermediate_size=2048,
+                       num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12,
+                       max_position_embeddings=8192, tie_word_embeddings=False),
+    # HuggingFaceTB/SmolLM2-360M
+    "smollm2-360m": dict(model_type="llama", vocab_size=49152, hidden_size=960, intermediate_size=2560,
+                         num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5, head_dim=64,
+                         max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
+    # HuggingFaceTB/SmolLM2-1.7B
+    "smollm2-1.7b": dict(model_type="llama", vocab_size=49152, hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=32, head_dim=64,
+                         max_position_embeddings=8192, rope_theta=130000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
+    # google/gemma-3-1b-pt: five sliding-window layers (512 positions) to one global layer
+    "gemma3-1b": dict(model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                      num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                      max_position_embeddings=32768, query_pre_attn_scalar=256, sliding_window=512,
+                      layer_types=[("full_attention" if (i + 1) % 6 == 0 else "sliding_attention")
+                                   for i in range(26)],
+                      rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, rms_norm_eps=1e-6,
+                      hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+    # tiny shapes of the same two families, for CPU smoke runs
+    "tiny": dict(model_type="llama", vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                 tie_word_embeddings=True),
+    "tiny-gemma3": dict(model_type="gemma3_text", vocab_size=256, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        max_position_embeddings=1024, query_pre_attn_scalar=16, sliding_window=8,
+                        layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True),
+}
+
+
+def named_config(name: str):
+    """The transformers config of :data:`NAMED_CONFIGS` ``name`` (``use_cache`` off: the engine
+    brings its own cache)."""
+    from transformers import AutoConfig
+
+    if name not in NAMED_CONFIGS:
+        raise ValueError(f"model must be one of {', '.join(NAMED_CONFIGS)}, got {name!r}")
+    fields = dict(NAMED_CONFIGS[name])
+    return AutoConfig.for_model(fields.pop("model_type"), use_cache=False, **fields)
+
+
+def build_named_model(name: str, *, dtype: torch.dtype, device, seed: int = 0, attn_implementation: str = "sdpa",
+                      spread: bool = True):
+    """A randomly initialised causal LM of :data:`NAMED_CONFIGS` ``name``, made on ``device``
+    directly (a 1.7 B model is not drawn on the CPU first); with ``spread``, its matrices are
+    redrawn as :func:`spread_weights` does, from a generator on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    from ..model import hf
+
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    with device:
+        model = AutoModelForCausalLM.from_config(named_config(name), attn_implementation=attn_implementation,
+                                                 **hf.dtype_kwargs(dtype))
+    model = model.to(device).eval()
+    if spread:
+        g = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for p in {id(p): p for p in model.parameters()}.values():
+                if p.dim() == 2:
+                    p.copy_(torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
+                            * (2.0 / p.shape[1] ** 0.5))
+    return model
