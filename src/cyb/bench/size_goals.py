@@ -5,7 +5,7 @@ The records (one dict per JSON file, any number of calls together) are of four k
 ``serve_sizes_run`` (one model, job and case through the engine), ``serve_sizes_batch1``,
 ``serve_sizes_anchor`` (transformers' continuous batching) and ``serve_sizes_preemption``.
 
-Goals (issue 65):
+Goals:
 
 * slots in use at ``C`` = 256 on the mixed job at 1.7 B: at least :data:`SLOTS_GOAL` (the
   engine's peak over steps; the note gives the mean and what one slot of ``max_model_len`` per

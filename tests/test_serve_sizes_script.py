@@ -1,0 +1,81 @@
+"""benchmarks/serve_sizes.py --quick: tiny models on the CPU through every piece of the size
+benchmark (batch 1, the jobs with their ceiling, transformers' continuous batching, the
+preemption check), one JSON file per piece, the table and the goal lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import serve_sizes as script
+from cyb.bench.jobs import make_job
+from cyb.bench.models import real_ids_limit
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_quick_run_writes_every_piece_and_its_goals(tmp_path, capsys):
+    out = tmp_path / "sizes"
+    assert script.main(["--quick", "--out", str(out), "--models", "tiny", "--jobs", "mixed", "fewshot",
+                        "--cases", "none", "private-adaptive"]) == 0
+    printed = capsys.readouterr().out
+    names = sorted(p.name for p in out.glob("*.json"))
+    assert names == sorted(["tiny-batch1.json", "tiny-mixed-none.json", "tiny-mixed-anchor.json",
+                            "tiny-mixed-private-adaptive.json", "tiny-fewshot-none.json", "tiny-fewshot-anchor.json",
+                            "tiny-fewshot-private-adaptive.json", "tiny-preemption-none.json",
+                            "tiny-preemption-private-adaptive.json", "summary.json"])
+    limit = real_ids_limit(256, 3)
+    for job in ("mixed", "fewshot"):
+        answers = sum(make_job(job, limit, quick=True).answers)
+        for case in ("none", "private-adaptive"):
+            r = json.loads((out / f"tiny-{job}-{case}.json").read_text())
+            e = r["engine"]
+            assert r["status"] == "ok" and r["kind"] == "serve_sizes_run" and r["job_summary"]["name"] == job
+            # every request decoded its whole answer, C = 4 at most in flight
+            assert e["real_tokens"] == answers and e["failed"] == 0 and not e["stopped_early"]
+            assert 1 <= e["slots_in_use_peak"] <= 4 and e["today_slots"] > 0
+            assert e["itl_ms_p99"] >= e["itl_ms_p50"] > 0 and e["ttft_ms_p50"] > 0
+            assert r["vs_ceiling"] == pytest.approx(e["real_tokens_per_s"] / r["ceiling_tok_s"])
+            assert r["engine_features"]["options"].keys() == {"block_size", "prefix_caching"}
+        anchor = json.loads((out / f"tiny-{job}-anchor.json").read_text())["anchor"]
+        assert anchor["status"] == "ok" and anchor["failed"] == 0 and anchor["real_tokens"] == answers
+        assert anchor["attn_implementation"] == "sdpa"
+    fewshot = json.loads((out / "tiny-fewshot-none.json").read_text())
+    if fewshot["engine_features"]["options"]["prefix_caching"]:
+        assert fewshot["prefix_off"]["status"] == "ok"
+    else:
+        assert fewshot["prefix_off"]["status"] == "n/a"
+    check = json.loads((out / "tiny-preemption-private-adaptive.json").read_text())["check"]
+    assert check["status"] == "ok" and check["failed"] == 0 and check["changed"] == 0
+    assert check["small_cache"]["cache_gib"] < check["reference"]["cache_gib"]
+    batch1 = json.loads((out / "tiny-batch1.json").read_text())
+    assert batch1["weights_read_ms"] is None and batch1["cases"]["none"]["ms_per_token"] > 0
+    # the table, then a goal line per goal; the summary holds the same goals
+    assert "| model | job | case | tok/s |" in printed and "| tiny | fewshot | private-adaptive |" in printed
+    lines = [x for x in printed.splitlines() if x.split(" ")[0] in ("MET", "MISSED", "N/A")]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(lines) == len(summary["goals"]) == 4 + 4 + 2 + 1 + 2 + 1
+    assert (out / "goals.txt").read_text().splitlines() == lines
+    # the goals of earlier runs, printed again from their files (in the files' order)
+    assert script.main(["--from", str(out)]) == 0
+    again = [x for x in capsys.readouterr().out.splitlines() if x.split(" ")[0] in ("MET", "MISSED", "N/A")]
+    assert sorted(again) == sorted(lines)
+
+
+def test_a_gemma3_model_with_sliding_windows_runs_the_eval_job(tmp_path):
+    out = tmp_path / "gemma"
+    assert script.main(["--quick", "--out", str(out), "--models", "tiny-gemma3", "--jobs", "eval", "--cases",
+                        "shared-fixed", "--no-anchor", "--no-check", "--no-batch1", "--no-ceiling"]) == 0
+    r = json.loads((out / "tiny-gemma3-eval-shared-fixed.json").read_text())
+    assert r["status"] == "ok" and r["engine"]["failed"] == 0 and r["num_steps"] == 3
+    assert r["engine"]["positions_per_step"] == 3  # fixed mode: every pause fed, a whole block a step
+
+
+def test_bad_arguments_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--quick"])
+    assert "--out is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--quick", "--out", "x", "--models", "gpt-5"])
+    assert "--models: choose from" in capsys.readouterr().err
