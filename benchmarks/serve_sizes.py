@@ -2,7 +2,7 @@
 
     python benchmarks/serve_sizes.py --out DIR [--models smollm2-1.7b] [--jobs mixed eval fewshot]
         [--cases none shared-fixed private-adaptive] [--requests N] [--cache-gib 40] [--budget-s 420]
-        [--no-anchor] [--no-ceiling] [--no-batch1] [--no-check] [--block-size B]
+        [--no-anchor] [--no-ceiling] [--no-batch1] [--no-check] [--block-size B] [--serve]
     python benchmarks/serve_sizes.py --from DIR [DIR ...]     # the table and goals of earlier runs
     python benchmarks/serve_sizes.py --quick --out DIR        # a tiny model on the CPU, in seconds
 
@@ -11,7 +11,8 @@ Models (:data:`cyb.bench.models.NAMED_CONFIGS`, bf16, random weights at their re
 no pauses (``none``), and pause models over the same weights (M = 4): shared pauses in fixed mode
 and private pauses in adaptive mode (a dk prior that makes 10% of step-1 decisions say dk).
 Jobs (:mod:`cyb.bench.jobs`, seeded, EOS ignored, ``max_model_len`` 4,096, C = 256): ``mixed``,
-``eval`` and ``fewshot``.
+``eval`` and ``fewshot``.  With ``--serve`` the mixed job also goes through ``cyb serve`` in a
+child process (:mod:`cyb.bench.size_serve`), after the engine offline.
 
 For each model, in this order (each piece's JSON is written to ``--out`` when it ends):
 
@@ -52,6 +53,7 @@ from cyb.bench.jobs import make_job  # noqa: E402
 from cyb.bench.models import NAMED_CONFIGS, adaptive_fixture, build_named_model, random_ids  # noqa: E402
 from cyb.bench.models import real_ids_limit, wrap  # noqa: E402
 from cyb.bench.size_goals import goal_lines, size_goals, size_table  # noqa: E402
+from cyb.bench.size_serve import served_job  # noqa: E402
 from cyb.bench.timing import Budget, environment, free_memory, guarded, write_json  # noqa: E402
 
 CASES = ("none", "shared-fixed", "shared-adaptive", "private-fixed", "private-adaptive")
@@ -141,6 +143,13 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
     if engine["status"] != "ok":
         record["reason"] = engine.get("reason", engine["status"])
         return record
+    if a.serve and job.name == "mixed" and call.allows():
+        record["serve"] = guarded(lambda: served_job(pm, job.items, mode=mode, max_model_len=spec.max_model_len,
+                                                     slots=spec.concurrency, cache_bytes=cache_bytes,
+                                                     dtype="fp32" if a.quick else "bf16", device=call.device),
+                                  call.device)
+        if record["serve"]["status"] == "ok" and engine["real_tokens_per_s"]:
+            record["serve_vs_engine"] = record["serve"]["real_tokens_per_s"] / engine["real_tokens_per_s"]
     if job.name == "fewshot":
         if not fewshot:
             record["prefix_off"] = {"status": "n/a", "reason": "the engine has no prefix_caching option"}
@@ -158,6 +167,8 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
         if st["status"] == "ok":
             record["ceiling_tok_s"] = sr.ceiling(engine, st)
             record["vs_ceiling"] = engine["real_tokens_per_s"] / record["ceiling_tok_s"]
+            if (record.get("serve") or {}).get("status") == "ok":
+                record["serve_vs_ceiling"] = record["serve"]["real_tokens_per_s"] / record["ceiling_tok_s"]
     return record
 
 
@@ -259,6 +270,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ceiling", action="store_true")
     ap.add_argument("--no-batch1", action="store_true")
     ap.add_argument("--no-check", action="store_true", help="leave out the preemption check")
+    ap.add_argument("--serve", action="store_true",
+                    help="the mixed job through cyb serve too (needs starlette and uvicorn)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny models on the CPU (a smoke run)")
     a = ap.parse_args(argv)

@@ -79,3 +79,29 @@ def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit):
         script.main(["--quick", "--out", "x", "--models", "gpt-5"])
     assert "--models: choose from" in capsys.readouterr().err
+
+
+def test_token_gaps_count_each_token_of_an_event():
+    from types import SimpleNamespace
+
+    from cyb.bench.size_serve import token_gaps
+
+    stream = SimpleNamespace(events=[(1.0, 1), (1.5, 1), (2.5, 2), (2.6, 0), (3.0, 1)])
+    assert token_gaps(stream) == [0.5, 0.5, 0.5, pytest.approx(0.4)]
+
+
+@pytest.mark.slow  # a server in a child process: about 40 s on a busy CPU
+def test_the_mixed_job_through_cyb_serve(tmp_path):
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    out = tmp_path / "served"
+    assert script.main(["--quick", "--out", str(out), "--models", "tiny", "--jobs", "mixed", "--cases", "none",
+                        "--serve", "--no-anchor", "--no-check", "--no-batch1"]) == 0
+    r = json.loads((out / "tiny-mixed-none.json").read_text())
+    served = r["serve"]
+    assert served["status"] == "ok" and served["errors"] == 0
+    assert served["real_tokens"] == r["engine"]["real_tokens"]
+    assert served["itl_token_ms_p99"] >= served["itl_token_ms_p50"] > 0
+    assert r["serve_vs_ceiling"] == pytest.approx(served["real_tokens_per_s"] / r["ceiling_tok_s"])
+    goals = json.loads((out / "summary.json").read_text())["goals"]
+    assert any(g["target"].startswith("served inter-token p99") for g in goals)

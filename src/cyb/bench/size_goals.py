@@ -11,7 +11,8 @@ Goals:
   engine's peak over steps; the note gives the mean and what one slot of ``max_model_len`` per
   request allows in the same bytes);
 * the engine at least :data:`CEILING_GOAL` x its ceiling on every job, size and case;
-* inter-token p99 at most :data:`ITL_GOAL` x p50, counted per token, in every case;
+* inter-token p99 at most :data:`ITL_GOAL` x p50, counted per token, in every case (these two
+  also for ``cyb serve``, where the run went through it);
 * the few-shot job at least :data:`PREFIX_GOAL` x faster with prefix caching than without;
 * batch 1 at 1.7 B at most :data:`BATCH1_GOAL` x the time to read the weights once at the card's
   copy bandwidth;
@@ -68,6 +69,9 @@ def size_goals(records) -> list[dict]:
             continue
         note = "" if r.get("vs_ceiling") is not None else "ceiling not measured"
         out.append(_check(target, r.get("vs_ceiling"), ">=", CEILING_GOAL, _join(note, _early(r["engine"]))))
+        if r.get("serve_vs_ceiling") is not None:
+            out.append(_check(f"served tokens/s >= {CEILING_GOAL} x the ceiling ({_label(r)})",
+                              r["serve_vs_ceiling"], ">=", CEILING_GOAL, f"{r['serve_vs_engine']:.2f} x the engine"))
     for r in runs:
         target = f"inter-token p99 <= {ITL_GOAL} x p50, per token ({_label(r)})"
         if r.get("status") != "ok":
@@ -78,6 +82,11 @@ def size_goals(records) -> list[dict]:
         if e.get("itl_step_ms_p50") and e.get("mean_steps", 1) > 1.001:
             note += f"; per decoding step {e['itl_step_ms_p99'] / e['itl_step_ms_p50']:.2f}"
         out.append(_check(target, e.get("itl_p99_over_p50"), "<=", ITL_GOAL, _join(note, _early(e))))
+        served = r.get("serve") or {}
+        if served.get("status") == "ok":
+            ms = f"{_fmt(served['itl_token_ms_p50'], '.2f')} / {_fmt(served['itl_token_ms_p99'], '.2f')} ms"
+            out.append(_check(f"served inter-token p99 <= {ITL_GOAL} x p50, per token ({_label(r)})",
+                              served.get("itl_token_p99_over_p50"), "<=", ITL_GOAL, ms))
     for r in runs:
         if r["job"] != "fewshot":
             continue
@@ -121,7 +130,8 @@ def size_goals(records) -> list[dict]:
                               f"{c['requests']}; {c['noise']} differ at half the rows with the large cache"))
     done = [r for r in runs if r.get("status") == "ok"]
     if done:
-        failed = sum(r["engine"]["failed"] + (r.get("prefix_off") or {}).get("failed", 0) for r in done)
+        failed = sum(r["engine"]["failed"] + (r.get("prefix_off") or {}).get("failed", 0)
+                     + (r.get("serve") or {}).get("errors", 0) for r in done)
         out.append(_check(f"no failed request in any run ({len(done)} runs)", failed, "==", 0))
     return out
 
@@ -153,7 +163,7 @@ def goal_lines(checks) -> list[str]:
 
 def size_table(records) -> str:
     """The Markdown table of the runs: one line per model, job and case."""
-    headers = ["model", "job", "case", "tok/s", "ceiling tok/s", "/ ceiling", "transformers CB tok/s",
+    headers = ["model", "job", "case", "tok/s", "ceiling tok/s", "/ ceiling", "transformers CB tok/s", "served tok/s",
                "slots peak / mean", "one slot of max_model_len", "ITL p50 / p99 ms", "p99 / p50", "TTFT p50 / p99 ms",
                "prefix off tok/s", "prefix hit rate", "preemptions", "failed"]
     anchors = {(a["model"], a["job"]): a.get("anchor") or {} for a in _runs(records, "serve_sizes_anchor")}
@@ -163,12 +173,13 @@ def size_table(records) -> str:
         if r.get("status") != "ok":
             rows.append(head + [f"{r.get('status')}: {r.get('reason', '')}"[:80]] + [""] * (len(headers) - 4))
             continue
-        e, off = r["engine"], r.get("prefix_off") or {}
+        e, off, served = r["engine"], r.get("prefix_off") or {}, r.get("serve") or {}
         anchor = anchors.get((r["model"], r["job"]), {}) if r["case"] == "none" else {}
         rows.append(head + [
             _fmt(e["real_tokens_per_s"], ",.0f"), _fmt(r.get("ceiling_tok_s"), ",.0f"),
             _fmt(r.get("vs_ceiling"), ".2f"),
             _fmt(anchor.get("real_tokens_per_s"), ",.0f") if anchor else "",
+            _fmt(served.get("real_tokens_per_s"), ",.0f") if served.get("status") == "ok" else "",
             f"{e['slots_in_use_peak']} / {_fmt(e['slots_in_use_mean'], '.0f')}", _fmt(e.get("today_slots"), "d"),
             f"{_fmt(e['itl_ms_p50'], '.2f')} / {_fmt(e['itl_ms_p99'], '.2f')}",
             _fmt(e.get("itl_p99_over_p50"), ".2f"),
