@@ -273,7 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--serve", action="store_true",
                     help="the mixed job through cyb serve too (needs starlette and uvicorn)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="tiny models on the CPU (a smoke run)")
+    ap.add_argument("--quick", action="store_true", help="tiny models in float32 (a smoke run), on the CPU")
+    ap.add_argument("--device", default=None, help="cuda (default) or cpu (default with --quick)")
     a = ap.parse_args(argv)
     if a.from_dirs:
         report(load_records(a.from_dirs), a.out)
@@ -287,9 +288,9 @@ def main(argv=None) -> int:
     a.num_steps = a.num_steps or (3 if a.quick else 4)
     if a.num_steps < 2:
         ap.error(f"--num-steps must be >= 2, got {a.num_steps}")
-    device = torch.device("cpu" if a.quick else "cuda")
+    device = torch.device(a.device or ("cpu" if a.quick else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
-        ap.error("no CUDA device: run with --quick on the CPU")
+        ap.error("no CUDA device: run with --quick (on the CPU)")
     a.cache_gib = a.cache_gib or (0.01 if a.quick else 40.0)
     os.makedirs(a.out, exist_ok=True)
     call = Call(a, device)

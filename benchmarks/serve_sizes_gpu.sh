@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The engine at real model sizes on one GPU (benchmarks/serve_sizes.py), in under 8 minutes:
+# one call for the models, jobs and cases given, every piece's JSON written to $OUT as it ends,
+# then the table and the goals as MET / MISSED / N/A lines.
+#
+#   OUT=/some/folder bash benchmarks/serve_sizes_gpu.sh                 # SmolLM2-1.7B, the mixed job
+#   MODELS=gemma3-1b JOBS="mixed eval" CASES="none private-adaptive" OUT=... bash benchmarks/serve_sizes_gpu.sh
+#   JOBS=fewshot REQUESTS=1000 EXTRA="--no-check --no-batch1" OUT=... bash benchmarks/serve_sizes_gpu.sh
+#   SMOKE=1 ...                      # first the tiny models on the GPU (a few seconds), to catch a broken path
+#   SERVE=1 ...                      # the mixed job through cyb serve too (starlette and uvicorn in .whl/)
+#   python benchmarks/serve_sizes.py --from OUT1 OUT2 ...               # later: the goals of several calls
+#
+# Writes to $OUT (default outputs/serve_sizes): MODEL-*.json, summary.json, goals.txt and
+# serve_sizes.log (everything, with the device and versions first).
+set -uo pipefail
+
+START=$(date +%s)
+OUT=${OUT:-outputs/serve_sizes}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/serve_sizes.log") 2>&1
+source benchmarks/gpu_env.sh
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
+PY=${PYTHON:-python3}
+
+MORE=()
+[[ -n "${REQUESTS:-}" ]] && MORE+=(--requests "$REQUESTS")
+[[ -n "${SERVE:-}" ]] && MORE+=(--serve)
+[[ -n "${BLOCK_SIZE:-}" ]] && MORE+=(--block-size "$BLOCK_SIZE")
+if [[ -n "${SMOKE:-}" ]]; then
+    echo "== smoke: tiny models on the GPU"
+    timeout -k 10 120 $PY benchmarks/serve_sizes.py --quick --device cuda --out "$OUT/smoke" --jobs mixed \
+        --budget-s 100 | grep -E "^(MET|MISSED|N/A)|error" | head -n 20
+fi
+echo "== serve_sizes ($(( $(date +%s) - START )) s elapsed)"
+timeout -k 10 ${LIMIT_S:-460} $PY benchmarks/serve_sizes.py --out "$OUT" --models ${MODELS:-smollm2-1.7b} \
+    --jobs ${JOBS:-mixed} --cases ${CASES:-none private-adaptive shared-fixed} \
+    --budget-s ${BUDGET_S:-$(( ${LIMIT_S:-460} - 30 - ($(date +%s) - START) ))} \
+    ${MORE[@]+"${MORE[@]}"} ${EXTRA:-}
+rc=$?
+echo "== exit $rc after $(( $(date +%s) - START )) s$( ((rc == 124)) && echo ' (time limit: the JSON of the pieces that ended is kept)')"
