@@ -47,6 +47,22 @@ def _blocks(hf_model, cache_bytes: int | None) -> int | None:
     return max(1, int(cache_bytes // (page * per_token)))
 
 
+def _attention(current: str, flash: bool) -> str:
+    """The attention implementation to enter continuous batching with: sdpa for cyb's pause
+    attention.  Without ``flash``, where the manager has no ``auto_switch_to_flash`` (before 5.2x)
+    it switches to flash attention wherever it finds it, the hub's kernels included, unless the
+    implementation is already paged: there ``paged|sdpa``."""
+    if flash:
+        return current if current in ("sdpa", "eager") or "flash" in str(current) else "sdpa"
+    try:
+        from transformers.generation.continuous_batching import ContinuousBatchingManager
+
+        params = inspect.signature(ContinuousBatchingManager.switch_to_cb_friendly_attn).parameters
+    except (ImportError, AttributeError, ValueError):
+        return "sdpa"
+    return "sdpa" if "auto_switch_to_flash" in params else "paged|sdpa"
+
+
 def continuous_batching(hf_model, items, *, concurrency: int, cache_bytes: int | None = None,
                         max_batch_tokens: int | None = None, flash: bool = False, prefix_sharing: bool = True,
                         timeout_s: float = 600.0) -> dict:
@@ -72,8 +88,9 @@ def continuous_batching(hf_model, items, *, concurrency: int, cache_bytes: int |
         kwargs["continuous_batching_config"] = config
     results: dict[str, object] = {}
     try:
-        if attn_before not in ("sdpa", "eager") and "flash" not in str(attn_before):
-            hf_model.set_attn_implementation("sdpa")
+        wanted = _attention(attn_before, flash)
+        if wanted != attn_before:
+            hf_model.set_attn_implementation(wanted)
         t_warm = time.perf_counter()
         with enter(**kwargs) as manager:
             warm_s = time.perf_counter() - t_warm
