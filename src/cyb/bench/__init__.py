@@ -16,6 +16,12 @@
   beside the estimate of :mod:`cyb.memory_estimate`.
 * :mod:`cyb.bench.markdown`: the Markdown tables of the results (printed by ``cyb bench``, used
   for docs/benchmarks.md).
+* Serving at real sizes (``benchmarks/serve_sizes.py``): :mod:`cyb.bench.jobs` (the mixed,
+  evaluation-like and few-shot jobs), :mod:`cyb.bench.engine_features` (engine options and
+  counters not every engine has), :mod:`cyb.bench.size_runs` (a job through the engine, its
+  ceiling, batch 1, preemption), :mod:`cyb.bench.hf_anchor` (transformers' continuous batching),
+  :mod:`cyb.bench.size_serve` (the job through ``cyb serve``) and :mod:`cyb.bench.size_goals`
+  (the goals as MET / MISSED lines); the named model shapes are in :mod:`cyb.bench.models`.
 
 Everything runs on CPU with tiny shapes (``quick=True``) so the code paths can be tested
 without a GPU; numbers only mean something on the GPU.
