@@ -37,13 +37,19 @@ def _capacity(pm, max_model_len: int) -> int:
     return RowLayout.of(pm.vocab, pm.pause_visibility).columns_needed(1, max_model_len - 1)
 
 
+def _multiple() -> int:
+    """Columns a whole row is rounded up to (the engine's ``capacity_multiple``; 128 where it has none)."""
+    from ..engine import EngineOptions
+
+    return getattr(EngineOptions(), "capacity_multiple", 128)
+
+
 def today_slots(pm, max_model_len: int, cache_bytes: int, positions: int) -> int:
     """Rows of ``max_model_len`` real tokens that ``cache_bytes`` hold when every row is allocated
     whole, as the engine of one slot per request sizes them (``positions``: per row per step)."""
-    from ..engine import EngineOptions
     from ..engine.cache import bytes_per_column
 
-    mult = EngineOptions().capacity_multiple
+    mult = _multiple()
     capacity = -(-(_capacity(pm, max_model_len) + 2 * positions) // mult) * mult
     return int(cache_bytes // ((capacity + positions) * bytes_per_column(pm)))
 
@@ -54,8 +60,8 @@ def engine_job(pm, items, *, mode: str, max_model_len: int | None, slots: int, c
     """``items`` (``(prompt ids, answer length)``, EOS ignored) through an engine of ``slots``
     slots and ``cache_bytes`` of cache whose rows hold ``max_model_len`` tokens (or ``capacity``
     columns; ``today_slots`` is then None), fed by ``clients`` closed-loop clients (None: every
-    request at once); ``options``: further :class:`~cyb.engine.EngineOptions` fields (those this engine lacks are
-    named in ``dropped_options``).  Past ``deadline`` (``time.perf_counter``) every request is
+    request at once); ``options``: further :class:`~cyb.engine.EngineOptions` fields (those this
+    engine lacks are named in ``dropped_options``).  Past ``deadline`` (``time.perf_counter``) every request is
     aborted and ``stopped_early`` set.  Times in ms; ``tokens`` (with ``keep_tokens``): each
     request's tokens, in the items' order."""
     from ..engine import Engine, Request, choose_positions
@@ -156,7 +162,6 @@ def steady(pm, *, rows: int, mode: str, prompt_len: int, id_limit: int, timed: i
     prefill rate (:func:`cyb.bench.engine_runs.engine_rate` on random prompts; fewer rows where
     the engine's default cache holds fewer): ``step_ms``, ``positions_per_step``, ``rows`` and
     ``prefill_columns_s``."""
-    from ..engine import EngineOptions
     from ..engine.cache import bytes_per_column
     from ..engine.engine import default_cache_bytes
     from ..engine.layout import RowLayout
@@ -164,7 +169,7 @@ def steady(pm, *, rows: int, mode: str, prompt_len: int, id_limit: int, timed: i
 
     # engine_rate's engine has the default cache and waits until every row decodes: no more rows
     # than that cache holds (as the engine sizes a row: its columns and slack, rounded up)
-    layout, m, mult = RowLayout.of(pm.vocab, pm.pause_visibility), pm.vocab.num_steps, EngineOptions().capacity_multiple
+    layout, m, mult = RowLayout.of(pm.vocab, pm.pause_visibility), pm.vocab.num_steps, _multiple()
     row = (-(-(layout.columns_needed(prompt_len, timed + 8) + 2 * m) // mult) * mult + m) * bytes_per_column(pm)
     rows = max(1, min(rows, int(default_cache_bytes(pm.device) // row)))
     g = torch.Generator().manual_seed(seed)
@@ -249,7 +254,6 @@ def preemption_check(pm, items, *, mode: str, slots: int, small_fraction: float 
     ``small_fraction`` of the reference's bytes (at least one row's), where a paged engine must
     preempt.  ``changed``: requests whose tokens differ from the reference's; ``noise``: those
     that differ at half the slots; ``failed``: requests that did not end with their length."""
-    from ..engine import EngineOptions
     from ..engine.cache import bytes_per_column
     from ..engine.layout import RowLayout
 
@@ -257,7 +261,7 @@ def preemption_check(pm, items, *, mode: str, slots: int, small_fraction: float 
     needed = sorted((layout.columns_needed(len(p), n) for p, n in items), reverse=True)
     capacity, m = needed[0], pm.vocab.num_steps
     per_column = bytes_per_column(pm)
-    mult = EngineOptions().capacity_multiple
+    mult = _multiple()
     row_bytes = (-(-(capacity + 2 * m) // mult) * mult + m) * per_column  # one whole row, as the engine sizes it
     large = max(sum(needed[:slots]) * per_column, row_bytes * slots)
     small = max(int(large * small_fraction), row_bytes)
