@@ -1,7 +1,7 @@
 """The engine at the sizes people serve: real model shapes, long prompts, shared prefixes.
 
     python benchmarks/serve_sizes.py --out DIR [--models smollm2-1.7b] [--jobs mixed eval fewshot]
-        [--cases none shared-fixed private-adaptive] [--requests N] [--cache-gib 40] [--budget-s 420]
+        [--cases none shared-fixed private-adaptive] [--requests N] [--cache-gib 48] [--budget-s 420]
         [--no-anchor] [--no-ceiling] [--no-batch1] [--no-check] [--block-size B] [--serve]
     python benchmarks/serve_sizes.py --from DIR [DIR ...]     # the table and goals of earlier runs
     python benchmarks/serve_sizes.py --quick --out DIR        # a tiny model on the CPU, in seconds
@@ -259,7 +259,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", nargs="+", default=["mixed", "eval", "fewshot"], choices=["mixed", "eval", "fewshot"])
     ap.add_argument("--cases", nargs="+", default=["none", "shared-fixed", "private-adaptive"], choices=CASES)
     ap.add_argument("--requests", type=int, default=None, help="requests of every job (default: each job's own)")
-    ap.add_argument("--cache-gib", type=float, default=None, help="the KV cache of every engine (default 40 on CUDA)")
+    ap.add_argument("--cache-gib", type=float, default=None,
+                    help="the KV cache of every engine and of the anchor (default 48: what an 80 GB card spares "
+                         "beside a 1.7 B model and its work)")
     ap.add_argument("--num-steps", type=int, default=None, help="M of the pause cases (default 4, quick 3)")
     ap.add_argument("--block-size", type=int, default=None, help="EngineOptions.block_size, where the engine has it")
     ap.add_argument("--steady-steps", type=int, default=50, help="timed steps of the ceiling's steady rate")
@@ -291,7 +293,7 @@ def main(argv=None) -> int:
     device = torch.device(a.device or ("cpu" if a.quick else "cuda"))
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device: run with --quick (on the CPU)")
-    a.cache_gib = a.cache_gib or (0.01 if a.quick else 40.0)
+    a.cache_gib = a.cache_gib or (0.01 if a.quick else 48.0)
     os.makedirs(a.out, exist_ok=True)
     call = Call(a, device)
     for name in a.models:
