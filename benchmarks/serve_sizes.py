@@ -206,7 +206,8 @@ def run_model(call: Call, name: str) -> None:
                 call.write(f"{name}-{job_name}-anchor", anchor)
                 got = anchor.get("anchor") or {}
                 call.log(name, job_name, "transformers continuous batching:", anchor["status"],
-                         f"{got.get('real_tokens_per_s') or 0:,.0f} tok/s, failed {got.get('failed')}")
+                         f"{got.get('real_tokens_per_s') or 0:,.0f} tok/s, failed {got.get('failed')}",
+                         anchor.get("reason") or "")
     if not a.no_check:
         job = make_job("mixed", limit, quick=a.quick, requests=CHECK_REQUESTS if not a.quick else None, seed=a.seed)
         slots = max(1, min(job.spec.concurrency, len(job.items)) // 2)
