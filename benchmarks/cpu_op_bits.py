@@ -5,7 +5,7 @@ CPU's numerics pinned as the ``cyb`` command pins them (:mod:`cyb.cpu_numerics`)
     python benchmarks/cpu_op_bits.py [--emulate Haswell-v4 EPYC-Rome-v2]
 
 Prints the operations whose bits moved under each emulated CPU (or, with ``--emulate`` empty,
-this machine's hashes).  docs/training.md ("CPU numerics") has what it found.
+this machine's hashes).  docs/record/benchmarks/cpu.md ("CPU numerics") has what it found.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ its own::
     python benchmarks/cpu_pin_cost.py [--runs 2] [--only demo tiny smollm2] [--out FILE.json]
 
 The ``smollm2`` command needs the model in the cache (``cyb fetch smollm2-135m``).  Prints a
-markdown table (docs/training.md, "CPU numerics") and writes every run's seconds to ``--out``.
+markdown table (docs/record/benchmarks/cpu.md, "CPU numerics") and writes every run's seconds to ``--out``.
 """
 
 from __future__ import annotations

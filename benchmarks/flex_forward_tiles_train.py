@@ -5,7 +5,7 @@ training step against the library's options in one session::
     python benchmarks/flex_forward_tiles_train.py bench train --case 32768:32 --real-tokens 256 \\
         --variants cyb_private cyb_gated --modes compile
 
-Every argument goes to the ``cyb`` command line as is.  docs/benchmarks.md (``flex-options/``)
+Every argument goes to the ``cyb`` command line as is.  docs/record/benchmarks/training.md (``flex-options/``)
 has what it measured.
 """
 

@@ -1,10 +1,12 @@
-"""Regenerate ``docs/benchmarks.md`` from the JSON results in ``results/benchmarks/``.
+"""Render the tables of the benchmarks record (docs/record/benchmarks/) from the JSON results in
+``results/benchmarks/`` into one Markdown file, whose sections go into the record's pages by hand
+(the pages also hold readings and history that this script does not write).
 
 Every ``*.json`` written by ``cyb bench loss|train|decode`` 
 becomes a section: the device and versions, the command that produced it, its table and, for
 the training and decode benchmarks, each target marked met or missed with its ratio.
 
-    python benchmarks/make_docs.py                                   # the defaults below
+    python benchmarks/make_docs.py --out /tmp/b.md                   # results/benchmarks/
     python benchmarks/make_docs.py --results DIR --out FILE.md
 """
 
@@ -182,7 +184,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, default=ROOT / "results" / "benchmarks",
                    help="folder of JSON results")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="Markdown file")
+    p.add_argument("--out", type=Path, required=True, help="Markdown file to write")
     args = p.parse_args(argv)
     if not args.results.is_dir():
         print(f"make_docs: no results folder {args.results}", file=sys.stderr)

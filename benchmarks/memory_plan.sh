@@ -7,11 +7,11 @@
 #
 # Each (shape, configuration) runs in its own process on one GPU (CUDA_VISIBLE_DEVICES); the
 # pairs are dealt out round-robin, largest model first. Writes to $OUT (default outputs/memory):
-# memory.jsonl (one row per pair), memory.md (the table for docs/training.md) and
+# memory.jsonl (one row per pair), memory.md (the table for docs/record/benchmarks/memory.md) and
 # memory.tar.gz (both, the logs of every GPU and the device list). About 6-8 minutes on one
 # 80 GB GPU, 2-3 minutes on four; no pair starts after MEMORY_PLAN_BUDGET_S (420) seconds, so
 # the run stays under 10 minutes (late pairs are recorded as skipped). Then, in the repository:
-#   cyb bench memory --from memory.jsonl --fill-doc docs/training.md   # the table of the docs
+#   cyb bench memory --from memory.jsonl --fill-doc docs/record/benchmarks/memory.md   # the table of the docs
 set -uo pipefail
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 py=${PYTHON:-python3}

@@ -5,10 +5,10 @@
 #
 # Writes to $OUT (default results/benchmarks): decode.json, train.json, loss.json, a log per
 # benchmark, run_gpu.log (everything printed), env.txt and benchmarks.md (a preview of
-# docs/benchmarks.md).  Each benchmark runs under its own time limit and writes its JSON after
+# docs/record/benchmarks/).  Each benchmark runs under its own time limit and writes its JSON after
 # every row, so a benchmark cut off by its limit keeps the rows it finished; one that fails does
 # not stop the others.  Copy the JSON files to results/benchmarks/ and run
-# `python benchmarks/make_docs.py` to regenerate docs/benchmarks.md.
+# `python benchmarks/make_docs.py` to render their tables for docs/record/benchmarks/.
 set -uo pipefail
 
 START=$(date +%s)

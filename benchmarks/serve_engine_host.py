@@ -5,7 +5,7 @@ links to the HTTP processes, with the GPU's work replaced by a wait.
         [--links 1 4] [--seconds 5]
 
 On a GPU a served step takes longer than the same engine's step offline (H200, 134 M, 256
-streams: 2.8 ms against 2.0, docs/benchmarks.md): the engine's process does host work for each
+streams: 2.8 ms against 2.0, docs/record/benchmarks/serving.md): the engine's process does host work for each
 step (its worker thread groups the step's tokens by job and sends them down each HTTP process's
 pipe; its main thread reads new requests from the pipes), and where that work is longer than
 the GPU's step the GPU waits.  This measures that work without a GPU.

@@ -7,7 +7,7 @@ first), longest first within a seed, so a run cut short by ``--budget`` still co
 One JSON line per finished job goes to ``OUT/results.jsonl`` as it finishes (exact match,
 per-answer-position E[S] and accuracy, fixed/adaptive decoding for dk methods); ``--summary``
 merges the methods of each row and seed and prints exact match per seed, and for every method
-with dk how many seeds meet the demo criterion (docs/demo.md)::
+with dk how many seeds meet the demo criterion (docs/concepts/demo.md, docs/record/demo.md)::
 
     python experiments/demo_sweep.py cpu --seeds 0,1,2 --cpu-workers 14 --out outputs/demo-sweep
     python experiments/demo_sweep.py demo14 --seeds 0,1,2,3,4 --cpu-workers 56 --budget 420 \
@@ -55,7 +55,7 @@ GRIDS: dict[str, dict[str, dict]] = {
         "parity10-M4": {"task": "parity", "task_kwargs": {"length": 10}},
         "lookup3-M4": {"task": "lookup", "task_kwargs": {"hops": 3, "distractor_chains": 2}},
     },
-    # Issue 14's search (docs/demo.md, "The search for a demo where pausing pays").  Every row
+    # Issue 14's search (docs/record/demo.md, "The search for a demo where pausing pays").  Every row
     # trains GRID_DEFAULTS["demo14"]["methods"]; a row's psi_dk applies to every dk method.
     "demo14": {
         # 3-digit addition, most-significant digit first: psi 0.5 learned it in the only seed

@@ -1,6 +1,6 @@
 """Where CYB's spread between pretraining seeds comes from, read from the runs' own logs: how fast
 each seed stops pausing in the first steps, its largest gradient norm and its held-out perplexity
-(docs/results.md, "Pretraining from scratch")::
+(docs/record/results/text.md, "Pretraining from scratch")::
 
     python experiments/early_pausing.py [results/experiments/text]
 

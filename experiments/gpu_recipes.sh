@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The job that made results/experiments/recipes (docs/recipes.md), from the repository root with
+# The job that made results/experiments/recipes (docs/record/results/recipes.md), from the repository root with
 # techdocs copied to .data/techdocs:
 #   bash experiments/gpu_recipes.sh [GPUS] [SECONDS]     (GPUS: e.g. 0,1,2,3; default every GPU)
 # Three jobs share each GPU; jobs that cannot finish within SECONDS (default 540) are not

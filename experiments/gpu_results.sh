@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The job that made results/experiments/text (docs/results.md) on one machine with 4 GPUs:
+# The job that made results/experiments/text (docs/record/results/text.md) on one machine with 4 GPUs:
 #   bash experiments/gpu_results.sh [SECONDS]
 # from the repository root, with techdocs copied to .data/techdocs. Three jobs share each GPU;
 # jobs that cannot finish within SECONDS (default 560) are not started, and a rerun skips

@@ -1,4 +1,4 @@
-"""Tables and figures of docs/results.md from the text suites' outputs.
+"""Tables and figures of the record's results pages (docs/record/results/) from the text suites' outputs.
 
     python experiments/make_results.py [results/experiments/text]
     python experiments/make_results.py results/experiments/smollm2     # or .../visibility, .../recipes,
@@ -7,7 +7,7 @@
 Reads ``summary.jsonl`` written by ``experiments/run_suite.py`` (the newest finished row per
 run) and writes ``tables.md`` (one Markdown table per suite, mean and standard deviation over
 seeds, the command of each row) and ``curves.png`` (held-out perplexity against epochs) into
-the same folder, then puts each table into docs/results.md between its markers
+the same folder, then puts each table into the record page that holds its markers (docs/record/results/)
 (``<!-- table:SUITE -->`` and ``<!-- end table -->``); the prose around them is written by hand.
 """
 
@@ -25,7 +25,8 @@ if REPO_ROOT not in sys.path:  # run as a script: the repository root holds expe
 
 HERE = Path(__file__).resolve().parent
 DEFAULT = HERE.parent / "results" / "experiments" / "text"
-DOC = HERE.parent / "docs" / "results.md"
+#: The record's results pages: each table goes into the page that holds its markers.
+DOC = HERE.parent / "docs" / "record" / "results"
 REFERENCE = "TBYS 3 pauses"
 
 
@@ -182,7 +183,7 @@ def curves_figure(rows: list[dict], path: Path) -> None:
 
 def write_recipes(folder: Path, rows: list[dict]) -> None:
     """The recipe comparison (``run_suite.py recipes``, all of it or a part) into
-    docs/recipes.md, between the markers named after the folder (``recipes``, ``recipes-h100``)."""
+    docs/record/results/recipes.md, between the markers named after the folder (``recipes``, ``recipes-h100``)."""
     rows = [r for r in rows if r["suite"] == "recipes"]
     labels = list(by_label(rows))
     paper = [g for g in ("Baseline", "TBYS 3 pauses", "CYB 3 pauses") if g in labels]
@@ -190,8 +191,8 @@ def write_recipes(folder: Path, rows: list[dict]) -> None:
     references = tuple(g for g in ("CYB 3 pauses", "Baseline", "TBYS 3 pauses") if g in labels)
     tables = {folder.name: table(rows, references=references, order=order)}
     (folder / "tables.md").write_text("".join(f"## {k}\n\n{v}\n\n" for k, v in tables.items()))
-    fill_tables(HERE.parent / "docs" / "recipes.md", tables)
-    print(f"wrote {folder / 'tables.md'} and the tables of docs/recipes.md")
+    fill_tables(DOC / "recipes.md", tables)
+    print(f"wrote {folder / 'tables.md'} and the tables of docs/record/results/recipes.md")
 
 
 #: the suites with one table each, named after their folder: ``(row order, reference rows,
@@ -278,7 +279,7 @@ def real_tokens_curves(folder: Path, rows: list[dict], labels: list[str], path: 
 
 def write_suite(folder: Path, rows: list[dict]) -> None:
     """The table of ``folder`` (a suite of :data:`SUITE_TABLES`, or ``smollm2-arith``) into its
-    ``tables.md`` and docs/results.md (marker: the folder's name)."""
+    ``tables.md`` and docs/record/results/ (marker: the folder's name)."""
     if folder.name == "smollm2-arith":
         text = arithmetic_table(rows)
     else:
@@ -359,14 +360,15 @@ def arithmetic_table(rows: list[dict]) -> str:
 
 
 def fill_tables(doc: Path, tables: dict) -> None:
-    """Put each table between its markers in ``doc``."""
-    if not doc.is_file():
-        return
-    text = doc.read_text()
-    for key, value in tables.items():
-        text = re.sub(rf"(<!-- table:{key} -->\n).*?(?=<!-- end table -->)",
-                      lambda m: m.group(1) + value + "\n", text, flags=re.S)
-    doc.write_text(text)
+    """Put each table between its markers in ``doc``, a page or a folder of pages (every page
+    that holds a table's markers gets it)."""
+    for page in sorted(doc.rglob("*.md")) if doc.is_dir() else [doc] if doc.is_file() else []:
+        text = page.read_text()
+        for key, value in tables.items():
+            text = re.sub(rf"(<!-- table:{key} -->\n).*?(?=<!-- end table -->)",
+                          lambda m: m.group(1) + value + "\n", text, flags=re.S)
+        if text != page.read_text():
+            page.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> None:

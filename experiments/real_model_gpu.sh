@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SmolLM2-135M evidence of docs/results.md on one machine of 4 GPUs, two suites side by side
+# The SmolLM2-135M evidence of docs/record/results/ (smollm2.md, smollm2-arithmetic.md) on one machine of 4 GPUs, two suites side by side
 # (SmolLM2 arrives as in experiments/stage_smollm2.sh):
 #
 #   bash experiments/real_model_gpu.sh [SECONDS]      # default 540

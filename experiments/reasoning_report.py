@@ -15,7 +15,7 @@ that time ratio, one point per run timed alone, one panel per task) into the fol
 pilot's choice (``reasoning-choice.json``) heads the tables.  For the kept results
 (``results/experiments/reasoning``) it also writes the compact summary (exact share, gain,
 decode time alone, per row and task) and the answers read out at a fixed step into
-docs/results.md, between ``<!-- table:reasoning -->`` (``reasoning-ablations``) and
+docs/record/results/reasoning.md, between ``<!-- table:reasoning -->`` (``reasoning-ablations``) and
 ``<!-- end table -->``.
 """
 
@@ -271,7 +271,7 @@ def figure(rows: list[dict], path: Path) -> None:
 
 
 def summary_table(rows: list[dict], tasks: list[str]) -> str:
-    """The compact table of docs/results.md: per row and task the exact share (mean ± sd, seeds),
+    """The compact table of docs/record/results/reasoning.md: per row and task the exact share (mean ± sd, seeds),
     the gain over the same seed's baseline with the paired sign test's p (:func:`paired`), and the
     decode time per answer measured alone (ms, and x that of the models without pauses on the same
     task and card, :func:`time_ratio`), rows in the suite's order."""
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if _task(r) in c["chosen"]] or rows
     (folder / "tables.md").write_text(head + tables(rows))
     figure(rows, folder / "score_time.png")
-    if folder.resolve() == RESULTS.resolve():  # the kept results: docs/results.md shows their summary
+    if folder.resolve() == RESULTS.resolve():  # the kept results: docs/record/results/reasoning.md shows their summary
         from experiments.make_results import DOC, fill_tables
 
         tasks = json.loads(choice.read_text())["chosen"] if choice.is_file() else sorted({_task(r) for r in rows})

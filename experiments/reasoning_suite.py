@@ -3,7 +3,7 @@
 SmolLM2-135M fine-tuned on reasoning-gym tasks (``data.task: reasoning-gym:NAME``), each run
 then scored by ``cyb eval``: the answers to its 256 held-out questions generated in adaptive
 mode through the engine (256 rows at once) and judged by the task's own verifier, with the
-steps per answer token and the measured decode time per answer (docs/evaluation.md).
+steps per answer token and the measured decode time per answer (docs/how-to/evaluate.md).
 
 * ``reasoning-pilot``: the fine-tuned baseline (seed 0) on every candidate task of
   :data:`TASKS`; :func:`choose` then keeps the first three (in the order of :data:`TASKS`)

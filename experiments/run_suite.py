@@ -1,7 +1,7 @@
 """Small-scale reproductions of the paper's experiments on techdocs, scheduled over GPUs.
 
 Every run is a plain ``cyb train`` of a config written next to its outputs (``OUT/SUITE/configs``).
-Each row of ``docs/results.md`` reruns from a fresh clone with the command recorded in
+Each row of ``docs/record/results/`` reruns from a fresh clone with the command recorded in
 ``summary.jsonl``: this script with ``--only`` the row, which writes the data splits (a
 deterministic step: document ranges of techdocs' training file, the in-distribution part of its
 held-out file, the shared BPE) and trains the row's base first where it fine-tunes one.
@@ -34,7 +34,7 @@ Suites (paper analogues; training data in a seeded random order over the whole c
   3 pauses private and shared, TBYS 3 pauses private, CYB-decoupled private (``--scale smollm2``).
   More rows: TBYS 3 shared, CYB 1 and 2 pauses private and shared, LoRA (rank 16, lr 1e-3) for
   the baseline and private CYB 3, the baseline with 4x the context (``baseline_nx``,
-  compute-matched), CYB-ponder tau=-0.05 private (docs/recipes.md), CYB 3 gated, and the
+  compute-matched), CYB-ponder tau=-0.05 private (docs/record/results/recipes.md), CYB 3 gated, and the
   quality-compute sweep: private CYB with the dk prior at 0.5 and 0.99, CYB-ponder at tau=-0.2
   and -0.5. ``cyb eval`` analyses seed 0 of every full fine-tuning row with dk and every seed of
   the sweep (H2 per step, pause statistics). ``--scale smollm2-epoch`` runs them for
@@ -42,7 +42,7 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``smollm2-arith`` (``--scale smollm2-arith``): SmolLM2-135M fine-tuned on 5-digit addition
   written as text (1,500 steps of 64 examples) as baseline, TBYS 3 and CYB 3 shared, private
   and gated and CYB-decoupled private and gated, scored by exact match three ways (``experiments/task_decoding.py``).
-* ``reasoning-pilot`` and ``reasoning`` (``--scale smollm2-reasoning``; docs/results.md, in progress):
+* ``reasoning-pilot`` and ``reasoning`` (``--scale smollm2-reasoning``; docs/record/results/reasoning.md):
   SmolLM2-135M fine-tuned on reasoning-gym tasks (the ``reasoning`` extra) and scored by each
   task's own verifier on answers generated in adaptive mode, with the measured decode time per
   answer at 256 rows at once. The pilot runs the baseline on every candidate task and keeps
@@ -56,7 +56,7 @@ Suites (paper analogues; training data in a seeded random order over the whole c
 * ``recipes``: the training recipes beyond the paper (``cyb_anytime``, ``cyb_decoupled``,
   ``cyb_ponder`` at two costs, CYB-VA with a geometric rho as in PonderNet, CYB with gamma0 0.9
   held or annealed from 1 over half the steps) against baseline, TBYS 3 and
-  CYB 3, fine-tuned as ``finetune`` (docs/recipes.md).
+  CYB 3, fine-tuned as ``finetune`` (docs/record/results/recipes.md).
 
 Every run is evaluated every 400 steps and at the end on the in-distribution part of the
 held-out file (``valid.jsonl.gz`` without the documents of sources that have no training

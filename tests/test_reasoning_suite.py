@@ -236,7 +236,7 @@ def test_keep_never_trades_a_scored_row_for_a_run_whose_scoring_was_cut(tmp_path
 
 
 def test_the_summary_for_the_docs_gives_gain_and_time_against_the_baseline(tmp_path, monkeypatch):
-    """docs/results.md's compact table: per row and task the exact share, the gain over the same
+    """docs/record/results/reasoning.md's compact table: per row and task the exact share, the gain over the same
     seed's baseline (signed) and the time alone as a ratio to the baseline's; written into the
     page only for the kept results, never for another folder."""
     from experiments import make_results, reasoning_report

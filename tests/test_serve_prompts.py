@@ -1,6 +1,6 @@
 """What ``cyb serve`` does with a prompt its model cannot read: characters the model never saw in
 training (a model of a synthetic task with the character tokenizer) or that its tokenizer lacks
-get a 400 that names them; an empty prompt is what the tokenizer makes of it (docs/serving.md)."""
+get a 400 that names them; an empty prompt is what the tokenizer makes of it (docs/how-to/serve.md)."""
 
 from __future__ import annotations
 

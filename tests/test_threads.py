@@ -55,7 +55,7 @@ def test_by_default_one_thread_whatever_the_machine_and_its_load(monkeypatch):
 
 def test_the_same_thread_count_gives_the_same_bits():
     """What the fixed default relies on (sums split between another number of threads may end in
-    other last bits: docs/training.md, "CPU threads")."""
+    other last bits: docs/record/benchmarks/cpu.md, "CPU threads")."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(64, 4096, generator=g), torch.randn(4096, 64, generator=g)
     torch.set_num_threads(2)

@@ -17,7 +17,7 @@ M = 3
 
 
 def brute_visible(token, step, exported, valid):
-    """The rule of docs/method.md written as loops."""
+    """The rule of docs/concepts/layouts.md written as loops."""
     t = len(token)
     out = torch.zeros(t, t, dtype=torch.bool)
     for q in range(t):

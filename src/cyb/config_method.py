@@ -29,7 +29,7 @@ class MethodConfig:
     tokens run exactly as in the base model and a KV cache holds real tokens only; best for
     fine-tuning a pretrained model), or gated (everything, the logits of other tokens' pauses
     biased by a learned gate per layer and head that starts almost closed; no KV-cache
-    decoding). docs/method.md compares them."""
+    decoding). docs/concepts/layouts.md compares them."""
     pause_gate_init: float = GATE_INIT
     """pause_visibility gated: the gates' starting bias on the attention logits of other tokens'
     pauses (-8: almost closed, the base model nearly intact; 0: the shared layout). A model

@@ -17,7 +17,7 @@ since 2013, AMD since 2015): AVX2 kernels for torch and oneDNN, MKL's compatible
 AMD EPYC with AVX-512, 30 steps of ``configs/cpu-addition.yaml`` ended with other weights under
 each of torch's three settings, and with identical ones under the pin whatever the setting
 around it (``tests/test_cpu_numerics.py`` holds a shorter run to it); MKL's compatible path costs
-1.6x to 2.5x the CPU time there (docs/training.md, "CPU numerics").  The libraries read the variables once, at their first
+1.6x to 2.5x the CPU time there (docs/record/benchmarks/cpu.md, "CPU numerics").  The libraries read the variables once, at their first
 computation, so :func:`pin` must run before torch computes anything: the command line calls it
 first thing (``cyb ...`` and ``python -m cyb.integrations.lm_eval``), before torch is imported.
 

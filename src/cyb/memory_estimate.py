@@ -340,7 +340,7 @@ def gated_split_bytes(tokens: int, shape: ModelShape, compute_bytes: int) -> tup
     """``(kept, workspace)``: what one gated layer through the split attention keeps for backward
     beyond a shared one (the merged and the earlier pauses' attention outputs, and two float32
     log-sum-exps per query head: 1.16 GiB counted for the 134 M Llama at 4 x 8,192 positions,
-    1.09 measured, docs/benchmarks.md), and what its backward holds at once (float32 gradients
+    1.09 measured, docs/record/benchmarks/training.md), and what its backward holds at once (float32 gradients
     of queries, keys and values, and the step-head copies of the queries, outputs and their
     gradients)."""
     kept = tokens * (2 * shape.q_dim * compute_bytes + 8 * shape.heads)

@@ -198,7 +198,7 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("cyb_dp", "CYB-DP", "blocks", True, _cyb_dp, _own_stopping,
                fields=("omega", *_DISCOUNT, "rho", "alpha", "psi_dk", "position_scheme", *_VISIBILITY), needs_rho=True,
                colour="tab:green", help="CYB plus alpha KL(rho || s)"),
-    # training recipes beyond the paper (docs/recipes.md compares them)
+    # training recipes beyond the paper (docs/concepts/recipes.md; docs/record/results/recipes.md compares them)
     MethodSpec("cyb_anytime", "CYB-anytime", "blocks", True, _cyb_anytime, _own_stopping,
                fields=("omega", *_DISCOUNT, "aux_weight", "psi_dk", "position_scheme", *_VISIBILITY, "recipe"), recipe2=True,
                colour="tab:cyan", help="CYB plus aux_weight x the mean cross-entropy of every step"),

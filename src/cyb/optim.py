@@ -35,7 +35,7 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, lr: float):
     """AdamW with decoupled weight decay on matrices only, through torch's fused kernel on every
     device (on the CPU the others take the second moment's square root from MKL, whose last bits
     follow the CPU's approximate reciprocal square root, so another CPU model would train other
-    weights: docs/training.md, "CPU numerics").  Not on the embedding of a frozen base
+    weights: docs/record/benchmarks/cpu.md, "CPU numerics").  Not on the embedding of a frozen base
     (:func:`cyb.model.pause_adapters.freeze_base`), whose other rows must stay as they are; the
     gates of a gated pause layout (:mod:`cyb.model.gates`) in a group of their own at
     ``method.pause_gate_lr``."""

@@ -11,7 +11,7 @@ The command line (``cyb ...`` and ``python -m cyb.integrations.lm_eval``) calls 
 once.  By default torch computes with **one** thread: the same numbers on every machine (with the
 instruction sets :mod:`cyb.cpu_numerics` pins), and the fastest choice where other work shares the CPU (every parallel region
 waits for its slowest thread: on a 2-core machine with one other busy process, 2 threads gave
-9,500 real tokens/s on the demo's model where 1 thread gave 30,700; docs/training.md, "CPU
+9,500 real tokens/s on the demo's model where 1 thread gave 30,700; docs/record/benchmarks/cpu.md, "CPU
 threads").  ``CYB_NUM_THREADS=N`` (or ``OMP_NUM_THREADS``) fixes another number: faster on an idle
 machine with several cores (1.6x with 2 on the README's text model), with numbers of their own.
 ``CYB_NUM_THREADS=auto`` follows the load instead: torch gets the cores that other work leaves

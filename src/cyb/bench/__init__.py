@@ -15,7 +15,7 @@
   fine-tuning or LoRA, with or without gradient checkpointing), one process per configuration,
   beside the estimate of :mod:`cyb.memory_estimate`.
 * :mod:`cyb.bench.markdown`: the Markdown tables of the results (printed by ``cyb bench``, used
-  for docs/benchmarks.md).
+  for docs/record/benchmarks/).
 * Serving at real sizes (``benchmarks/serve_sizes.py``): :mod:`cyb.bench.jobs` (the mixed,
   evaluation-like and few-shot jobs), :mod:`cyb.bench.engine_features` (engine options and
   counters not every engine has), :mod:`cyb.bench.size_runs` (a job through the engine, its

@@ -116,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="adaptive rows: shares of step-1 decisions that say dk, set through the "
                              "dk prior (default 0.1 0.5)" + _OWN_DEFAULT)
     decode.add_argument("--visibility", dest="visibilities", nargs="+", choices=("shared", "private", "gated"),
-                        help="pause visibilities of the random models (default shared; docs/method.md)"
+                        help="pause visibilities of the random models (default shared; docs/concepts/layouts.md)"
                              + _OWN_DEFAULT)
     decode.add_argument("--offline", type=int, metavar="N",
                         help="an offline job of N prompts of mixed lengths (adaptive mode) through the "
@@ -169,7 +169,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="measure nothing: read the rows of an earlier run (with --markdown / --fill-doc)")
     mem.add_argument("--fill-doc", default=None, metavar="DOC.md",
                      help="put the table between the <!-- table:memory --> and <!-- end table --> "
-                          "markers of this file (docs/training.md)")
+                          "markers of this file (docs/record/benchmarks/memory.md)")
     mem.add_argument("--set", dest="extra", action="append", metavar="KEY=VALUE",
                      help="a further configuration override for every row, e.g. --set "
                           "train.loss_impl=naive" + _OWN_DEFAULT)

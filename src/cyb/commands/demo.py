@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with blocks of steps, such as cyb_ponder (their fields: method_options in --config)")
     p.add_argument("--visibility", dest="pause_visibility", choices=("shared", "private", "gated"),
                    default=_UNSET, help="what later tokens see of a token's pauses: shared (default, the "
-                   "paper's layout), private or gated (docs/method.md)")
+                   "paper's layout), private or gated (docs/concepts/layouts.md)")
     p.add_argument("--config", default=None,
                    help="YAML of demo settings, e.g. configs/demo/gpu.yaml; the options above override it")
     p.add_argument("--device", default=_UNSET, help="auto, cpu or cuda (default: auto)")

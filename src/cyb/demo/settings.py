@@ -11,7 +11,7 @@ from .. import methods
 
 DEMO_METHODS = ("baseline", "tbys", "cyb")
 #: The default demo's methods: the paper's three and the recipe that paid most in the search
-#: of docs/demo.md.
+#: of docs/record/demo.md.
 DEFAULT_METHODS = (*DEMO_METHODS, "cyb_decoupled")
 
 #: Method fields a demo may set per method (``DemoSettings.method_options``); the rest of a run's
@@ -30,7 +30,7 @@ def demo_method(name: str) -> bool:
 
 
 #: Task sizes per task name.  The default, 3-digit addition written most-significant digit
-#: first, is where pauses helped on average over seeds at this scale (docs/demo.md): TBYS and CYB
+#: first, is where pauses helped on average over seeds at this scale (docs/record/demo.md): TBYS and CYB
 #: learned the carries in about 4 and 3 of 10 seeds, the no-pause baseline in about 2.
 TASK_PRESETS: dict[str, dict] = {
     "addition": {"digits": 3},

@@ -37,7 +37,7 @@ lm-evaluation-harness with the cyb model registered: the lm_eval command line, s
                             folder ${DATA_ENV} (or --metadata '{{"data_dir": "/path"}}'):
                               hellaswag/train.jsonl, hellaswag/validation.jsonl,
                               mmlu/dev.jsonl, mmlu/test.jsonl, gsm8k/test.jsonl
-                            These files are not shipped with cyb; docs/downstream.md says how to
+                            These files are not shipped with cyb; docs/how-to/downstream.md says how to
                             write them from the hub data sets.  Shipped (a few examples, for
                             smoke tests): cyb_tiny_mc, cyb_tiny_gen, cyb_tiny_ppl.
 

@@ -12,7 +12,7 @@ task YAMLs that read local JSON files instead of downloading from the hub.
 * ``cyb_tiny_mc``, ``cyb_tiny_gen``, ``cyb_tiny_ppl``: a handful of examples shipped here (for
   smoke tests): multiple choice, generation until a stop string, and rolling perplexity.
 
-Expected files (see ``docs/downstream.md``)::
+Expected files (see ``docs/how-to/downstream.md``)::
 
     $CYB_EVAL_DATA/hellaswag/train.jsonl       ctx_a ctx_b activity_label endings label
     $CYB_EVAL_DATA/hellaswag/validation.jsonl
@@ -79,7 +79,7 @@ def split_file(folder: Path, split: str) -> Path:
             return path
     raise FileNotFoundError(
         f"missing {folder / (split + '.jsonl')} (or .json): the local tasks need the {split!r} split "
-        f"of {folder.name} there, one JSON object per line (see docs/downstream.md)"
+        f"of {folder.name} there, one JSON object per line (see docs/how-to/downstream.md)"
     )
 
 

@@ -1,4 +1,4 @@
-"""cyb inside a ``transformers.Trainer`` or TRL ``SFTTrainer`` script (docs/integrations.md).
+"""cyb inside a ``transformers.Trainer`` or TRL ``SFTTrainer`` script (docs/how-to/integrations.md).
 
 ::
 

@@ -18,7 +18,7 @@ OpenAI server, its batching and cache.  What the plugin adds, each piece in its 
 * :mod:`~cyb.integrations.vllm.pauses`: what needs no vLLM: the settings, the refusals, the
   prompt layout and :func:`steps_per_token`, which reads each token's steps from an output.
 
-docs/serving.md shows it run, and which models and modes vLLM can serve.
+docs/how-to/vllm.md shows it run, and which models and modes vLLM can serve.
 """
 
 from __future__ import annotations
