@@ -1,8 +1,8 @@
-"""Run the examples of README.md and docs/*.md and compare what they print with what the pages show.
+"""Run the examples of README.md and the docs pages and compare what they print with what the pages show.
 
     bash scripts/check_docs.sh                       # check every page (about an hour on 2 cores)
     bash scripts/check_docs.sh --pages README.md     # some pages only (only the runs they need)
-    bash scripts/check_docs.sh --write --pages README.md,docs/demo.md   # put what ran into the pages
+    bash scripts/check_docs.sh --write --pages README.md,docs/concepts/demo.md   # put what ran into the pages
     bash scripts/check_docs.sh --list                # what is checked, without running anything
 
 What is checked:
@@ -21,7 +21,8 @@ Every command runs in the work folder (``--work``, default ``/tmp/cyb-docs``; ke
 second check reuses the runs that finished, ``--fresh`` starts over), where the pages' ``/tmp/NAME``
 is the work folder's ``NAME``, with ``CYB_NUM_THREADS=1`` and the CPU's numerics pinned (cyb's
 defaults, with which the pages' numbers were made; the thread count and the instruction sets
-decide the last bits of the sums, docs/training.md "CPU threads" and "CPU numerics"),
+decide the last bits of the sums, docs/how-to/train.md "CPU threads and numerics"), ``COLUMNS=80``
+(the width of ``--help``),
 ``HF_HUB_OFFLINE=1`` (SmolLM2 comes from its PyPI wheel), a model cache inside the work folder
 (``CYB_CACHE``; ``--cache DIR`` shares one) and ``TQDM_DISABLE=1``.  Timings (seconds, tokens per
 second, minutes) are not compared.  Exit status 1 when anything differs.
@@ -42,8 +43,9 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = ("README.md", "docs/evaluation.md", "docs/demo.md", "docs/training.md", "docs/generation.md",
-         "docs/serving.md")
+PAGES = ("README.md", "docs/how-to/evaluate.md", "docs/concepts/demo.md", "docs/how-to/train.md",
+         "docs/how-to/fine-tune.md", "docs/record/benchmarks/cpu.md", "docs/how-to/generate.md",
+         "docs/how-to/serve.md", "docs/reference/cli.md", "docs/reference/config.md")
 THREADS = "1"
 
 #: The runs that examples read, each made once per work folder: the commands (``{repo}``: the
@@ -84,7 +86,7 @@ class Context:
             shutil.rmtree(work)
         (work / "logs").mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "CYB_NUM_THREADS": THREADS, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
-                    "CYB_CACHE": str(cache or work / "cache"), "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+                    "CYB_CACHE": str(cache or work / "cache"), "COLUMNS": "80", "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
         self.env.pop("OMP_NUM_THREADS", None)
         self.env.pop("CYB_CPU_NUMERICS", None)  # pinned, as the pages' numbers were made
         self.outputs: dict[str, tuple[str, str]] = {}
@@ -176,7 +178,7 @@ def demo_generation(ctx: Context) -> str:
 
 
 def reasoning_steps(ctx: Context) -> str:
-    """The held-out lines of docs/training.md's reasoning-gym run (configs/cpu-reasoning.yaml)."""
+    """The held-out lines of docs/how-to/train.md's reasoning-gym run (configs/cpu-reasoning.yaml)."""
     log = ctx.run("reasoning")
     return "".join(line + "\n" for line in log.splitlines() if re.match(r"step \d+: held-out", line))
 
@@ -228,7 +230,7 @@ def _valid_losses(run: Path) -> dict[int, dict]:
 
 
 def measure_table(ctx: Context) -> str:
-    """docs/training.md's table of the three cpu-tiny runs (the CYB one is the README's)."""
+    """docs/record/benchmarks/cpu.md's table of the three cpu-tiny runs (the CYB one is the README's)."""
     rows = []
     for name, label, run in (("measure-baseline", "baseline", "runs/measure-baseline"),
                              ("measure-tbys", "tbys (M=4)", "runs/measure-tbys"),
@@ -261,7 +263,7 @@ print(r.usage.completion_tokens, r.usage.model_extra)
 SERVE_STREAM = ("curl -sN {url}/v1/completions -H \"Content-Type: application/json\" "
                 "-d '{{\"prompt\": \"776+911=\", \"max_tokens\": 8, \"temperature\": 0, \"stream\": true, "
                 "\"return_steps\": true}}'")
-#: docs/serving.md's bad requests.
+#: docs/how-to/serve.md's bad requests.
 SERVE_BAD = ('{{"prompt": "864+394=", "max_tokens": 5000}}', '{{"prompt": "864+394=", "max_token": 8}}',
              '{{"prompt": "hello world", "max_tokens": 8}}')
 #: What differs between two calls of the same request: its id and time.
@@ -302,19 +304,19 @@ def serve_example(ctx: Context) -> dict:
 
 
 def generation_python(ctx: Context) -> str:
-    """docs/generation.md's Python example (``From Python``) on the addition run, what it printed."""
+    """docs/how-to/generate.md's Python example (``From Python``) on the addition run, what it printed."""
     ctx.run("add")
-    text = (REPO / "docs" / "generation.md").read_text(encoding="utf-8").split("## From Python", 1)[1]
+    text = (REPO / "docs" / "how-to" / "generate.md").read_text(encoding="utf-8").split("## From Python", 1)[1]
     code = _FENCE.search(text).group(1).replace("/tmp/add/", f"{ctx.work}/add/")
     py = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], cwd=ctx.work, env=ctx.env,
                         capture_output=True, text=True)
     if py.returncode != 0:
-        raise RuntimeError(f"the Python example of docs/generation.md failed:\n{py.stderr[-2000:]}")
+        raise RuntimeError(f"the Python example of docs/how-to/generate.md failed:\n{py.stderr[-2000:]}")
     return py.stdout
 
 
 def lm_eval_tiny(ctx: Context) -> str:
-    """The table of the in-process lm-eval model on the shipped tiny tasks (docs/serving.md: the
+    """The table of the in-process lm-eval model on the shipped tiny tasks (docs/how-to/serve.md: the
     server gives the same), for the cpu-tiny run."""
     ctx.run("tinyfull")
     tasks = ctx.shell("python -c 'from cyb.integrations.tasks import tasks_dir; print(tasks_dir())'")[0].strip()
@@ -445,33 +447,33 @@ class Fact:
 
 
 FACTS: list[Fact] = [
-    Fact("docs/demo.md", r"prints the answers `\d+` and `\d+`", "prints the answers `{a}` and `{b}`", readme_answers),
-    Fact("docs/demo.md", r"In that run the digits of `\d+` took [\d, and]+ steps; those of `\d+`, with no carry, took [\d, and]+\.",
+    Fact("docs/concepts/demo.md", r"prints the answers `\d+` and `\d+`", "prints the answers `{a}` and `{b}`", readme_answers),
+    Fact("docs/concepts/demo.md", r"In that run the digits of `\d+` took [\d, and]+ steps; those of `\d+`, with no carry, took [\d, and]+\.",
          "In that run the digits of `{a}` took {a_steps} steps; those of `{b}`, with no carry, took {b_steps}.",
          readme_answers),
-    Fact("docs/demo.md", r"`\[\d+ tokens, mean steps [\d.]+ of 4, stop: eos\]`", "`{a_line}`", readme_answers),
-    Fact("docs/training.md", r"\([\d.]+ as a no-pause baseline", "({base0} as a no-pause baseline", smollm2_numbers),
-    Fact("docs/training.md", r"which ends at [\d.]+\)", "which ends at {base16})", smollm2_numbers),
-    Fact("docs/training.md", r"the same run went [\d,.]+, [\d.]+, [\d.]+\.", "the same run went {shared}.", smollm2_numbers),
-    Fact("docs/training.md", r"ending at held-out perplexity \d+", "ending at held-out perplexity {ppl}", tinyfull_numbers),
-    Fact("docs/evaluation.md", r"`final held-out: loss=[\d.]+ \.\.\. ppl=[\d.]+ \.\.\. targets=\d+ step=\d+`", "`{final}`",
+    Fact("docs/concepts/demo.md", r"`\[\d+ tokens, mean steps [\d.]+ of 4, stop: eos\]`", "`{a_line}`", readme_answers),
+    Fact("docs/how-to/fine-tune.md", r"\([\d.]+ as a no-pause baseline", "({base0} as a no-pause baseline", smollm2_numbers),
+    Fact("docs/how-to/fine-tune.md", r"which ends at [\d.]+\)", "which ends at {base16})", smollm2_numbers),
+    Fact("docs/how-to/fine-tune.md", r"the same run went [\d,.]+, [\d.]+, [\d.]+\.", "the same run went {shared}.", smollm2_numbers),
+    Fact("docs/how-to/train.md", r"ending at held-out perplexity \d+", "ending at held-out perplexity {ppl}", tinyfull_numbers),
+    Fact("docs/how-to/evaluate.md", r"`final held-out: loss=[\d.]+ \.\.\. ppl=[\d.]+ \.\.\. targets=\d+ step=\d+`", "`{final}`",
          tinyfull_numbers),
-    Fact("docs/evaluation.md", r"`perplexity [\d.]+ \(loss [\d.]+; cross-entropy\)` and `exact match [\d.]+%`",
+    Fact("docs/how-to/evaluate.md", r"`perplexity [\d.]+ \(loss [\d.]+; cross-entropy\)` and `exact match [\d.]+%`",
          "`perplexity {base_ppl} (loss {base_loss}; cross-entropy)` and `exact match {base_exact}`", add_numbers),
-    Fact("docs/evaluation.md", r"\(the baseline [\d.]+% exact, CYB [\d.]+%\)",
+    Fact("docs/how-to/evaluate.md", r"\(the baseline [\d.]+% exact, CYB [\d.]+%\)",
          "(the baseline {base_exact} exact, CYB {cyb_exact})", add_numbers),
-    Fact("docs/evaluation.md", r"that line read `gated pauses: [^`]*`", "that line read `{line}`", gated_numbers),
-    Fact("docs/demo.md", r"it answers at the real token \(E\[S\] [\d.]+\)",
+    Fact("docs/how-to/evaluate.md", r"that line read `gated pauses: [^`]*`", "that line read `{line}`", gated_numbers),
+    Fact("docs/concepts/demo.md", r"it answers at the real token \(E\[S\] [\d.]+\)",
          "it answers at the real token (E[S] {cyb_es})", demo_numbers),
-    Fact("docs/demo.md", r"adaptive decoding spends [\d.]+ positions per token",
+    Fact("docs/concepts/demo.md", r"adaptive decoding spends [\d.]+ positions per token",
          "adaptive decoding spends {dec_positions} positions per token", demo_numbers),
-    Fact("docs/demo.md", r"`cyb_decoupled` spent [\d.]+ steps on the hard answer digits and [\d.]+ on the easy ones",
+    Fact("docs/concepts/demo.md", r"`cyb_decoupled` spent [\d.]+ steps on the hard answer digits and [\d.]+ on the easy ones",
          "`cyb_decoupled` spent {dec_hard} steps on the hard answer digits and {dec_easy} on the easy ones", demo_numbers),
-    Fact("docs/demo.md", r"`cyb_decoupled` answers [\d.]+% exactly against TBYS's [\d.]+%",
+    Fact("docs/concepts/demo.md", r"`cyb_decoupled` answers [\d.]+% exactly against TBYS's [\d.]+%",
          "`cyb_decoupled` answers {dec_exact} exactly against TBYS's {tbys_exact}", demo_numbers),
-    Fact("docs/demo.md", r"\([\d.]+% exact against [\d.]+% in fixed mode\)",
+    Fact("docs/concepts/demo.md", r"\([\d.]+% exact against [\d.]+% in fixed mode\)",
          "({dec_adaptive} exact against {dec_fixed} in fixed mode)", demo_numbers),
-    Fact("docs/demo.md", r"it answers [\d.]+% exactly in fixed mode and [\d.]+% in adaptive mode",
+    Fact("docs/concepts/demo.md", r"it answers [\d.]+% exactly in fixed mode and [\d.]+% in adaptive mode",
          "it answers {cyb_fixed} exactly in fixed mode and {cyb_adaptive} in adaptive mode", demo_numbers),
 ]
 
@@ -511,13 +513,13 @@ def _baseline_ahead_on_add(ctx: Context):
 
 #: ``(page, the phrase that reads the numbers, check(ctx) -> (holds, what the numbers are))``.
 CLAIMS = [
-    ("docs/evaluation.md", "Here the baseline is better (a negative relative improvement)", _negative_improvement),
-    ("docs/demo.md", "In this run plain CYB learned the task", _cyb_learned),
-    ("docs/demo.md", "CYB learned it too", _cyb_learned),
-    ("docs/demo.md", "Here the recipe does not meet the demo's criterion", _decoupled_misses),
-    ("docs/demo.md", "keeps its answers (", _decoupled_keeps),
-    ("docs/evaluation.md", "keeps its answers that way", _decoupled_keeps),
-    ("docs/evaluation.md", "the baseline does more of the sums than CYB", _baseline_ahead_on_add),
+    ("docs/how-to/evaluate.md", "Here the baseline is better (a negative relative improvement)", _negative_improvement),
+    ("docs/concepts/demo.md", "In this run plain CYB learned the task", _cyb_learned),
+    ("docs/concepts/demo.md", "CYB learned it too", _cyb_learned),
+    ("docs/concepts/demo.md", "Here the recipe does not meet the demo's criterion", _decoupled_misses),
+    ("docs/concepts/demo.md", "keeps its answers (", _decoupled_keeps),
+    ("docs/how-to/evaluate.md", "keeps its answers that way", _decoupled_keeps),
+    ("docs/how-to/evaluate.md", "the baseline does more of the sums than CYB", _baseline_ahead_on_add),
 ]
 
 

