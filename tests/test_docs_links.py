@@ -120,3 +120,12 @@ def test_links_into_a_page_name_one_of_its_headings(page):
         if anchor not in _anchors(page.parent / path):
             missing.append(target)
     assert not missing, f"{page.relative_to(ROOT)} links to headings that do not exist: {missing}"
+
+
+CONFIG = re.compile(r"(?<![\w./-])(configs/[\w./-]+\.yaml)\b")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_configs_exist(page):
+    missing = sorted({c for c in CONFIG.findall(page.read_text(encoding="utf-8")) if not (ROOT / c).is_file()})
+    assert not missing, f"{page.relative_to(ROOT)} names configs that do not exist: {missing}"

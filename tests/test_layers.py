@@ -99,6 +99,7 @@ def layers() -> dict[str, int]:
     """``{path prefix: layer number}`` from the table of docs/concepts/architecture.md: a row's modules are
     the backticked names of its second column (``model/`` a package, ``files.py`` a module)."""
     table = ARCHITECTURE.read_text(encoding="utf-8").split("## The modules and what each owns", 1)[1]
+    table = table.split("\n## ", 1)[0]  # that section only: later sections have tables of their own
     order: list[str] = []
     out: dict[str, int] = {}
     for line in table.splitlines():
