@@ -17,7 +17,8 @@ from pathlib import Path
 import yaml
 
 from . import config_parsing, extras, families, methods, paths
-from .config_parsing import ConfigError, apply_overrides
+from .config_data import DataConfig, validate_data
+from .config_parsing import ConfigError, apply_overrides, need as _need, one_of as _one_of
 from .vectors import step_vector_problem
 from .config_method import MethodConfig
 from .visibility import VISIBILITIES
@@ -78,50 +79,6 @@ class LoraConfig:
 
 
 @dataclass
-class DataConfig:
-    source: str = "builtin:python-docs"
-    """Training text: JSON lines (.jsonl/.jsonl.gz), .txt, parquet, a datasets folder, a hub
-    dataset (hf:NAME), a folder, a glob, or builtin:python-docs[@train|@valid] (the Python
-    standard library's documentation, a small English corpus every installation has). Ignored
-    when task is set."""
-    valid_source: str | None = None
-    """Held-out text; None = hold out valid_fraction of the training documents."""
-    text_field: str = "text"
-    """Field holding the text in JSON lines / parquet / datasets sources."""
-    valid_fraction: float = 0.02
-    """Fraction of documents held out when valid_source is None."""
-    tokenizer: str | None = None
-    """Hugging Face tokenizer name/folder. None: the pretrained model's, or a byte-level BPE
-    trained on the corpus (saved with the run)."""
-    bpe_vocab_size: int = 4096
-    """Vocabulary of the BPE trained when no tokenizer is given."""
-    bpe_train_docs: int = 2000
-    """Documents used to train that BPE."""
-    block_len: int = 256
-    """L: real tokens per training sequence (pauses come on top)."""
-    shuffle: str = "auto"
-    """Order of the training blocks: corpus (a seeded random order over all blocks of the
-    corpus, new each epoch; holds the tokenised corpus in memory, 4 bytes per token), buffer
-    (random within consecutive windows of shuffle_buffer blocks; streams), none (corpus order:
-    each batch comes from a few consecutive documents, which costs small models much held-out
-    perplexity) or auto (corpus for files and folders, buffer for hf: hub streams)."""
-    shuffle_buffer: int = 10000
-    """Blocks per shuffle window when data.shuffle is buffer (>= 2)."""
-    task: str | None = None
-    """A synthetic task instead of text: addition, multiplication, 3sum, parity or lookup
-    (data.task_kwargs sets its size), or reasoning-gym:NAME, a generator of the reasoning-gym
-    package (the reasoning extra) written as text: question as the prompt, answer as the
-    completion; it needs a pretrained model's tokenizer or data.tokenizer."""
-    task_kwargs: dict = field(default_factory=dict)
-    """Size parameters of the synthetic task (e.g. {digits: 4}), or a reasoning-gym
-    generator's own settings (e.g. {min_terms: 2, max_terms: 4} for chain_sum)."""
-    num_train_examples: int = 20000
-    """Synthetic task: training examples."""
-    num_valid_examples: int = 500
-    """Synthetic task: held-out examples."""
-
-
-@dataclass
 class OptimConfig:
     lr: float | None = None
     """Peak learning rate; None = lr_alpha / sqrt(d_model) as in the paper."""
@@ -148,7 +105,13 @@ class TrainConfig:
     out_dir: str = "runs/default"
     """Run folder: checkpoints, metrics.jsonl, run.json, tokenizer."""
     steps: int = 1000
-    """Optimiser steps."""
+    """Optimiser steps (unless train.epochs is set)."""
+    epochs: float = 0.0
+    """Passes over the training data instead of train.steps (> 0): the run takes epochs x rows
+    per pass / batch_size optimiser steps (rounded down), so the LR schedule ends with the last pass. A
+    pass is the training text (data.fraction of it) cut into rows of data.block_len real tokens
+    (x method.seq_multiplier), or the data.num_train_examples rows of a task; counting it costs
+    nothing with data.shuffle corpus, one more reading of the text otherwise. 0 = train.steps."""
     batch_size: int = 16
     """Sequences per optimiser step, over all micro-batches and processes."""
     micro_batch_size: int | None = None
@@ -232,7 +195,7 @@ class RunConfig:
         _need(self.model.attn_implementation != "eager" or self.method.pause_visibility != "gated",
               "method.pause_visibility", "gated pauses need model.attn_implementation sdpa")
         _validate_pause_adapters(self)
-        _validate_data(self.data)
+        validate_data(self.data)
         _validate_optim(self.optim)
         _validate_train(self.train)
         self._valid_state = state
@@ -311,15 +274,6 @@ def local_paths(config: dict, base: str | Path | None = None) -> dict:
         where = train["out_dir"] if base is None else Path(base) / train["out_dir"]
         train["out_dir"] = paths.absolute(where)
     return out
-
-
-def _need(cond: bool, name: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"{name}: {msg}")
-
-
-def _one_of(value, allowed: tuple, name: str) -> None:
-    _need(value in allowed, name, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
 def _validate_model(m: ModelConfig) -> None:
@@ -429,32 +383,6 @@ def _validate_lora(lo: LoraConfig, m: ModelConfig) -> None:
           f"LoRA needs the peft package, which is not installed: {extras.install_hint('peft')}")
 
 
-def _validate_data(d: DataConfig) -> None:
-    if d.task is None:
-        _need(bool(d.source.strip()), "data.source", "must name the training text (or set data.task)")
-    else:
-        from .data import reasoning_gym  # the data layer (below this one) knows the tasks and sizes
-        from .data.synthetic import make_task
-
-        try:
-            if reasoning_gym.is_reasoning_gym(d.task):
-                reasoning_gym.check_task(d.task, d.task_kwargs)
-            else:
-                make_task(d.task, **d.task_kwargs)
-        except extras.MissingPackage as e:
-            raise ConfigError(f"data.task ({d.task}): {e}") from None
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"data.task / data.task_kwargs: {e}") from None
-    _need(d.block_len >= 2, "data.block_len", f"must be >= 2, got {d.block_len}")
-    _need(0.0 <= d.valid_fraction < 1.0, "data.valid_fraction", f"must lie in [0, 1), got {d.valid_fraction}")
-    _need(d.bpe_vocab_size >= 64, "data.bpe_vocab_size", f"must be >= 64, got {d.bpe_vocab_size}")
-    _need(d.bpe_train_docs >= 1, "data.bpe_train_docs", f"must be >= 1, got {d.bpe_train_docs}")
-    _one_of(d.shuffle, ("auto", "corpus", "buffer", "none"), "data.shuffle")
-    _need(d.shuffle_buffer >= 2, "data.shuffle_buffer", f"must be >= 2 blocks, got {d.shuffle_buffer}")
-    _need(d.num_train_examples >= 1, "data.num_train_examples", f"must be >= 1, got {d.num_train_examples}")
-    _need(d.num_valid_examples >= 1, "data.num_valid_examples", f"must be >= 1, got {d.num_valid_examples}")
-
-
 def _validate_optim(o: OptimConfig) -> None:
     if o.lr is not None:
         _need(math.isfinite(o.lr) and o.lr > 0, "optim.lr", f"must be > 0 (or null for lr_alpha/sqrt(d_model)), got {o.lr}")
@@ -473,6 +401,8 @@ def _validate_optim(o: OptimConfig) -> None:
 def _validate_train(t: TrainConfig) -> None:
     _need(bool(str(t.out_dir).strip()), "train.out_dir", "must name a folder")
     _need(t.steps >= 1, "train.steps", f"must be >= 1, got {t.steps}")
+    _need(math.isfinite(t.epochs) and t.epochs >= 0, "train.epochs",
+          f"must be >= 0 (passes over the training data; 0 = train.steps decides), got {t.epochs}")
     _need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
     if t.micro_batch_size is not None:
         _need(1 <= t.micro_batch_size <= t.batch_size, "train.micro_batch_size",

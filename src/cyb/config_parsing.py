@@ -22,6 +22,17 @@ class ConfigError(ValueError):
     """A configuration value is missing, of the wrong type or out of range."""
 
 
+def need(cond: bool, name: str, msg: str) -> None:
+    """Raise :class:`ConfigError` ``"name: msg"`` unless ``cond``."""
+    if not cond:
+        raise ConfigError(f"{name}: {msg}")
+
+
+def one_of(value, allowed: tuple, name: str) -> None:
+    """Raise :class:`ConfigError` naming ``name`` and ``allowed`` unless ``value`` is one of them."""
+    need(value in allowed, name, f"must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
 def unknown_name(name: str, known, where: str) -> ConfigError:
     """The error for an unknown ``name`` in ``where``: the known names, and the closest one."""
     close = difflib.get_close_matches(name, list(known), n=1)
@@ -174,4 +185,5 @@ def field_docs(sections: dict[str, type]) -> dict[str, str]:
     return docs
 
 
-__all__ = ["ConfigError", "apply_overrides", "build", "coerce", "field_docs", "parse_literal", "unknown_name"]
+__all__ = ["ConfigError", "apply_overrides", "build", "coerce", "field_docs", "need", "one_of", "parse_literal",
+           "unknown_name"]

@@ -33,7 +33,7 @@ _RESUME_FIELDS = {
     "method": None,
     "lora": None,
     "data": ("tokenizer", "bpe_vocab_size", "bpe_train_docs", "block_len", "task", "task_kwargs",
-             "num_train_examples", "shuffle", "shuffle_buffer"),
+             "num_train_examples", "shuffle", "shuffle_buffer", "fraction", "fraction_seed"),
     "train": ("seed", "batch_size"),
 }
 _RESUME_FREE = {"model": ("gradient_checkpointing", "attn_implementation", "dtype", "pause_init")}

@@ -16,17 +16,20 @@ import torch
 
 from .config import RunConfig
 from .data.packing import PackedBlocks, resolved_shuffle, train_valid_sources
+from .data.subsets import FractionOfTexts
 from .distributed import DistInfo
 
 
 def train_texts(cfg: RunConfig):
-    """Text factories ``(train, valid or None)`` of a text run (see :func:`train_valid_sources`)."""
-    return train_valid_sources(cfg.data.source, cfg.data.valid_source,
-                               valid_fraction=cfg.data.valid_fraction, seed=cfg.train.seed,
-                               text_field=cfg.data.text_field)
-
-
-
+    """Text factories ``(train, valid or None)`` of a text run (see :func:`train_valid_sources`);
+    below ``data.fraction = 1`` the training one keeps that share of the documents
+    (:class:`~cyb.data.subsets.FractionOfTexts`), the held-out one is unchanged."""
+    d = cfg.data
+    train, valid = train_valid_sources(d.source, d.valid_source, valid_fraction=d.valid_fraction,
+                                       seed=cfg.train.seed, text_field=d.text_field)
+    if d.fraction < 1.0:
+        train = FractionOfTexts(train, d.fraction, cfg.train.seed if d.fraction_seed is None else d.fraction_seed)
+    return train, valid
 
 
 class GlobalBatches:
@@ -60,6 +63,17 @@ class GlobalBatches:
         the corpus length is unknown)."""
         return self.source.epochs()
 
+    def epoch_rows(self) -> int:
+        """Rows in one pass over the training data (:meth:`TextRows.epoch_rows`)."""
+        return self.source.epoch_rows()
+
+    def steps_of(self, epochs: float, state: dict | None = None) -> int:
+        """``epochs`` passes over the training data in optimiser steps of ``batch_size`` rows,
+        rounded down (no step reaches past the last pass; at least 1); the rows of a pass from
+        ``state`` (a checkpoint's position) where it holds them, else from :meth:`epoch_rows`."""
+        rows = (state or {}).get("epoch_blocks") or self.epoch_rows()
+        return max(1, int(epochs * rows // self.batch_size))
+
     def state_dict(self) -> dict:
         return dict(self._state)
 
@@ -76,31 +90,53 @@ class TextRows:
 
         self.blocks = PackedBlocks(texts_factory, tokenizer, block_len, shuffle=shuffle,
                                    shuffle_buffer=shuffle_buffer, seed=seed, epochs=None)
+        self.texts_factory, self.tokenizer = texts_factory, tokenizer
         self.where = where
         self._it = None
+        self._ahead: list[tuple[torch.Tensor, dict]] = []  # drawn early (epoch_rows), handed out first
 
-    def take(self, n: int) -> dict:
+    def _next(self) -> torch.Tensor:
         if self._it is None:
             self._it = iter(self.blocks)
-        rows = []
         try:
-            for _ in range(n):
-                rows.append(next(self._it))
+            return next(self._it)
         except (StopIteration, ValueError) as e:
             raise ValueError(f"{self.where} yields no block of data.block_len={self.blocks.block_len} "
                              f"tokens ({e}); add documents or lower data.block_len") from None
+
+    def take(self, n: int) -> dict:
+        rows = [block for block, _ in self._ahead[:n]]
+        del self._ahead[:n]
+        rows += [self._next() for _ in range(n - len(rows))]
         return {"ids": torch.stack(rows)}
 
     def epochs(self) -> float | None:
         """Passes over the corpus so far (None until its length is known)."""
         return self.blocks.epochs_done()
 
+    def epoch_rows(self) -> int:
+        """Blocks in one pass over the text.  Known from a loaded state or once a block was
+        drawn with ``shuffle="corpus"`` (whose first draw reads the whole pass: drawn here if
+        need be, and handed out first by :meth:`take`); otherwise counted by reading and
+        tokenising the text once more."""
+        if not self.blocks.epoch_blocks and self.blocks.shuffle == "corpus":
+            before = self.blocks.state_dict()
+            self._ahead.append((self._next(), before))
+        if self.blocks.epoch_blocks:
+            return self.blocks.epoch_blocks
+        counter = PackedBlocks(self.texts_factory, self.tokenizer, self.blocks.block_len, shuffle="none", epochs=1)
+        n = sum(1 for _ in counter)
+        if not n:
+            raise ValueError(f"{self.where} yields no block of data.block_len={self.blocks.block_len} tokens")
+        return n
+
     def state_dict(self) -> dict:
-        return self.blocks.state_dict()
+        """The position after the rows taken so far (blocks drawn ahead are not taken yet)."""
+        return dict(self._ahead[0][1]) if self._ahead else self.blocks.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.blocks.load_state_dict(state)
-        self._it = None
+        self._it, self._ahead = None, []
 
 
 class TensorRows:
@@ -134,6 +170,10 @@ class TensorRows:
         """Passes over the data set so far."""
         return self.epoch + self.pos / self.n
 
+    def epoch_rows(self) -> int:
+        """Rows in one pass over the data set."""
+        return self.n
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "rows": self.n, "seed": self.seed}
 
@@ -142,6 +182,22 @@ class TensorRows:
             raise ValueError("the checkpoint's data position does not match this data set (its rows "
                              "or seed differ: data.num_train_examples, data.task or train.seed changed)")
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+
+
+def fraction_choice(train):
+    """The documents ``data.fraction`` kept for the training stream ``train`` of
+    :func:`build_data` (a :class:`~cyb.data.subsets.Choice`), or None when it reads all its text."""
+    texts = getattr(getattr(train, "source", None), "texts_factory", None)
+    return texts.choice if isinstance(texts, FractionOfTexts) else None
+
+
+def fraction_state(train) -> dict:
+    """``{"data_fraction": {"share", "documents", "of"}}``: the share of the training text's
+    characters and the documents that ``data.fraction`` kept for ``train``; ``{}`` for all of it."""
+    choice = fraction_choice(train)
+    if choice is None:
+        return {}
+    return {"data_fraction": {"share": choice.share, "documents": len(choice.kept), "of": choice.documents}}
 
 
 def task_split(cfg: RunConfig, tokenizer=None, split: str = "train"):

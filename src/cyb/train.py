@@ -44,7 +44,7 @@ from .model.lora import is_lora, load_trainable_state, trainable_state, trainabl
 from .run_card import write_run_card
 from .model.settings import TRAINING_STATE_FILE
 from .objective import LossModule, Objective, merge_sums, summarise
-from .run_data import build_data, row_tokens, trained_task
+from .run_data import build_data, fraction_choice, fraction_state, row_tokens, trained_task
 from .resume import CannotResume, check_resumable, rng_state, set_rng_state
 from .run_lock import lock_run
 from .run_models import prepare as prepare_model
@@ -164,15 +164,16 @@ class Trainer:
         self.loss_module = LossModule(model, self.objective)
         self.wrapped = wrap(self.loss_module, info, layers=model.decoder_layers(),
                             mixed_precision=self.device.type == "cuda" and t.precision != "fp32")
+        if not cfg.data.task:  # packed text: tokenised once the memory plan is known to fit
+            self.train_data, self.valid_batches = build_data(cfg, self.tokenizer, info, self.micro)
+        self._check_positions()
+        if t.epochs:  # the schedule ends with the last pass
+            t.steps = self.train_data.steps_of(t.epochs, restored[2] if restored is not None else None)
         self.lr = peak_lr(cfg, model.config.hidden_size)
         self.optimizer = build_optimizer(self.loss_module, cfg, self.lr)
         schedule = lambda s: lr_factor(s, warmup=cfg.optim.warmup_steps, total=t.steps,
                                        min_ratio=cfg.optim.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-
-        if not cfg.data.task:  # packed text: tokenised once the memory plan is known to fit
-            self.train_data, self.valid_batches = build_data(cfg, self.tokenizer, info, self.micro)
-        self._check_positions()
 
         self.step = 0
         self.saved_step = 0  # the step of the newest checkpoint (0: none)
@@ -190,8 +191,9 @@ class Trainer:
             self.train_data.load_state_dict(data_state)
             self.step = self.saved_step = int(meta["step"])
             if self.step > t.steps:
-                raise CannotResume(f"train.steps ({t.steps}) is below the step of the checkpoint in "
-                                 f"{self.run_dir} ({self.step}); raise train.steps or use another train.out_dir")
+                what = f"train.epochs ({t.epochs:g}: {t.steps} steps)" if t.epochs else f"train.steps ({t.steps})"
+                raise CannotResume(f"{what} is below the step of the checkpoint in "
+                                 f"{self.run_dir} ({self.step}); raise it or use another train.out_dir")
             self.last_valid = meta.get("metrics") or {}
             if info.is_main:
                 self.window = dict(meta.get("window") or {})
@@ -390,12 +392,13 @@ class Trainer:
     def training_state(self) -> dict:
         """Where training stands: ``step``, ``epochs`` over the training data (None while
         unknown) and ``real_tokens_seen`` (real input tokens of the optimiser steps so far); for a
-        task run its task (:func:`cyb.run_data.trained_task`)."""
+        task run its task (:func:`cyb.run_data.trained_task`), for a share of the training text
+        what it holds (:func:`cyb.run_data.fraction_state`)."""
         t = self.cfg.train
         rows = self.cfg.method.spec.context(self.cfg.method, self.cfg.data.block_len)
         return {"step": self.step, "epochs": self.train_data.epochs(),
                 "real_tokens_seen": None if self.cfg.data.task else self.step * t.batch_size * rows,
-                **trained_task(self.cfg)}
+                **trained_task(self.cfg), **fraction_state(self.train_data)}
 
     def save_final(self) -> Path:
         """Write ``out_dir/final`` (a plain Hugging Face folder plus ``cyb_pause.json``; for a LoRA
@@ -484,6 +487,10 @@ class Trainer:
                             "none": "warning: data.shuffle = none: training blocks come in corpus order, so "
                                     "each batch holds a few consecutive documents; small models reach a much "
                                     "worse held-out perplexity this way (use corpus or buffer)"}[order])
+            if (choice := fraction_choice(self.train_data)) is not None:
+                progress.write(f"training data: data.fraction = {d.fraction:g}, {choice.describe()}")
+        if t.epochs:
+            progress.write(f"train.epochs = {t.epochs:g}: {t.steps} steps of {t.batch_size} rows")
         if self.cfg.optim.warmup_steps >= t.steps:
             progress.write(f"note: optim.warmup_steps ({self.cfg.optim.warmup_steps}) >= train.steps "
                            f"({t.steps}): the LR never reaches its peak")
