@@ -89,7 +89,7 @@ def fold(folder: Path, into: Path, *, runs: str = "*", files: tuple[str, ...] | 
     newest = {r["name"]: r for r in read_rows(folder / "summary.jsonl")}
     rows = merge_rows(read_rows(into / "summary.jsonl"), read_rows(folder / "summary.jsonl"))
     (into / "summary.jsonl").write_text(portable("".join(json.dumps(r) + "\n" for r in rows)))
-    kept = [folder / "scale.json", folder / "reasoning-choice.json"]
+    kept = [folder / "scale.json", folder / "reasoning-choice.json", folder / "timing.json"]
     if logs:
         kept += [*sorted((folder / "logs").glob("*.log")), *sorted(folder.glob("*/configs/*.yaml"))]
     for extra in kept:

@@ -35,6 +35,8 @@ class Job:
     task: bool = False  # scored by exact match on its task (no held-out text to read)
     reasoning: bool = False  # a reasoning-gym task: cyb eval scores its generated answers
     row: dict = field(default_factory=dict)
+    whole_file: bool = True  # text: also score the whole held-out file (cyb eval --data)
+    command: str | None = None  # the rerun command, where run_suite.py's (rerun_command) is not it
 
 
 def rerun_command(suite: str, name: str, seed, scale: str = "gpu", out: str | None = None,
@@ -65,7 +67,7 @@ def trained(out: Path, name: str) -> bool:
 def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
     run = out / job.name
     row = {"name": job.name, "suite": job.suite, "label": job.label, "seed": job.seed, "method": job.cfg["method"],
-           "command": rerun_command(job.suite, job.name, job.seed, scale, str(out), job.row.get("task")),
+           "command": job.command or rerun_command(job.suite, job.name, job.seed, scale, str(out), job.row.get("task")),
            "config": f"{out / job.suite / 'configs' / job.name}.yaml"}
     if (run / "final_metrics.json").is_file():
         row["final"] = json.loads((run / "final_metrics.json").read_text())
@@ -111,9 +113,9 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
     else:
         if job.analyse:  # figures and analyses on the run's own held-out rows
             script += f" && {sys.executable} -m cyb eval {out / job.name} --no-progress"
-        # and the whole held-out file, Jargon File included
-        script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
-                   f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
+        if job.whole_file:  # and the whole held-out file, Jargon File included
+            script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
+                       f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
     log = open(log_dir / f"{job.name}.log", "w")
     return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
