@@ -361,12 +361,15 @@ def figure(folder: Path, target: Path, seeds: list[int]) -> Path:
     ax.set_title("SmolLM2-135M fine-tuned on techdocs")
     ax.legend(fontsize=8)
     best = best_cyb(cells, seeds)
+    passes = set()
     for key in [dc.BASELINE] + ([best] if best else []):
         pts = sorted((dc.regime(g)[0], mean_ppl(cells, key, g)) for k, g in cells
                      if k == key and dc.regime(g)[1] == 3)
         if pts:
             conv.plot(*zip(*pts), marker="o", color=f"C{[r.key for r in dc.ROWS].index(key)}",
                       label=dc.BY_KEY[key].label)
+            passes |= {p for p, _ in pts}
+    conv.set_xticks(sorted(passes), [dc.convergence(p) for p in sorted(passes)])
     conv.set_xlabel("passes over the whole set")
     conv.set_title("convergence")
     conv.legend(fontsize=8)
