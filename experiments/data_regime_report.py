@@ -2,7 +2,7 @@
 data-efficiency factors, the convergence table, and which cells need a third seed.
 
     python experiments/data_regime_report.py results/experiments/data-regime   # tables.md, data_regime.png
-    python experiments/data_regime_report.py results/experiments/data-regime --keep data-regime.tar.gz
+    python experiments/data_regime_report.py results/experiments/data-regime --keep data-regime.tar.gz --doc
 
 Reads the finished cells of ``summary.jsonl`` (``experiments/data_regime.py``).  The factors are
 read by interpolation in log data between a curve's regimes of one pass (1x1, 1x2, 1x3; the data
@@ -317,15 +317,24 @@ def gap_verdict(cells: Cells, row: str, base_best: str, row_best: str, seeds: li
             f" (seeds {', '.join(map(str, seeds[:len(pairs)]))}): {verdict} at the best.")
 
 
+#: The record page whose ``<!-- table:NAME -->`` markers :func:`tables` fill (``--doc``).
+DOC = Path(REPO_ROOT) / "docs" / "record" / "results" / "data-regime.md"
+
+
+def tables(folder: Path, seeds: list[int]) -> dict[str, str]:
+    """The study's tables by marker name: the figure's, the factors, convergence, third seeds."""
+    cells = cells_of(load(folder))
+    return {"data-regime": figure_table(cells), "data-regime-factors": factor_table(cells),
+            "data-regime-convergence": convergence_table(cells, seeds),
+            "data-regime-third-seeds": ", ".join(f"{row} {regime}" for row, regime in third_seed(cells)) or "none"}
+
+
 def report(folder: Path, seeds: list[int]) -> str:
     """``tables.md`` of the study: the figure's table, the factors, convergence, what is missing."""
-    cells = cells_of(load(folder))
-    third = third_seed(cells)
-    parts = ["## Held-out perplexity per regime", figure_table(cells),
-             "## Data-efficiency factors", factor_table(cells),
-             "## Convergence", convergence_table(cells, seeds),
-             "## Cells that need a third seed",
-             ", ".join(f"{row} {regime}" for row, regime in third) or "none"]
+    t = tables(folder, seeds)
+    parts = ["## Held-out perplexity per regime", t["data-regime"], "## Data-efficiency factors",
+             t["data-regime-factors"], "## Convergence", t["data-regime-convergence"],
+             "## Cells that need a third seed", t["data-regime-third-seeds"]]
     return "\n\n".join(parts) + "\n"
 
 
@@ -385,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1", help="the seeds every cell has (comma-separated)")
     p.add_argument("--keep", nargs="+", type=Path, default=(), metavar="PACK",
                    help="first fold these packs (the .tar.gz a GPU call returned) into the folder")
+    p.add_argument("--doc", type=Path, default=None, nargs="?", const=DOC,
+                   help=f"also put the tables between their markers in this page (default {DOC.relative_to(REPO_ROOT)})")
     args = p.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
     if args.keep:
@@ -397,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.folder / "tables.md").write_text(text)
     if load(args.folder):
         figure(args.folder, args.folder / "data_regime.png", seeds)
+    if args.doc is not None:
+        from experiments.make_results import fill_tables
+
+        fill_tables(args.doc, tables(args.folder, seeds))
     print(text)
     print(f"wrote {args.folder / 'tables.md'}")
     return 0

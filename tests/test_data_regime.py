@@ -161,6 +161,12 @@ def test_the_report_writes_the_tables_and_the_figure_from_the_summary(tmp_path):
     assert "| CYB 3 pauses, private |" in text and "| 11.657 | 4 | 4 | 1.10 |" in text
     assert "--rows cyb-ad16 --seeds 0,1" in text and "## Cells that need a third seed\n\nnone" in text
     assert (tmp_path / "data_regime.png").stat().st_size > 10_000
+    page = tmp_path / "page.md"  # the record page's markers get the same tables
+    page.write_text(rep.DOC.read_text())
+    assert rep.main([str(tmp_path), "--doc", str(page)]) == 0
+    filled = page.read_text()
+    assert rep.figure_table(rep.cells_of(loaded)) in filled and "| 33% ± 0% (33%, 33%) |" in filled
+    assert filled.count("<!-- end table -->") == rep.DOC.read_text().count("<!-- end table -->") == 4
 
 
 # ----------------------------------------------------------------------------- CPU smoke test
