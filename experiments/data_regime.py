@@ -43,6 +43,7 @@ if str(REPO) not in sys.path:  # run as a script: the repository root holds expe
 
 from experiments import data_regime_cells as dc  # noqa: E402
 from experiments import data_regime_report as report  # noqa: E402
+from experiments.run_suite import data_dir, smollm2_model, write_in_distribution  # noqa: E402
 from experiments.suite_runner import Job, finished, pack, schedule  # noqa: E402
 
 SUITE = "data-regime"
@@ -56,26 +57,15 @@ DEFAULT_TIMING = {"rows": {r.key: {"startup_s": 90.0, "step_s": 0.1 * r.step_cos
                   "tokenise_chars_per_s": 2.0e6, "corpus_chars": 43_225_862, "load": {}, "measured": False}
 
 
-def data_dir() -> Path:
-    env = os.environ.get("CYB_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data" / "techdocs"
-
-
 def prepare(out: Path) -> dict:
     """The held-out file's in-distribution part (the rows every cell is scored on), written once
     into ``out/data``; the paths as the configs hold them (relative to the working folder)."""
-    from experiments.run_suite import write_in_distribution
-
     files = {"train": data_dir() / "train.jsonl.gz", "valid": data_dir() / "valid.jsonl.gz",
              "valid_in": out / "data" / "valid-in-distribution.jsonl.gz"}
     if not files["valid_in"].is_file():
         files["valid_in"].parent.mkdir(parents=True, exist_ok=True)
         write_in_distribution(files["train"], files["valid"], files["valid_in"])
     return {k: os.path.relpath(v) for k, v in files.items()}
-
-
-def smollm2_model() -> str:
-    return os.environ.get("CYB_SMOLLM2", "smollm2-135m")
 
 
 def cell_config(cell: dc.Cell, files: dict, out: Path, *, steps: int | None = None) -> dict:

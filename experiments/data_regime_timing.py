@@ -26,6 +26,7 @@ import yaml
 
 from experiments import data_regime as suite
 from experiments import data_regime_cells as dc
+from experiments.run_suite import smollm2_model
 
 #: The share of the training documents the timing runs read.
 TIMING_SHARE = 0.1
@@ -53,7 +54,7 @@ def tokenise_speed(train_file: str, chars: int = 4_000_000) -> float:
     from cyb.data.tokenizer import chunked, load_tokenizer, text_encoder
     from cyb.model.sources import resolve_model_source
 
-    encode = text_encoder(load_tokenizer(resolve_model_source(suite.smollm2_model())))
+    encode = text_encoder(load_tokenizer(resolve_model_source(smollm2_model())))
     docs, held = [], 0
     for text in iter_texts(train_file):
         docs.append(text)
