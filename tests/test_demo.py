@@ -52,12 +52,24 @@ def test_quick_demo_metrics_and_settings(quick_demo):
     assert runs["cyb"]["train"]["steps"] == runs["baseline"]["train"]["steps"] == settings["demo"]["train_steps"]
     assert runs["cyb"]["data"] == runs["tbys"]["data"] == runs["baseline"]["data"]
     assert runs["cyb"]["method"]["num_steps"] == runs["tbys"]["method"]["num_steps"] == m
+    # every method with dk carries its verdict on the criterion, part by part; the others none
+    from cyb.demo import verdict
+
+    for name in ("cyb", "cyb_decoupled"):
+        stored = metrics["methods"][name]["criterion"]
+        assert set(stored) == {"meets_criterion", "beats_baseline", "level_with_tbys", "more_steps_when_hard",
+                               "adaptive_keeps_answers"}
+        assert stored == json.loads(json.dumps(verdict(metrics["methods"], name)))
+    assert "criterion" not in metrics["methods"]["tbys"] and "criterion" not in metrics["methods"]["baseline"]
 
 
 def test_quick_demo_prints_table(quick_demo):
     _, out, stdout = quick_demo
     table = (out / "table.md").read_text()
     assert table.strip() in stdout
+    assert "- cyb_decoupled does not meet the demo's criterion" in stdout or \
+        "- cyb_decoupled meets the demo's criterion" in stdout
+    assert "    beats the no-pause baseline: " in stdout and "    within 0.5 points of TBYS, or above: " in stdout
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[0].startswith("| method")
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["baseline", "tbys", "cyb", "cyb_decoupled"]
@@ -232,7 +244,7 @@ def test_reading_says_what_the_numbers_show():
     from cyb.demo import format_reading, hard_easy_steps, meets_criterion
 
     dec = {"fixed": {"exact_match": 0.9, "positions_per_token": 4.0},
-           "adaptive": {"exact_match": 0.8, "positions_per_token": 1.7}}
+           "adaptive": {"exact_match": 0.89, "positions_per_token": 1.7}}
     results = {"baseline": _result(0.01, [1.0, 0.4, 0.2, 1.0], [1, 1, 1, 1]),
                "tbys": _result(0.6, [1.0, 0.8, 0.7, 1.0], [4, 4, 4, 4]),
                "cyb": _result(0.01, [1.0, 0.4, 0.2, 1.0], [1, 1, 1, 1]),
@@ -241,11 +253,47 @@ def test_reading_says_what_the_numbers_show():
     assert meets_criterion(results, "cyb_decoupled") and not meets_criterion(results, "cyb")
     text = format_reading({"methods": results})
     assert "pauses pay: cyb_decoupled answers 90.0% exactly, the no-pause baseline 1.0%" in text
-    assert "- cyb_decoupled: 90.0% exact (baseline 1.0%, tbys 60.0%); E[S] 2.70 on the hard" in text
-    assert "80.0% exactly at 1.70 positions per token, against 90.0% at 4.00" in text
-    assert "cyb: 1.0% exact" in text and "it does not meet the demo's criterion" in text
+    assert ("- cyb_decoupled meets the demo's criterion (all three parts hold):\n"
+            "    beats the no-pause baseline: yes (90.0% exact against 1.0%)\n"
+            "    within 0.5 points of TBYS, or above: yes (90.0% against 60.0%)\n"
+            "    more steps on the hard answer positions than on the easy ones: yes (E[S] 2.70 against 1.20)\n"
+            "    generating adaptively (beyond the criterion), it keeps fixed mode's answers: yes (89.0% against "
+            "90.0% in fixed mode), at 2.4x fewer positions per token\n") in text
+    assert ("- cyb does not meet the demo's criterion (it needs all three parts):\n"
+            "    beats the no-pause baseline: no (1.0% exact against 1.0%)\n"
+            "    within 0.5 points of TBYS, or above: no (1.0% against 60.0%)\n"
+            "    more steps on the hard answer positions than on the easy ones: no (E[S] 1.00 against 1.00)\n") in text
+    assert text.endswith("E[S]: the expected steps per token, the token and its pauses)")
     results["tbys"]["exact_match"] = results["cyb_decoupled"]["exact_match"] = 0.0
     assert "pauses do not pay in this run" in format_reading({"methods": results})
+
+
+def test_the_verdict_gives_each_part_its_numbers_and_says_what_a_run_cannot_say():
+    from cyb.demo import verdict
+
+    lost = {"fixed": {"exact_match": 0.83, "positions_per_token": 4.0},
+            "adaptive": {"exact_match": 0.0, "positions_per_token": 1.0}}
+    results = {"baseline": _result(0.005, [1.0, 0.4, 0.2, 1.0], [1, 1, 1, 1]),
+               "tbys": _result(0.994, [1.0, 1.0, 1.0, 1.0], [4, 4, 4, 4]),
+               "cyb": _result(0.842, [1.0, 0.95, 0.9, 1.0], [1.0, 1.0, 1.02, 1.0], lost)}
+    v = verdict(results, "cyb")
+    assert v["meets_criterion"] is False
+    assert v["beats_baseline"] == {"holds": True, "exact_match": 0.842, "baseline": 0.005}
+    assert v["level_with_tbys"] == {"holds": False, "exact_match": 0.842, "tbys": 0.994}
+    assert v["more_steps_when_hard"]["holds"] is False
+    assert v["more_steps_when_hard"]["hard"] == pytest.approx(1.01)
+    assert v["adaptive_keeps_answers"] == {"holds": False, "fixed": 0.83, "adaptive": 0.0, "fewer_positions": 4.0}
+    json.dumps(v)  # as metrics.json stores it
+    alone = verdict({"cyb": results["cyb"]}, "cyb")
+    assert alone["meets_criterion"] is None and alone["beats_baseline"]["holds"] is None
+    assert alone["more_steps_when_hard"] == {"holds": False, "hard": None, "easy": None}
+    from cyb.demo import format_reading
+
+    text = format_reading({"methods": {"cyb": results["cyb"]}})
+    assert "- cyb: the demo's criterion needs the baseline and TBYS in the run:" in text
+    assert "beats the no-pause baseline: cannot say (no baseline in this run)\n" in text
+    assert "within 0.5 points of TBYS, or above: cannot say (no TBYS in this run)\n" in text
+    assert "it keeps fixed mode's answers: no (0.0% against 83.0% in fixed mode)" in text
 
 
 def _modes(fixed, adaptive, fixed_positions=4.0, adaptive_positions=1.89):
@@ -311,8 +359,9 @@ def test_reading_gives_the_mean_steps_where_no_position_is_hard():
     results = {"baseline": _result(0.9, flat, [1, 1, 1, 1]), "tbys": _result(0.9, flat, [4, 4, 4, 4]),
                "cyb": _result(0.9, flat, [1.5, 1.5, 1.5, 1.5])}
     text = format_reading({"methods": results})
-    assert "- cyb: 90.0% exact (baseline 90.0%, tbys 90.0%); E[S] 1.50; it does not meet the demo's criterion" in text
-    assert "pauses do not pay in this run" in text
+    assert ("    more steps on the hard answer positions than on the easy ones: no (no answer position is harder "
+            "than the others in this run; E[S] 1.50)") in text
+    assert "- cyb does not meet the demo's criterion" in text and "pauses do not pay in this run" in text
 
 
 def test_the_demo_resumes_when_interrupted_runs_again_and_starts_afresh(quick_demo, tmp_path, capsys):

@@ -26,8 +26,8 @@ greedy generation emits, so an answer is exact under teacher forcing if and only
 decoding produces it.
 """
 
-from .present import (decoding_note, format_decoding, format_reading, format_table, hard_easy_steps, meets_criterion,
-                      write_report)
+from .criterion import hard_easy_steps, meets_criterion, verdict
+from .present import decoding_note, format_decoding, format_reading, format_table, write_report
 from .run import clear_runs, decoding_cost, run_demo, score_model, write_initial_models
 from .settings import (DEFAULT_METHODS, DEFAULT_TASK, DEMO_METHODS, METHOD_OPTIONS, QUICK, TASK_PRESETS,
                        DemoSettings, demo_method, demo_settings, run_config)
@@ -53,6 +53,7 @@ __all__ = [
     "run_config",
     "run_demo",
     "score_model",
+    "verdict",
     "write_initial_models",
     "write_report",
 ]

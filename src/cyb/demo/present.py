@@ -1,5 +1,6 @@
 """The demo's presentation: the lines it prints while it runs, the comparison table, what a
-run shows in plain words (computed from its numbers), and the report folder."""
+run shows in plain words (computed from its numbers: the criterion's verdicts of
+:mod:`cyb.demo.criterion`), and the report folder."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from .. import methods
 from ..files import write_json_atomic, write_text_atomic
+from .criterion import FEW, KEEPS, MARGIN, verdict
 from .settings import DemoSettings
 
 
@@ -57,80 +59,68 @@ def format_table(metrics: dict) -> str:
     return "\n".join(rows)
 
 
-def hard_easy_steps(results: dict, method: str) -> tuple[float, float] | None:
-    """``method``'s mean E[S] over the hard and over the easy answer positions of one run.
-
-    ``results`` maps method names to their :func:`~cyb.demo.run.score_model` results (``metrics["methods"]``).
-    Difficulty is the per-position token accuracy averaged over every method of the run: hard
-    positions are below the mean of those accuracies, easy ones at or above it.  ``<eos>`` (the
-    last position) counts only when the answer is a single character.  None when the positions
-    do not differ in accuracy by at least 2 points (no hard position)."""
-    acc = [r["per_position_accuracy"] for r in results.values()]
-    n = len(acc[0])
-    positions = list(range(n - 1)) if n > 2 else list(range(n))
-    mean_acc = {k: sum(a[k] for a in acc) / len(acc) for k in positions}
-    if max(mean_acc.values()) - min(mean_acc.values()) < 0.02:
-        return None
-    level = sum(mean_acc.values()) / len(mean_acc)
-    steps = results[method]["per_position_steps"]
-    hard = [steps[k] for k in positions if mean_acc[k] < level]
-    easy = [steps[k] for k in positions if mean_acc[k] >= level]
-    return sum(hard) / len(hard), sum(easy) / len(easy)
-
-
-def meets_criterion(results: dict, method: str) -> bool:
-    """The demo criterion at one seed for a method with dk: exact match above the baseline's and
-    at least TBYS's (both to within half a point), and more steps on the hard answer positions
-    than on the easy ones (:func:`hard_easy_steps`, by at least 0.1)."""
-    if not {"baseline", "tbys", method} <= set(results):
-        return False
-    exact = {m: results[m]["exact_match"] for m in ("baseline", "tbys", method)}
-    he = hard_easy_steps(results, method)
-    return (exact[method] > exact["baseline"] + 0.005 and exact[method] >= exact["tbys"] - 0.005
-            and he is not None and he[0] - he[1] >= 0.1)
-
-
 def format_reading(metrics: dict) -> str:
     """What a :func:`~cyb.demo.run.run_demo` result shows, in plain words, computed from its numbers: whether
-    pauses beat the no-pause baseline, and for each method with dk its exact match against the
-    baseline and TBYS, its steps on the hard and easy answer positions and its adaptive decoding."""
+    pauses beat the no-pause baseline, and for each method with dk each part of the demo's
+    criterion (:func:`cyb.demo.criterion.verdict`) with its verdict and the numbers behind it,
+    then what adaptive decoding kept."""
     r = metrics["methods"]
     lines = ["What this run shows (one seed; docs/demo.md gives the spread over seeds):"]
     paused = {m: v["exact_match"] for m, v in r.items() if methods.spec(m).uses_pauses}
     if "baseline" in r and paused:
         base, best = r["baseline"]["exact_match"], max(paused, key=paused.get)
-        if paused[best] > base + 0.005:
+        if paused[best] > base + MARGIN:
             lines.append(f"- pauses pay: {best} answers {paused[best]:.1%} exactly, the no-pause baseline "
                          f"{base:.1%}, with the same data, steps and initial weights")
         else:
             lines.append(f"- pauses do not pay in this run: the best method with pauses, {best}, answers "
                          f"{paused[best]:.1%} exactly against the no-pause baseline's {base:.1%}")
-    for m, v in r.items():
-        if not methods.spec(m).has_dk:
-            continue
-        against = [f"{o} {r[o]['exact_match']:.1%}" for o in ("baseline", "tbys") if o in r]
-        text = f"- {m}: {v['exact_match']:.1%} exact" + (f" ({', '.join(against)})" if against else "")
-        he = hard_easy_steps(r, m) if len(r) > 1 else None
-        if he is not None:
-            text += f"; E[S] {he[0]:.2f} on the hard answer positions, {he[1]:.2f} on the easy ones"
-        else:
-            text += f"; E[S] {v['mean_steps']:.2f}"
-        dec = v.get("decoding")
-        if dec:
-            f, a = dec["fixed"], dec["adaptive"]
-            text += (f"; generating adaptively it answers {a['exact_match']:.1%} exactly at "
-                     f"{a['positions_per_token']:.2f} positions per token, against {f['exact_match']:.1%} at "
-                     f"{f['positions_per_token']:.2f} in fixed mode")
-        if {"baseline", "tbys"} <= set(r):
-            text += "; it meets the demo's criterion" if meets_criterion(r, m) else "; it does not meet the demo's criterion"
-        lines.append(text)
+    judged = [m for m in r if methods.spec(m).has_dk]
+    for m in judged:
+        lines += verdict_lines(m, verdict(r, m), r[m]["mean_steps"])
+    if judged:
+        lines.append("(hard answer positions: those the run's methods answer least accurately, below their mean "
+                     "token accuracy; E[S]: the expected steps per token, the token and its pauses)")
     return "\n".join(lines)
 
 
-#: Exact match that adaptive mode may lose and still "keep" fixed mode's answers (points / 100).
-KEEPS = 0.02
-#: Fixed mode's exact match below which a comparison of the two modes says little.
-FEW = 0.1
+def verdict_lines(method: str, v: dict, mean_steps: float) -> list[str]:
+    """A method's :func:`~cyb.demo.criterion.verdict` in words: a heading, then one line per part
+    of the criterion (yes, no or cannot say, with its numbers), then adaptive decoding's."""
+    meets = v["meets_criterion"]
+    head = {True: f"- {method} meets the demo's criterion (all three parts hold):",
+            False: f"- {method} does not meet the demo's criterion (it needs all three parts):",
+            None: f"- {method}: the demo's criterion needs the baseline and TBYS in the run:"}[meets]
+    b, t, h = v["beats_baseline"], v["level_with_tbys"], v["more_steps_when_hard"]
+    lines = [head,
+             f"    beats the no-pause baseline: {_said(b['holds'], 'no baseline in this run')}"
+             + ("" if b["baseline"] is None else f" ({b['exact_match']:.1%} exact against {b['baseline']:.1%})"),
+             f"    within {MARGIN * 100:.1f} points of TBYS, or above: {_said(t['holds'], 'no TBYS in this run')}"
+             + ("" if t["tbys"] is None else f" ({t['exact_match']:.1%} against {t['tbys']:.1%})")]
+    steps = "more steps on the hard answer positions than on the easy ones"
+    if h["hard"] is None:
+        lines.append(f"    {steps}: no (no answer position is harder than the others in this run; E[S] "
+                     f"{mean_steps:.2f})")
+    else:
+        lines.append(f"    {steps}: {_said(h['holds'])} (E[S] {h['hard']:.2f} against {h['easy']:.2f})")
+    a = v.get("adaptive_keeps_answers")
+    if a is not None:
+        text = "    generating adaptively (beyond the criterion), it keeps fixed mode's answers: "
+        if a["holds"] is None:
+            text += f"cannot say (fixed mode answers only {a['fixed']:.1%} exactly)"
+        elif not a["holds"]:
+            text += f"no ({a['adaptive']:.1%} against {a['fixed']:.1%} in fixed mode)"
+        elif a["fewer_positions"] >= 1.1:
+            text += (f"yes ({a['adaptive']:.1%} against {a['fixed']:.1%} in fixed mode), at "
+                     f"{a['fewer_positions']:.1f}x fewer positions per token")
+        else:
+            text += f"yes ({a['adaptive']:.1%} against {a['fixed']:.1%} in fixed mode), taking nearly every pause"
+        lines.append(text)
+    return lines
+
+
+def _said(holds: bool | None, unknown: str = "") -> str:
+    return "cannot say (" + unknown + ")" if holds is None else ("yes" if holds else "no")
 
 
 def format_decoding(method: str, decoding: dict, num_steps: int, *, recipe: int = 1,

@@ -14,6 +14,7 @@ import torch
 
 from .. import methods
 from . import present
+from .criterion import verdict
 from .settings import DemoSettings, run_config
 
 
@@ -278,6 +279,9 @@ def run_demo(s: DemoSettings, *, fresh: bool = False, echo: Callable[[str], None
             results[method]["foreign_attention"] = through.per_layer()
         if methods.spec(method).has_dk:
             results[method]["decoding"] = decoding_cost(model, test)
+    for method in results:  # the criterion's parts, which need every method's scores
+        if methods.spec(method).has_dk:
+            results[method]["criterion"] = verdict(results, method)
     metrics = {"task": s.task, "task_kwargs": s.task_kwargs, "task_description": task.describe(),
                "num_test_examples": len(test), "methods": results,
                "total_seconds": time.perf_counter() - start}
