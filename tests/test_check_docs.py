@@ -132,3 +132,29 @@ def test_the_readme_command_table_names_every_command_and_bench_part():
     bench = build_parser()._subparsers._group_actions[0].choices["bench"]
     parts = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction)).choices
     assert "`cyb bench " + "\\|".join(parts) + "`" in table
+
+
+def test_the_demo_numbers_are_read_from_what_the_demo_prints(monkeypatch):
+    """The phrases of demo.md are made from the demo's report as :mod:`cyb.demo.present` prints it."""
+    from cyb.demo.present import summary_lines
+
+    def method(exact, steps, decoding=None):
+        r = {"num_steps": 1 if steps == [1] * 5 else 4, "exact_match": exact, "token_accuracy": 0.9, "ppl": 1.1,
+             "mean_steps": sum(steps) / 5, "greedy_steps": 1.0, "train_seconds": 60.0, "recipe": 1,
+             "per_position_accuracy": [1.0, 1.0, 0.5, 0.5, 1.0], "per_position_steps": steps}
+        if decoding:
+            r["decoding"] = {mode: {"exact_match": e, "positions_per_token": p, "seconds": 0.2}
+                             for mode, (e, p) in zip(("fixed", "adaptive"), decoding)}
+        return r
+
+    metrics = {"methods": {"baseline": method(0.005, [1] * 5), "tbys": method(0.994, [4] * 5),
+                           "cyb": method(0.842, [1.0, 1.0, 1.0, 1.02, 1.0], [(0.83, 4.0), (0.0, 1.0)]),
+                           "cyb_decoupled": method(0.948, [1.82, 1.82, 2.64, 2.64, 1.0], [(0.939, 4.0), (0.943, 1.99)])},
+               "total_seconds": 286.0}
+    report = "\n".join(summary_lines(Path("runs/demo"), metrics))
+    monkeypatch.setattr(cd, "demo_report", lambda ctx: cd._lines_between(report, "| method"))
+    assert cd.demo_numbers(None) == {"dec_exact": "94.8%", "dec_hard": "2.64", "dec_easy": "1.82",
+                                     "dec_adaptive": "94.3%", "dec_positions": "1.99", "cyb_es": "1.00",
+                                     "tbys_exact": "99.4%", "dec_fixed": "93.9%", "cyb_fixed": "83.0%",
+                                     "cyb_adaptive": "0.0%"}
+    assert cd._decoupled_misses(None) == (True, "cyb_decoupled 94.8% against TBYS 99.4%")
