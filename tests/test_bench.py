@@ -170,6 +170,28 @@ def test_bench_loss_quick_writes_json(tmp_path, monkeypatch):
     assert "| fused_torch" in loss_table(res).splitlines()[0]
 
 
+def test_bench_loss_says_what_it_will_measure_and_shows_each_row(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from cyb.bench.loss import CPU_SIZES, LossBenchConfig, start_lines
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as above
+    assert main(["bench", "loss", "--quick", "--out", str(tmp_path / "l.json"), "--methods", "naive_cyb",
+                 "fused_torch"]) == 0
+    printed = capsys.readouterr()
+    assert printed.err.startswith("cyb bench loss: 4 rows (2 methods x 1 vocabulary size x 2 position counts), "
+                                  "1 timed run each, fp32 on cpu; a line per row as it is measured\n"
+                                  "first the check of the fused paths against the naive one (N=64, V=256, H=16)\n")
+    assert "take minutes" not in printed.err  # the quick sizes take seconds
+    assert [line.split()[0] for line in printed.out.splitlines() if line.startswith("[")] == \
+        ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    cpu = torch.device("cpu")
+    default = LossBenchConfig(device="cpu").resolved(cpu)
+    assert default.vocab == CPU_SIZES["vocab"]
+    assert start_lines(default, cpu)[-1] == "on a CPU these sizes take minutes (--quick runs every path in seconds)"
+    assert "take minutes" not in " ".join(start_lines(default, torch.device("cuda")))
+
+
 def test_bench_needs_a_benchmark(capsys):
     assert main(["bench"]) == 2
     assert "loss, train, decode, memory or serve" in capsys.readouterr().err

@@ -16,6 +16,7 @@ to a small grid on the CPU (:meth:`LossBenchConfig.for_device`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -172,9 +173,11 @@ def measure(fn, hidden, weight, targets, cfg: LossBenchConfig, device: torch.dev
 
 
 def run_grid(cfg: LossBenchConfig, device: torch.device, on_row=None) -> list[dict]:
-    """Measure every (vocab, positions, method); ``on_row(rows)`` after each one."""
+    """Measure every (vocab, positions, method), printing each row's line (``[k/total]`` first)
+    as it is measured; ``on_row(rows)`` after each one."""
     dtype = DTYPES[cfg.dtype]
     rows = []
+    total = len(cfg.vocab) * len(cfg.positions) * len(cfg.methods)
     for v in cfg.vocab:
         methods = make_methods(v, cfg.num_steps, cfg.chunk_blocks)
         for n in cfg.positions:
@@ -190,7 +193,7 @@ def run_grid(cfg: LossBenchConfig, device: torch.device, on_row=None) -> list[di
                                        device))
                     hidden.grad = weight.grad = None
                 rows.append(row)
-                print(row_line(row), flush=True)
+                print(f"[{len(rows)}/{total}] {row_line(row)}", flush=True)
                 if on_row is not None:
                     on_row(rows)
             del hidden, weight, targets
@@ -259,6 +262,31 @@ def check_fused(cfg: LossBenchConfig, device: torch.device) -> dict:
 
 # ----------------------------------------------------------------------------- output
 
+#: N x V x H summed over the grid's rows above which a CPU takes minutes: one forward and
+#: backward at V = 8192, N = 1024, H = 256 (2.1e9) took 0.4-0.5 s on a core of the 2-core CPU
+#: here, and every row runs its method warmup + repeats + 1 times
+SLOW_ON_CPU = 1e9
+
+
+def start_lines(cfg: LossBenchConfig, device: torch.device) -> list[str]:
+    """What a run says before it starts (on standard error): the rows it will measure, the check
+    before them, and on a CPU with sizes that take minutes, that it does."""
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    rows = len(cfg.vocab) * len(cfg.positions) * len(cfg.methods)
+    lines = [f"cyb bench loss: {count(rows, 'row')} ({count(len(cfg.methods), 'method')} x "
+             f"{count(len(cfg.vocab), 'vocabulary size')} x {count(len(cfg.positions), 'position count')}), "
+             f"{count(cfg.repeats, 'timed run')} each, {cfg.dtype} on {device}; a line per row as it is measured"]
+    if not cfg.skip_check:
+        n, v, h = cfg.check_size
+        lines.append(f"first the check of the fused paths against the naive one (N={n}, V={v}, H={h})")
+    work = sum(v * n for v in cfg.vocab for n in cfg.positions) * cfg.hidden
+    if device.type == "cpu" and work > SLOW_ON_CPU:
+        lines.append("on a CPU these sizes take minutes (--quick runs every path in seconds)")
+    return lines
+
+
 
 def row_line(row: dict) -> str:
     head = f"V={row['vocab']:>7} N={row['positions']:>6} {row['method']:<20}"
@@ -278,6 +306,8 @@ def run(cfg: LossBenchConfig, *, out: str | None = None) -> dict:
     result = {"kind": "loss", "env": environment(device),
               "config": {**asdict(cfg), "default_chunk_elements": {"triton": chunked.TRITON_CHUNK_ELEMENTS,
                                                                    "torch": chunked.TORCH_CHUNK_ELEMENTS}}}
+    for line in start_lines(cfg, device):
+        print(line, file=sys.stderr, flush=True)
     if not cfg.skip_check:
         result["check"] = check_fused(cfg, device)
 
