@@ -420,8 +420,8 @@ def gated_numbers(ctx: Context) -> dict:
 def demo_numbers(ctx: Context) -> dict:
     report = demo_report(ctx)
     dec = re.search(r"^\| cyb_decoupled \| \d+ \| ([\d.]+%) \|", report, re.M)
-    steps = re.search(r"^- cyb_decoupled [^\n]*criterion[^\n]*\n(?:    [^\n]*\n)*?    more steps on the hard answer "
-                      r"positions than on the easy ones: \w+ \(E\[S\] ([\d.]+) against ([\d.]+)\)", report, re.M)
+    steps = re.search(r"^- cyb_decoupled [^\n]*criterion[^\n]*; more steps on the hard answer positions than on the easy "
+                      r"ones: \w+ \(E\[S\] ([\d.]+) against ([\d.]+)\)", report, re.M)
     cyb = re.search(r"^\| cyb \| \d+ \| [^|]+ \| [^|]+ \| [^|]+ \| ([\d.]+) \|", report, re.M)
     modes = r" generating .*?\n  fixed    mode: exact match ([\d.]+%).*?\n  adaptive mode: exact match ([\d.]+%), ([\d.]+) "
     dec_modes = re.search(r"^cyb_decoupled" + modes, report, re.S | re.M)

@@ -69,7 +69,7 @@ def test_quick_demo_prints_table(quick_demo):
     assert table.strip() in stdout
     assert "- cyb_decoupled does not meet the demo's criterion" in stdout or \
         "- cyb_decoupled meets the demo's criterion" in stdout
-    assert "    beats the no-pause baseline: " in stdout and "    within 0.5 points of TBYS, or above: " in stdout
+    assert "criterion: beats the no-pause baseline: " in stdout and "; within 0.5 points of TBYS, or above: " in stdout
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[0].startswith("| method")
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["baseline", "tbys", "cyb", "cyb_decoupled"]
@@ -253,17 +253,15 @@ def test_reading_says_what_the_numbers_show():
     assert meets_criterion(results, "cyb_decoupled") and not meets_criterion(results, "cyb")
     text = format_reading({"methods": results})
     assert "pauses pay: cyb_decoupled answers 90.0% exactly, the no-pause baseline 1.0%" in text
-    assert ("- cyb_decoupled meets the demo's criterion (all three parts hold):\n"
-            "    beats the no-pause baseline: yes (90.0% exact against 1.0%)\n"
-            "    within 0.5 points of TBYS, or above: yes (90.0% against 60.0%)\n"
-            "    more steps on the hard answer positions than on the easy ones: yes (E[S] 2.70 against 1.20)\n"
-            "    generating adaptively (beyond the criterion), it keeps fixed mode's answers: yes (89.0% against "
-            "90.0% in fixed mode), at 2.4x fewer positions per token\n") in text
-    assert ("- cyb does not meet the demo's criterion (it needs all three parts):\n"
-            "    beats the no-pause baseline: no (1.0% exact against 1.0%)\n"
-            "    within 0.5 points of TBYS, or above: no (1.0% against 60.0%)\n"
-            "    more steps on the hard answer positions than on the easy ones: no (E[S] 1.00 against 1.00)\n") in text
-    assert text.endswith("E[S]: the expected steps per token, the token and its pauses)")
+    assert ("\n- cyb_decoupled meets the demo's criterion: beats the no-pause baseline: yes (90.0% exact against 1.0%); "
+            "within 0.5 points of TBYS, or above: yes (90.0% against 60.0%); more steps on the hard answer positions "
+            "than on the easy ones: yes (E[S] 2.70 against 1.20); beyond the criterion, adaptive decoding keeps fixed "
+            "mode's answers: yes (89.0% against 90.0%), at 2.4x fewer positions per token") in text
+    assert ("\n- cyb does not meet the demo's criterion: beats the no-pause baseline: no (1.0% exact against 1.0%); "
+            "within 0.5 points of TBYS, or above: no (1.0% against 60.0%); more steps on the hard answer positions "
+            "than on the easy ones: no (E[S] 1.00 against 1.00)\n") in text
+    assert text.startswith("What this run shows (one seed; docs/record/demo.md gives the spread over seeds, "
+                           "docs/concepts/demo.md the criterion):\n")
     results["tbys"]["exact_match"] = results["cyb_decoupled"]["exact_match"] = 0.0
     assert "pauses do not pay in this run" in format_reading({"methods": results})
 
@@ -290,10 +288,9 @@ def test_the_verdict_gives_each_part_its_numbers_and_says_what_a_run_cannot_say(
     from cyb.demo import format_reading
 
     text = format_reading({"methods": {"cyb": results["cyb"]}})
-    assert "- cyb: the demo's criterion needs the baseline and TBYS in the run:" in text
-    assert "beats the no-pause baseline: cannot say (no baseline in this run)\n" in text
-    assert "within 0.5 points of TBYS, or above: cannot say (no TBYS in this run)\n" in text
-    assert "it keeps fixed mode's answers: no (0.0% against 83.0% in fixed mode)" in text
+    assert ("- cyb: the demo's criterion needs the baseline and TBYS in the run: beats the no-pause baseline: cannot "
+            "say (no baseline in this run); within 0.5 points of TBYS, or above: cannot say (no TBYS in this run); ") in text
+    assert text.endswith("adaptive decoding keeps fixed mode's answers: no (0.0% against 83.0%)")
 
 
 def _modes(fixed, adaptive, fixed_positions=4.0, adaptive_positions=1.89):
@@ -359,7 +356,7 @@ def test_reading_gives_the_mean_steps_where_no_position_is_hard():
     results = {"baseline": _result(0.9, flat, [1, 1, 1, 1]), "tbys": _result(0.9, flat, [4, 4, 4, 4]),
                "cyb": _result(0.9, flat, [1.5, 1.5, 1.5, 1.5])}
     text = format_reading({"methods": results})
-    assert ("    more steps on the hard answer positions than on the easy ones: no (no answer position is harder "
+    assert ("; more steps on the hard answer positions than on the easy ones: no (no answer position is harder "
             "than the others in this run; E[S] 1.50)") in text
     assert "- cyb does not meet the demo's criterion" in text and "pauses do not pay in this run" in text
 

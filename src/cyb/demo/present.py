@@ -61,11 +61,12 @@ def format_table(metrics: dict) -> str:
 
 def format_reading(metrics: dict) -> str:
     """What a :func:`~cyb.demo.run.run_demo` result shows, in plain words, computed from its numbers: whether
-    pauses beat the no-pause baseline, and for each method with dk each part of the demo's
-    criterion (:func:`cyb.demo.criterion.verdict`) with its verdict and the numbers behind it,
+    pauses beat the no-pause baseline, and for each method with dk a line with each part of the
+    demo's criterion (:func:`cyb.demo.criterion.verdict`), its verdict and the numbers behind it,
     then what adaptive decoding kept."""
     r = metrics["methods"]
-    lines = ["What this run shows (one seed; docs/demo.md gives the spread over seeds):"]
+    lines = ["What this run shows (one seed; docs/record/demo.md gives the spread over seeds, "
+             "docs/concepts/demo.md the criterion):"]
     paused = {m: v["exact_match"] for m, v in r.items() if methods.spec(m).uses_pauses}
     if "baseline" in r and paused:
         base, best = r["baseline"]["exact_match"], max(paused, key=paused.get)
@@ -75,48 +76,42 @@ def format_reading(metrics: dict) -> str:
         else:
             lines.append(f"- pauses do not pay in this run: the best method with pauses, {best}, answers "
                          f"{paused[best]:.1%} exactly against the no-pause baseline's {base:.1%}")
-    judged = [m for m in r if methods.spec(m).has_dk]
-    for m in judged:
-        lines += verdict_lines(m, verdict(r, m), r[m]["mean_steps"])
-    if judged:
-        lines.append("(hard answer positions: those the run's methods answer least accurately, below their mean "
-                     "token accuracy; E[S]: the expected steps per token, the token and its pauses)")
+    for m in r:
+        if methods.spec(m).has_dk:
+            lines.append(verdict_line(m, verdict(r, m), r[m]["mean_steps"]))
     return "\n".join(lines)
 
 
-def verdict_lines(method: str, v: dict, mean_steps: float) -> list[str]:
-    """A method's :func:`~cyb.demo.criterion.verdict` in words: a heading, then one line per part
-    of the criterion (yes, no or cannot say, with its numbers), then adaptive decoding's."""
-    meets = v["meets_criterion"]
-    head = {True: f"- {method} meets the demo's criterion (all three parts hold):",
-            False: f"- {method} does not meet the demo's criterion (it needs all three parts):",
-            None: f"- {method}: the demo's criterion needs the baseline and TBYS in the run:"}[meets]
+def verdict_line(method: str, v: dict, mean_steps: float) -> str:
+    """A method's :func:`~cyb.demo.criterion.verdict` in words, on one line: whether it meets the
+    criterion, each part (yes, no or cannot say) with its numbers, then adaptive decoding's."""
+    head = {True: f"- {method} meets the demo's criterion",
+            False: f"- {method} does not meet the demo's criterion",
+            None: f"- {method}: the demo's criterion needs the baseline and TBYS in the run"}[v["meets_criterion"]]
     b, t, h = v["beats_baseline"], v["level_with_tbys"], v["more_steps_when_hard"]
-    lines = [head,
-             f"    beats the no-pause baseline: {_said(b['holds'], 'no baseline in this run')}"
+    parts = [f"beats the no-pause baseline: {_said(b['holds'], 'no baseline in this run')}"
              + ("" if b["baseline"] is None else f" ({b['exact_match']:.1%} exact against {b['baseline']:.1%})"),
-             f"    within {MARGIN * 100:.1f} points of TBYS, or above: {_said(t['holds'], 'no TBYS in this run')}"
+             f"within {MARGIN * 100:.1f} points of TBYS, or above: {_said(t['holds'], 'no TBYS in this run')}"
              + ("" if t["tbys"] is None else f" ({t['exact_match']:.1%} against {t['tbys']:.1%})")]
     steps = "more steps on the hard answer positions than on the easy ones"
     if h["hard"] is None:
-        lines.append(f"    {steps}: no (no answer position is harder than the others in this run; E[S] "
+        parts.append(f"{steps}: no (no answer position is harder than the others in this run; E[S] "
                      f"{mean_steps:.2f})")
     else:
-        lines.append(f"    {steps}: {_said(h['holds'])} (E[S] {h['hard']:.2f} against {h['easy']:.2f})")
+        parts.append(f"{steps}: {_said(h['holds'])} (E[S] {h['hard']:.2f} against {h['easy']:.2f})")
     a = v.get("adaptive_keeps_answers")
     if a is not None:
-        text = "    generating adaptively (beyond the criterion), it keeps fixed mode's answers: "
+        text = "beyond the criterion, adaptive decoding keeps fixed mode's answers: "
         if a["holds"] is None:
             text += f"cannot say (fixed mode answers only {a['fixed']:.1%} exactly)"
         elif not a["holds"]:
-            text += f"no ({a['adaptive']:.1%} against {a['fixed']:.1%} in fixed mode)"
+            text += f"no ({a['adaptive']:.1%} against {a['fixed']:.1%})"
         elif a["fewer_positions"] >= 1.1:
-            text += (f"yes ({a['adaptive']:.1%} against {a['fixed']:.1%} in fixed mode), at "
-                     f"{a['fewer_positions']:.1f}x fewer positions per token")
+            text += f"yes ({a['adaptive']:.1%} against {a['fixed']:.1%}), at {a['fewer_positions']:.1f}x fewer positions per token"
         else:
-            text += f"yes ({a['adaptive']:.1%} against {a['fixed']:.1%} in fixed mode), taking nearly every pause"
-        lines.append(text)
-    return lines
+            text += f"yes ({a['adaptive']:.1%} against {a['fixed']:.1%}), taking nearly every pause"
+        parts.append(text)
+    return f"{head}: " + "; ".join(parts)
 
 
 def _said(holds: bool | None, unknown: str = "") -> str:
