@@ -12,7 +12,7 @@ import torch
 
 from cyb.decision import greedy_decision, row_keys, sample_decision, stream_uniforms
 from cyb.integrations.vllm import ServedPauses, Unservable, real_tokens, steps_per_token
-from cyb.integrations.vllm import engine_args, readout
+from cyb.integrations.vllm import decisions, engine_args, readout, readout_v1
 from cyb.integrations.vllm.pauses import mode_error, refusal, settings_of
 from vllm_helpers import M, build, save_run, tokenizer
 
@@ -78,7 +78,7 @@ def test_models_vllm_cannot_run_are_refused_in_one_line(tok, tmp_path):
 
 @pytest.mark.parametrize("dk", [True, False])
 def test_the_readout_decides_as_cyb_decision_does(dk):
-    """Step by step over a block, :func:`readout.decide` stops where the sequential readout of
+    """Step by step over a block, :func:`decisions.decide` stops where the sequential readout of
     cyb.decision stops and answers its token, greedy and sampled (the same uniforms)."""
     g = torch.Generator().manual_seed(0)
     n, v = 64, 40
@@ -98,7 +98,7 @@ def test_the_readout_decides_as_cyb_decision_does(dk):
         steps = torch.full((n,), M + 1)
         token = torch.zeros(n, dtype=torch.long)
         for s in range(M, 0, -1):  # the first step that answers wins
-            answers, tok_s = readout.decide(
+            answers, tok_s = decisions.decide(
                 pauses, logits[:, s - 1], torch.full((n,), s), keys, counter, torch.full((n,), not sample),
                 torch.full((n,), 0.7), torch.full((n,), 5), torch.full((n,), 0.9))
             steps = torch.where(answers, s, steps)
@@ -121,7 +121,7 @@ def _params(**kw):
 def test_the_processor_feeds_fixed_blocks_and_keeps_the_first_answer():
     p = _processor(SHARED)
     out: list[int] = []
-    p.rows[0] = readout._Row(_params(), out, SHARED.default_mode)
+    p.state.rows[0] = readout_v1._Row(_params(), out, SHARED.default_mode)
     v = 16
 
     def step(best: int, dk_wins: bool):
@@ -152,7 +152,7 @@ def test_the_processor_feeds_fixed_blocks_and_keeps_the_first_answer():
 def test_the_processor_in_adaptive_mode_and_its_codes_under_temperature():
     p = _processor(ADVANCE)
     out: list[int] = []
-    p.rows[0] = readout._Row(_params(temperature=0.5, seed=1), out, ADVANCE.default_mode)
+    p.state.rows[0] = readout_v1._Row(_params(temperature=0.5, seed=1), out, ADVANCE.default_mode)
     z = torch.zeros(1, 16)
     z[0, 12] = 30.0  # dk certain at steps 1 and 2
     got = p.apply(z.clone())
@@ -208,4 +208,5 @@ def test_the_engine_arguments_of_a_run_folder(tok, tmp_path):
     (unfinished / "run.json").write_text("{}")
     with pytest.raises(Unservable, match="training has not finished"):
         engine_args.prepare(SimpleNamespace(model=str(unfinished)))
+
 

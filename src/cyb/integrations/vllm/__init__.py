@@ -14,7 +14,11 @@ OpenAI server, its batching and cache.  What the plugin adds, each piece in its 
 * :mod:`~cyb.integrations.vllm.model`: shared positions, vLLM's model with its positions
   divided by ``M``; pauses that advance positions run as the plain model.
 * :mod:`~cyb.integrations.vllm.readout`: the readout, a logits processor with per-request
-  state; a request picks its mode with ``extra_args={"mode": "fixed" | "adaptive"}``.
+  state; a request picks its mode with ``extra_args={"mode": "fixed" | "adaptive"}``.  Its
+  classes satisfy the loaders of both of vLLM's model runners, and keep their state as the
+  runner at hand calls them (:mod:`~cyb.integrations.vllm.readout_v1` for the V1 runner of the
+  CPU build, :mod:`~cyb.integrations.vllm.readout_v2` for Model Runner V2, vLLM's runner on a
+  GPU); what they decide is :mod:`~cyb.integrations.vllm.decisions`.
 * :mod:`~cyb.integrations.vllm.pauses`: what needs no vLLM: the settings, the refusals, the
   prompt layout and :func:`steps_per_token`, which reads each token's steps from an output.
 

@@ -1,12 +1,12 @@
-"""The readout of a pause model as a vLLM logits processor.
+"""The readout of a pause model as a vLLM logits processor, on both of vLLM's model runners.
 
 vLLM samples one token per request per step and feeds it back; a pause model's token is the
-readout of a block of ``M`` steps (:mod:`cyb.decision`).  :class:`PauseReadout` makes vLLM's
-sampled token the token cyb's engine feeds at that step: for every request of the batch it
-reads, from the request's output so far, which step of its current block comes next (the
-pauses at the end of the output: none, step 1) and which token it is deciding (the real tokens
-of the output), decides as cyb's engine decides (:class:`cyb.engine` rows with one position per
-step), and leaves one finite logit: the token to feed.
+readout of a block of ``M`` steps (:mod:`cyb.decision`).  The readout makes vLLM's sampled
+token the token cyb's engine feeds at that step: for every request of the batch it finds which
+step of its current block comes next (the pauses at the end of what was fed: none, step 1) and
+which token it is deciding (the real tokens of its output), decides as cyb's engine decides
+(:class:`cyb.engine` rows with one position per step), and leaves one finite logit: the token
+to feed.
 
 * The dk prior is added to the dk logit; dk is taken when it beats the best real token (greedy,
   ties to the smaller id) or, sampling, when the request's uniform of that step is below ``d``;
@@ -24,6 +24,17 @@ The one finite logit is the token's *step code*: the step the token was read at 
 plugin's default for pause models) that is the logprob vLLM returns with each sampled token, so
 :func:`cyb.integrations.vllm.pauses.steps_per_token` reads fixed mode's steps from an output.
 
+vLLM 0.32 runs one of two model runners, whose logits processors differ.  The classes this
+module hands vLLM (:func:`readout_class`) subclass both interfaces, so either loader takes them,
+and keep their state the way the runner at hand calls them:
+
+* the V1 runner (the CPU build; ``VLLM_USE_V2_MODEL_RUNNER=0``): rows by batch index, moved by
+  ``update_state``, each request's output read from vLLM's live list
+  (:mod:`~cyb.integrations.vllm.readout_v1`);
+* Model Runner V2 (vLLM's default wherever triton has a GPU backend): state by request slot
+  from ``add_request``, rows mapped to slots anew each step, the tokens fed read from the
+  runner's own token table on the device (:mod:`~cyb.integrations.vllm.readout_v2`).
+
 vLLM's own sampling (temperature, top-k, top-p, seed) picks the only token left; its settings
 are read here as the readout's.  Settings that would change the logits after the readout
 (penalties, bias, banned or allowed words, structured output) are refused per request.
@@ -32,15 +43,11 @@ are read here as the readout's.  Settings that would change the logits after the
 from __future__ import annotations
 
 import json
-import math
 
 import torch
 
-from ...decision import KEY_LIMIT, inverse_cdf, row_keys, stream_uniforms
 from .pauses import ServedPauses, mode_error
 
-#: vLLM's bound below which a temperature means greedy decoding
-GREEDY_BELOW = 1e-5
 #: the attribute of vLLM's Hugging Face config that carries the pause layout (JSON)
 CONFIG_KEY = "cyb_pauses"
 
@@ -81,110 +88,12 @@ def _neutral(params) -> str | None:
     return None
 
 
-class _Row:
-    """One request of the batch: its settings and what it read out of its current block."""
-
-    __slots__ = ("mode", "greedy", "temperature", "top_k", "top_p", "key", "output", "seen", "reals",
-                 "block", "block_of")
-
-    def __init__(self, params, output: list[int], default_mode: str) -> None:
-        extra = params.extra_args or {}
-        self.mode = extra.get("mode", default_mode)
-        t = float(params.temperature)
-        self.greedy = t < GREEDY_BELOW
-        self.temperature = 1.0 if self.greedy else t
-        k = int(params.top_k or 0)
-        self.top_k = k if k > 0 else 0
-        self.top_p = float(params.top_p if params.top_p is not None else 1.0)
-        seed = params.seed
-        self.key = row_keys(1, seed=int(seed))[0] if seed is not None else int(
-            torch.randint(0, KEY_LIMIT, (1,)).item())
-        self.output = output  # vLLM's live list of the request's output ids
-        self.seen = 0  # output ids counted so far
-        self.reals = 0  # real tokens among them
-        self.block: dict[int, tuple[bool, int]] = {}  # step -> (answered, token) of the current block
-        self.block_of = -1  # the token index the block belongs to
-
-    def position(self, pauses: frozenset, m: int) -> tuple[int, int]:
-        """``(step, counter)``: the step of the current block that comes next (1-based) and the
-        index of the token it decides."""
-        out = self.output
-        if len(out) < self.seen:  # vLLM dropped output tokens: count again
-            self.seen, self.reals = 0, 0
-        for t in out[self.seen:]:
-            if t not in pauses:
-                self.reals += 1
-        self.seen = len(out)
-        trailing = 0
-        for t in reversed(out):
-            if t not in pauses or trailing >= m - 1:
-                break
-            trailing += 1
-        return trailing + 1, self.reals
-
-
-def _filter(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Top-k (``[n]`` long, 0: off) then nucleus top-p (``[n]`` float, 1: off) per row of ``z``
-    (``[n, V]``), as :func:`cyb.decision.filter_logits` does for one setting."""
-    v = z.shape[-1]
-    on = (top_k > 0) & (top_k < v)
-    if bool(on.any()):
-        kk = int(top_k[on].max())
-        values = z.topk(kk, dim=-1).values
-        kth = values.gather(1, (top_k.clamp(1, kk) - 1).unsqueeze(1))
-        z = torch.where(on.unsqueeze(1) & (z < kth), -math.inf, z)
-    on = (top_p > 0) & (top_p < 1)
-    if bool(on.any()):
-        sorted_z, order = z.sort(dim=-1, descending=True)
-        probs = sorted_z.softmax(-1)
-        drop_sorted = ((probs.cumsum(-1) - probs) >= top_p.unsqueeze(1)) & on.unsqueeze(1)
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        z = z.masked_fill(drop, -math.inf)
-    return z
-
-
-def decide(pauses: ServedPauses, logits: torch.Tensor, step: torch.Tensor, key: torch.Tensor,
-           counter: torch.Tensor, greedy: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-           top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(answers, token)``, each ``[n]``: whether each row answers at its ``step`` (1-based) and
-    the token it answers (meaningful where it does), from ``logits [n, V]``.
-
-    The rule of cyb's engine for one step: dk (with the prior) against the best real token, or
-    the request's uniform of the step against ``d``; at step ``M`` an answer; the token the best
-    real one or a draw with the request's token uniform.
-    """
-    m, dk = pauses.num_steps, pauses.dk_id
-    z = logits.float()
-    if dk is not None:
-        zdk = z[:, dk] + pauses.dk_bias
-    z = z.clone()
-    masked = torch.tensor(sorted(pauses.special_ids), dtype=torch.long, device=z.device)
-    if masked.numel():
-        z.index_fill_(-1, masked, -math.inf)
-    best, token = z.max(-1)
-    sample = not bool(greedy.all())
-    uniforms = stream_uniforms(key, counter, m + 1) if sample else None
-    if dk is None:
-        wants_dk = torch.ones_like(greedy)
-    else:
-        wants_dk = (zdk > best) | ((zdk == best) & (token > dk))
-        if sample:
-            total = torch.logaddexp(torch.logsumexp(z, -1), zdk)
-            lane = (step - 1).clamp(max=m - 1)
-            sampled_dk = uniforms.gather(1, lane.unsqueeze(1)).squeeze(1) < (zdk - total).exp()
-            wants_dk = torch.where(greedy, wants_dk, sampled_dk)
-    answers = ~wants_dk | (step >= m)
-    if sample:
-        tempered = _filter(z / torch.where(greedy, 1.0, temperature).unsqueeze(1), top_k, top_p)
-        drawn = inverse_cdf(tempered.softmax(-1), uniforms[:, m])
-        token = torch.where(greedy, token, drawn)
-    return answers, token
-
-
 class PauseReadout:
-    """The readout (see the module docstring); the plugin hands vLLM a subclass that knows the
-    model's position scheme (:func:`readout_class`), so that a request's mode is checked when it
-    arrives."""
+    """The readout (see the module docstring).  vLLM builds it with ``(vllm_config, device,
+    is_pin_memory)`` on the V1 runner and ``(vllm_config, req_states)`` on Model Runner V2; it
+    keeps its state in the matching helper and forwards each runner's calls to it.  The plugin
+    hands vLLM a subclass that knows the model's position scheme (:func:`readout_class`), so
+    that a request's mode is checked when it arrives."""
 
     #: whether the model's pauses share their token's position (adaptive mode refused)
     shared_positions = True
@@ -204,80 +113,41 @@ class PauseReadout:
             raise ValueError(f"{bad}: not offered for a pause model (the readout decides every token from the "
                              "model's logits); leave it at its default")
 
-    def __init__(self, vllm_config, device, is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config, device_or_states, is_pin_memory: bool | None = None) -> None:
         self.pauses = pauses_of(vllm_config.model_config.hf_config)
-        self.rows: dict[int, _Row] = {}
-        if self.pauses is not None:
-            self._pause_set = frozenset(self.pauses.pause_ids)
-            self._pause_list = list(self.pauses.pause_ids)
+        if hasattr(device_or_states, "all_token_ids"):  # Model Runner V2's LogitsProcRequestState
+            from .readout_v2 import SlotReadout
 
+            self.state = SlotReadout(self.pauses, device_or_states) if self.pauses is not None else None
+        else:
+            from .readout_v1 import RowReadout
+
+            self.state = RowReadout(self.pauses) if self.pauses is not None else None
+
+    # -- both runners
+    def apply(self, logits: torch.Tensor, ctx=None) -> torch.Tensor:
+        if self.state is None:
+            return logits
+        return self.state.apply(logits) if ctx is None else self.state.apply(logits, ctx)
+
+    # -- the V1 runner
     def is_argmax_invariant(self) -> bool:
         return False
 
     def update_state(self, batch_update) -> None:
-        if batch_update is None or self.pauses is None:
-            return
-        from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+        if self.state is not None:
+            self.state.update_state(batch_update)
 
-        for index in batch_update.removed:
-            self.rows.pop(index, None)
-        for index, params, _prompt, output in batch_update.added:
-            self.rows[index] = _Row(params, output, self.pauses.default_mode)
-        for a, b, direction in batch_update.moved:
-            ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-            if ra is not None:
-                self.rows[b] = ra
-            if direction == MoveDirectionality.SWAP and rb is not None:
-                self.rows[a] = rb
+    # -- Model Runner V2
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        if self.state is None:
+            return False
+        self.state.add_request(req_idx, sampling_params)
+        return True
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        p = self.pauses
-        if p is None or not self.rows:
-            return logits
-        n, m = logits.shape[0], p.num_steps
-        rows = [self.rows.get(i) for i in range(n)]
-        live = [i for i, r in enumerate(rows) if r is not None]
-        if not live:
-            return logits
-        where = [rows[i].position(self._pause_set, m) for i in live]
-        idx = torch.tensor(live, dtype=torch.long, device=logits.device)
-
-        def column(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=logits.device)
-
-        rs = [rows[i] for i in live]
-        step = column([s for s, _ in where], torch.long)
-        answers, token = decide(
-            p, logits.index_select(0, idx), step, column([r.key for r in rs], torch.long),
-            column([c for _, c in where], torch.long), column([r.greedy for r in rs], torch.bool),
-            column([r.temperature for r in rs], torch.float32), column([r.top_k for r in rs], torch.long),
-            column([r.top_p for r in rs], torch.float32))
-        answers, token = answers.tolist(), token.tolist()
-        forced, codes = [], []
-        for j, r in enumerate(rs):
-            s, c = where[j]
-            if r.mode == "fixed":
-                if r.block_of != c:
-                    r.block, r.block_of = {}, c
-                r.block[s] = (answers[j], token[j])  # a later computation of this step replaces it
-                if s < m:
-                    forced.append(self._pause_list[s - 1])
-                    codes.append(0.0)
-                    continue
-                at = next(k for k in range(1, m + 1) if k in r.block and r.block[k][0])
-                forced.append(r.block[at][1])
-                codes.append(float(at))
-            elif answers[j]:
-                forced.append(token[j])
-                codes.append(float(s))
-            else:
-                forced.append(self._pause_list[s - 1])
-                codes.append(0.0)
-        # vLLM divides a sampled row's logits by its temperature before it reports them
-        scale = column([r.temperature for r in rs], torch.float32)
-        logits.index_fill_(0, idx, -math.inf)
-        logits[idx, column(forced, torch.long)] = column(codes, logits.dtype) * scale.to(logits.dtype)
-        return logits
+    def apply_staged_writes(self) -> None:
+        if self.state is not None:
+            self.state.apply_staged_writes()
 
 
 def readout_class(pauses: ServedPauses) -> str:
@@ -289,10 +159,11 @@ def readout_class(pauses: ServedPauses) -> str:
 
 
 def _subclass(name: str, shared: bool, mode: str):
-    from vllm.v1.sample.logits_processor import LogitsProcessor
+    from vllm.v1.sample.logits_processor import LogitsProcessor as V1Processor
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Processor
 
-    return type(name, (PauseReadout, LogitsProcessor), {"shared_positions": shared, "default_mode": mode,
-                                                         "__module__": __name__})
+    return type(name, (PauseReadout, V1Processor, V2Processor),
+                {"shared_positions": shared, "default_mode": mode, "__module__": __name__})
 
 
 def __getattr__(name: str):
@@ -306,4 +177,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CONFIG_KEY", "PauseReadout", "config_value", "decide", "pauses_of", "readout_class"]
+__all__ = ["CONFIG_KEY", "PauseReadout", "config_value", "pauses_of", "readout_class"]
