@@ -210,3 +210,80 @@ def test_the_engine_arguments_of_a_run_folder(tok, tmp_path):
         engine_args.prepare(SimpleNamespace(model=str(unfinished)))
 
 
+
+def test_a_checkpoint_folder_is_served_directly(tmp_path, monkeypatch):
+    """A training checkpoint: its model is written into cyb's cache the first time (no other cyb
+    command has to run first), and the engine serves that folder."""
+    from cyb.train import Trainer
+    from test_train import _docs, _write_jsonl, tiny_cfg
+
+    monkeypatch.setenv("CYB_CACHE", str(tmp_path / "cache"))
+    from cyb.data.tokenizer import train_bpe_tokenizer
+
+    train_bpe_tokenizer(_docs(40, 0), 300, tmp_path / "bpe")
+    text = {"source": str(_write_jsonl(tmp_path / "train.jsonl", _docs(40, 0))), "bpe_vocab_size": 300,
+            "valid_source": str(_write_jsonl(tmp_path / "valid.jsonl", _docs(8, 1)))}
+    cfg = tiny_cfg(tmp_path / "run", text=text, model={"hidden_size": 64, "num_heads": 2},
+                   train={"steps": 2, "save_every": 2, "keep_last": 2})
+    Trainer(cfg).run()
+    [ckpt] = [p for p in (tmp_path / "run").iterdir() if p.name.startswith("ckpt-")]
+    args = SimpleNamespace(model=str(ckpt), tokenizer=None, served_model_name=None, tokenizer_mode="auto",
+                           hf_overrides=None, logits_processors=None, logprobs_mode="raw_logprobs")
+    engine_args.prepare(args)
+    assert str(tmp_path / "cache") in args.model and args.served_model_name == str(ckpt)
+    assert settings_of(args.model) is not None
+    again = SimpleNamespace(**{**vars(args), "model": str(ckpt), "served_model_name": None, "tokenizer": None})
+    engine_args.prepare(again)  # built once: the same folder
+    assert again.model == args.model
+
+
+def test_head_dimensions_vllms_cpu_attention_does_not_take_are_refused(tok, tmp_path):
+    pytest.importorskip("vllm")
+    import transformers
+
+    from cyb.model import PauseModel
+
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    PauseModel.from_config(cfg, tok, num_steps=M, use_dk=True).save_pretrained(tmp_path / "m")
+    assert engine_args.head_dim(tmp_path / "m") == 16
+    if not engine_args._on_cpu():
+        pytest.skip("vLLM's GPU build")
+    with pytest.raises(Unservable, match="heads have dimension 16, which vLLM's CPU attention does not run") as e:
+        engine_args.prepare(SimpleNamespace(model=str(tmp_path / "m"), tokenizer=None))
+    assert "\n" not in str(e.value) and "cyb serve" in str(e.value)
+
+
+def test_speculative_decoding_is_refused(tok, tmp_path):
+    build(tok).save_pretrained(tmp_path / "m")
+    with pytest.raises(Unservable, match="speculative decoding is not offered"):
+        engine_args.prepare(SimpleNamespace(model=str(tmp_path / "m"), tokenizer=None,
+                                            speculative_config={"method": "ngram"}))
+
+
+def test_the_memory_share_fits_what_is_free_when_none_was_given(monkeypatch):
+    pytest.importorskip("vllm")
+    if not engine_args._on_cpu():
+        pytest.skip("vLLM's GPU build")
+    from vllm.engine.arg_utils import EngineArgs
+
+    said = []
+    monkeypatch.setattr(engine_args, "_say", said.append)
+    monkeypatch.setattr(engine_args, "_memory", lambda: (100 << 30, 10 << 30))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    default = EngineArgs.gpu_memory_utilization
+
+    def share(**kw):
+        args = SimpleNamespace(**{"gpu_memory_utilization": default, "kv_cache_memory_bytes": None,
+                                  "tensor_parallel_size": 1, "pipeline_parallel_size": 1, **kw})
+        engine_args._fit_memory_share(args)
+        return args.gpu_memory_utilization
+
+    assert share() == 0.05 and "using --gpu-memory-utilization 0.05" in said[-1] and "\n" not in said[-1]
+    assert share(tensor_parallel_size=2) == 0.02  # two workers on this machine: half each
+    n = len(said)
+    assert share(gpu_memory_utilization=0.3) == 0.3  # what the user gave stays
+    assert share(kv_cache_memory_bytes=1 << 30) == default
+    monkeypatch.setattr(engine_args, "_memory", lambda: (100 << 30, 95 << 30))
+    assert share() == default  # the default fits: left alone
+    assert len(said) == n

