@@ -261,7 +261,7 @@ def test_speculative_decoding_is_refused(tok, tmp_path):
                                             speculative_config={"method": "ngram"}))
 
 
-def test_the_memory_share_fits_what_is_free_when_none_was_given(monkeypatch):
+def test_the_memory_share_fits_what_is_free_when_none_was_given(monkeypatch, tmp_path):
     pytest.importorskip("vllm")
     if not engine_args._on_cpu():
         pytest.skip("vLLM's GPU build")
@@ -273,17 +273,25 @@ def test_the_memory_share_fits_what_is_free_when_none_was_given(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     default = EngineArgs.gpu_memory_utilization
 
-    def share(**kw):
+    def share(folder=tmp_path, **kw):
         args = SimpleNamespace(**{"gpu_memory_utilization": default, "kv_cache_memory_bytes": None,
                                   "tensor_parallel_size": 1, "pipeline_parallel_size": 1, **kw})
-        engine_args._fit_memory_share(args)
+        engine_args._fit_memory_share(args, folder)
         return args.gpu_memory_utilization
 
-    assert share() == 0.05 and "using --gpu-memory-utilization 0.05" in said[-1] and "\n" not in said[-1]
+    assert share() == 0.05  # half the free memory for the cache
+    assert "using 0.05 (5.0 GiB per worker: half the 10.0 GiB free" in said[-1] and "\n" not in said[-1]
     assert share(tensor_parallel_size=2) == 0.02  # two workers on this machine: half each
     n = len(said)
     assert share(gpu_memory_utilization=0.3) == 0.3  # what the user gave stays
     assert share(kv_cache_memory_bytes=1 << 30) == default
-    monkeypatch.setattr(engine_args, "_memory", lambda: (100 << 30, 95 << 30))
-    assert share() == default  # the default fits: left alone
     assert len(said) == n
+    weights = tmp_path / "w"
+    weights.mkdir()
+    with open(weights / "model.safetensors", "wb") as f:
+        f.truncate(2 << 30)  # 2 GiB of 16-bit weights: 4 GiB loaded in float32
+    assert share(weights) == 0.09  # 5 + 4 GiB
+    monkeypatch.setattr(engine_args, "_memory", lambda: (100 << 30, 99 << 30))
+    assert share() == 0.49  # where vLLM's default would fit, it would fill the machine: half of it
+    monkeypatch.setattr(engine_args, "_memory", lambda: (100 << 30, 4 << 30))
+    assert share(weights) == 0.03  # never more than 90% of what is free

@@ -19,8 +19,8 @@ its ``final/`` model or a checkpoint, as ``cyb serve`` takes them), :func:`prepa
 * ``logprobs_mode`` ``processed_logits`` (unless set): a sampled token's logprob is its step
   code, so that fixed mode's steps can be read back;
 * on vLLM's CPU build, ``gpu_memory_utilization`` (the share of the machine's memory each worker
-  reserves) when it was left at vLLM's default and that is more than is free: half the free
-  memory, said in the log.
+  reserves) when it was left at vLLM's default: half the free memory for the cache plus the
+  weights (:func:`_fit_memory_share`), said in the log.
 
 A checkpoint's model is written into cyb's cache the first time it is served.  Anything else
 (other folders, hub names) is left to vLLM as it is.  A cyb model that vLLM cannot run is refused
@@ -171,7 +171,7 @@ def prepare(args) -> None:
         args.logprobs_mode = "processed_logits"
     _say(f"cyb: {given}: the pause model in {folder} (M = {pauses.num_steps}, {pauses.position_scheme} positions, "
          f"default mode {pauses.default_mode}; pause ids {list(pauses.pause_ids)}, dk id {pauses.dk_id})")
-    _fit_memory_share(args)
+    _fit_memory_share(args, folder)
 
 
 def _on_cpu() -> bool:
@@ -212,13 +212,17 @@ def _engine_refusal(folder: Path, args) -> str | None:
     return None
 
 
-def _fit_memory_share(args) -> None:
+def _fit_memory_share(args, folder: Path) -> None:
     """On the CPU build, when ``--gpu-memory-utilization`` was left at vLLM's default and no KV
-    cache size was given, lower the share to one the free memory holds, and say so.
+    cache size was given, set a share that fits, and say so.
 
-    vLLM-CPU reserves that share of the machine's memory for each worker and stops at start when
-    it is more than is free (0.92 of a machine rarely is).  The share given here is half the
-    free memory, split over the workers of this machine (tensor x pipeline parallel size).
+    vLLM-CPU reserves that share of the machine's memory for each worker, the model's weights
+    and the rest KV cache: at its default, 0.92, it stops at start where less is free, and where
+    that much is free it fills it (on a 24 GiB machine with 22 GiB free, a worker was killed for
+    memory while it allocated 21 GiB of cache for a tiny model).  The share given here is half the
+    free memory for the cache plus twice the weights' files (a float32 load of 16-bit weights), per
+    worker of this machine (tensor x pipeline parallel size), and never more than 90% of what is
+    free nor more than vLLM's default.
     """
     if not _on_cpu() or getattr(args, "kv_cache_memory_bytes", None) is not None or os.environ.get(
             "VLLM_CPU_KVCACHE_SPACE"):
@@ -229,18 +233,20 @@ def _fit_memory_share(args) -> None:
     if getattr(args, "gpu_memory_utilization", default) != default:
         return
     total, free = _memory()
+    if total <= 0 or free <= 0:
+        return
     workers = int(getattr(args, "tensor_parallel_size", 1) or 1) * int(getattr(args, "pipeline_parallel_size", 1) or 1)
     workers = max(1, workers)
-    if total <= 0 or total * default <= free / workers:
-        return
-    share = math.floor(100 * 0.5 * free / workers / total) / 100
+    weights = 2 * sum(f.stat().st_size for f in folder.glob("*.safetensors")) / workers
+    budget = min(0.9 * free / workers, 0.5 * free / workers + weights)
+    share = min(default, math.floor(100 * budget / total) / 100)
     if share <= 0:
         return
     args.gpu_memory_utilization = share
     gib = 1 << 30
-    _say(f"cyb: vLLM's default memory share {default} ({total * default / gib:.1f} GiB of {total / gib:.1f}) is more "
-         f"than this machine has free ({free / gib:.1f} GiB): using --gpu-memory-utilization {share} "
-         f"({share * total / gib:.1f} GiB per worker); pass --gpu-memory-utilization or --kv-cache-memory-bytes to "
+    _say(f"cyb: --gpu-memory-utilization not given: using {share} ({share * total / gib:.1f} GiB per worker: half the "
+         f"{free / gib:.1f} GiB free for the KV cache, plus the weights) in place of vLLM-CPU's {default} "
+         f"({default * total / gib:.1f} GiB of {total / gib:.1f}); pass --gpu-memory-utilization or --kv-cache-memory-bytes to "
          "choose")
 
 
