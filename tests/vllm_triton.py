@@ -12,7 +12,10 @@ the GPU's path on the CPU (``tests/vllm_v2_site/sitecustomize.py``):
 * ``VLLM_USE_V2_MODEL_RUNNER=1``;
 * one kernel the interpreter cannot run, vLLM's top-k/top-p (a loop over ``tl.range`` rows),
   takes vLLM's own PyTorch implementation (it cannot change a pause model's tokens: the readout
-  leaves one finite logit per row).
+  leaves one finite logit per row);
+* ``TORCHDYNAMO_DISABLE=1``: the few functions vLLM compiles with torch.compile even in eager
+  mode (the masking of a vocabulary split across ranks) run as plain PyTorch, since inductor
+  would take the stand-in backend for a triton it can compile with.
 
 Everything else the V2 runner does per step (its request table, the sampler, temperature,
 Gumbel sampling, logprobs, the token table's updates) runs as vLLM ships it.

@@ -20,9 +20,11 @@ class _Driver:
 
 def setup() -> None:
     """A stand-in ``cpu`` backend for triton (vLLM's ``HAS_TRITON`` true), triton's interpreter,
-    and vLLM's PyTorch top-k/top-p in place of its kernel; call before vLLM is imported."""
+    vLLM's PyTorch top-k/top-p in place of its kernel, and no torch.compile (inductor would take
+    the stand-in for a triton it can compile with); call before vLLM is imported."""
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
     from triton.backends import backends
 
     backends.setdefault("cpu", SimpleNamespace(driver=_Driver()))
