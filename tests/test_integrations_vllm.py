@@ -295,3 +295,78 @@ def test_the_memory_share_fits_what_is_free_when_none_was_given(monkeypatch, tmp
     assert share() == 0.49  # where vLLM's default would fit, it would fill the machine: half of it
     monkeypatch.setattr(engine_args, "_memory", lambda: (100 << 30, 4 << 30))
     assert share(weights) == 0.03  # never more than 90% of what is free
+
+
+def _devices():
+    out = [pytest.param("cpu")]
+    out.append(pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                  reason="needs CUDA")]))
+    return out
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_the_v2_state_decides_as_the_v1_state(device):
+    """Model Runner V2's state (slots, the token table on the device, rows in a new order each
+    step) against the V1 runner's (rows, vLLM's output lists) on the same random logits: six
+    requests in four slots, fixed and adaptive, greedy and seeded, every forced token and code
+    equal.  No vLLM needed: the runner's tables are stood in for."""
+    import numpy as np
+
+    from cyb.integrations.vllm.readout_v1 import RowReadout, _Row
+    from cyb.integrations.vllm.readout_v2 import SlotReadout
+
+    pauses = ServedPauses(M, (30, 31), 32, 1.2, "advance")
+    slots, width, vocab = 4, 128, 40
+    table = torch.zeros(slots, width, dtype=torch.int32, device=device)
+    prompt_len = np.zeros(slots, dtype=np.int32)
+    states = SimpleNamespace(max_num_reqs=slots, device=torch.device(device), prompt_len=SimpleNamespace(np=prompt_len),
+                             all_token_ids=SimpleNamespace(gpu=table))
+    v2, v1 = SlotReadout(pauses, states), RowReadout(pauses)
+    g = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+    plan = [("fixed", None), ("adaptive", None), ("adaptive", 5), ("fixed", 6), ("adaptive", 7), ("fixed", None)]
+    waiting = list(range(len(plan)))
+    running: dict[int, dict] = {}  # slot -> request
+    free = list(range(slots))
+    decided = 0
+    while waiting or running:
+        while waiting and free:
+            i = waiting.pop(0)
+            slot = free.pop()
+            mode, seed = plan[i]
+            params = _params(extra_args={"mode": mode}, temperature=0.9 if seed else 0.0, seed=seed, top_k=8,
+                             top_p=0.9)
+            prompt = [int(t) for t in rng.integers(0, 30, size=int(rng.integers(1, 6)))]
+            laid = pauses.layout(prompt)
+            table[slot, :len(laid)] = torch.tensor(laid, dtype=torch.int32)
+            prompt_len[slot] = len(laid)
+            req = {"ids": laid, "output": [], "steps": 0}
+            running[slot] = req
+            v2.add_request(slot, params)
+            v1.rows[slot] = _Row(params, req["output"], pauses.default_mode)
+        v2.apply_staged_writes()
+        order = [int(s) for s in rng.permutation(sorted(running))]
+        logits = torch.randn(len(order), vocab, generator=g) * 2
+        logits[:, 32] += torch.randn(len(order), generator=g)  # dk often
+        pos = torch.tensor([len(running[s]["ids"]) - 1 for s in order])
+        ctx = SimpleNamespace(
+            expanded_idx_mapping=torch.tensor(order, device=device), idx_mapping_np=np.array(order),
+            pos=pos.to(device), input_ids=torch.tensor([running[s]["ids"][-1] for s in order], device=device),
+            seq_lens_upper_bound_np=(pos + 1).numpy())
+        got = v2.apply(logits.clone().to(device), ctx).cpu()
+        by_slot = torch.zeros(slots, vocab)
+        by_slot[order] = logits
+        one = v1.apply(by_slot)
+        for row, s in enumerate(order):
+            token = int(got[row].isfinite().float().argmax())
+            assert torch.isfinite(got[row]).sum() == 1 and int(one[s].isfinite().float().argmax()) == token
+            assert float(got[row].max()) == pytest.approx(float(one[s].max()))
+            req = running[s]
+            table[s, len(req["ids"])] = token
+            req["ids"].append(token)
+            req["output"].append(token)
+            decided += 1
+            if len(real_tokens(req["output"], pauses.pause_ids)) >= 6:
+                del running[s], v1.rows[s]
+                free.append(s)
+    assert decided > 60
