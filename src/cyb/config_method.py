@@ -28,8 +28,8 @@ class MethodConfig:
     or private (nothing: a token's pauses are seen only by its own later steps, so the real
     tokens run exactly as in the base model and a KV cache holds real tokens only; best for
     fine-tuning a pretrained model), or gated (everything, the logits of other tokens' pauses
-    biased by a learned gate per layer and head that starts almost closed; no KV-cache
-    decoding). docs/concepts/layouts.md compares them."""
+    biased by a learned gate per layer and head that starts almost closed; decoded with a KV
+    cache whose columns are tagged as pauses or not). docs/concepts/layouts.md compares them."""
     pause_gate_init: float = GATE_INIT
     """pause_visibility gated: the gates' starting bias on the attention logits of other tokens'
     pauses (-8: almost closed, the base model nearly intact; 0: the shared layout). A model
