@@ -46,22 +46,9 @@ BIND = {1: "0", 2: "0|1"}
 
 
 def build(size: str, scheme: str, tok, folder: Path):
-    import copy
+    from vllm_helpers import build as build_model
 
-    import torch
-    import transformers
-
-    from cyb.model import PauseModel
-
-    cfg = transformers.LlamaConfig(vocab_size=len(tok), max_position_embeddings=256, initializer_range=0.3,
-                                   tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
-                                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **SIZES[size])
-    torch.manual_seed(0 if scheme == "shared" else 1)
-    pm = PauseModel.from_config(cfg, copy.deepcopy(tok), num_steps=M, use_dk=True, psi_dk=0.5,
-                                position_scheme=scheme).eval()
-    with torch.no_grad():  # a dk row that makes both dk and answers occur
-        w = pm.hf_model.get_output_embeddings().weight
-        w[pm.settings.dk_id] = torch.randn(w.shape[1]) * 0.3
+    pm = build_model(tok, scheme=scheme, seed=0 if scheme == "shared" else 1, num_steps=M, **SIZES[size])
     pm.save_pretrained(folder)
     return pm
 

@@ -38,17 +38,19 @@ def tokenizer(folder: Path):
 
 
 def build(tok, *, scheme: str = "shared", visibility: str = "shared", seed: int = 0, use_dk: bool = True,
-          eos_like: int | None = None, hidden: int = 64) -> PauseModel:
+          eos_like: int | None = None, hidden: int = 64, num_steps: int = M, **shape) -> PauseModel:
     """A 2-layer Llama (hidden 64, head dimension 32: two heads of ``hidden / 2``) with ``M`` = 3,
     float32.  ``eos_like``: the EOS row of the output projection becomes that token's, a little
-    larger (so that EOS comes where that token would)."""
+    larger (so that EOS comes where that token would).  ``shape``: other LlamaConfig fields (the
+    benchmarks' larger models: heads, layers, ``max_position_embeddings``)."""
+    fields = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, max_position_embeddings=256)
+    fields.update(shape)
     cfg = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-        initializer_range=0.3, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        vocab_size=len(tok), initializer_range=0.3, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **fields)
     torch.manual_seed(seed)
-    pm = PauseModel.from_config(cfg, copy.deepcopy(tok), num_steps=M, use_dk=use_dk,
+    pm = PauseModel.from_config(cfg, copy.deepcopy(tok), num_steps=num_steps, use_dk=use_dk,
                                 psi_dk=0.5 if use_dk else None, position_scheme=scheme,
                                 pause_visibility=visibility).eval()
     with torch.no_grad():
