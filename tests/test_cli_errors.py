@@ -1,10 +1,13 @@
 """Every missing piece is one line on the command line, never a traceback: a model path that does
 not exist, a JSON-lines file without the text field, an ``hf:`` source offline, a missing
-optional package (with the install command for a clone); ``cyb train --check`` checks paths."""
+optional package (with the install command for a clone); ``cyb train --check`` checks paths; output
+piped into a reader that stops early (``| head``) ends quietly."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -150,3 +153,14 @@ def test_help_says_a_default_only_where_it_tells_something():
     assert seen >= 12  # cyb, its 8 commands and cyb bench's 4
     eval_help = dict((prog, text) for prog, _, text in _help_texts())["cyb eval"]
     assert re.search(r"--impl .*\(default: auto\)", " ".join(eval_help.split()))
+
+
+@pytest.mark.parametrize("args,status", [(["train", "--help-config"], 141), (["train", "--help"], 0)])
+def test_a_reader_that_closes_early_ends_the_command_quietly(args, status):
+    read, write = os.pipe()
+    child = subprocess.Popen([sys.executable, "-m", "cyb", *args], stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    os.close(read)  # before the command writes anything: every write meets a closed pipe
+    _, err = child.communicate(timeout=120)
+    assert err.decode() == ""
+    assert child.returncode == status  # argparse swallows its own failed write of --help

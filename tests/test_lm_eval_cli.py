@@ -1,8 +1,10 @@
 """``python -m cyb.integrations.lm_eval``: its help says how to use the model, the task folder and
-``CYB_EVAL_DATA``; a missing harness, data folder or model folder is one line."""
+``CYB_EVAL_DATA``; a missing harness, data folder or model folder is one line; a reader that stops
+early ends it quietly."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -36,6 +38,16 @@ def test_help_as_a_module_then_the_harness_options():
     assert done.returncode == 0, done.stderr
     _check_usage(done.stdout)
     assert done.stdout.index("The options of lm_eval follow.") < done.stdout.index("usage: lm")
+
+
+def test_help_into_a_reader_that_closes_early_ends_quietly():
+    read, write = os.pipe()
+    child = subprocess.Popen([sys.executable, "-m", "cyb.integrations.lm_eval", "--help"], stdout=write,
+                             stderr=subprocess.PIPE)
+    os.close(write)
+    os.close(read)  # before anything is written: every write meets a closed pipe
+    _, err = child.communicate(timeout=300)
+    assert err.decode() == "" and child.returncode == 141
 
 
 @pytest.fixture(scope="module")

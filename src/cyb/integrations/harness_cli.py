@@ -62,9 +62,15 @@ def _ours(error: BaseException) -> bool:
 
 def main(argv: Sequence[str] | None = None, *, model_module: str | None = None) -> int:
     """Run the harness's command line on ``argv`` (default ``sys.argv[1:]``); returns the exit
-    status.  ``model_module``: the module whose import registers the ``cyb`` model with the
-    harness (:mod:`cyb.integrations.lm_eval`, which names itself), imported once the harness is
-    found."""
+    status (141 where the reader of its output stopped early: :func:`cyb.cli.pipe_safe`).
+    ``model_module``: the module whose import registers the ``cyb`` model with the harness
+    (:mod:`cyb.integrations.lm_eval`, which names itself), imported once the harness is found."""
+    from ..cli import pipe_safe
+
+    return pipe_safe(lambda: _main(argv, model_module))
+
+
+def _main(argv: Sequence[str] | None, model_module: str | None) -> int:
     import importlib
 
     from ..extras import MissingPackage, require
