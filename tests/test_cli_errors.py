@@ -164,3 +164,18 @@ def test_a_reader_that_closes_early_ends_the_command_quietly(args, status):
     _, err = child.communicate(timeout=120)
     assert err.decode() == ""
     assert child.returncode == status  # argparse swallows its own failed write of --help
+
+
+@pytest.mark.parametrize("args,command,unknown", [
+    (["generate", "runs/x", "--promt", "hi"], "cyb generate", "--promt hi"),
+    (["bench", "serve", "runs/x"], "cyb bench serve", "runs/x"),
+    (["--nosuch"], "cyb", "--nosuch"),
+])
+def test_a_misspelled_option_is_named_by_the_command_it_was_given_to(capsys, args, command, unknown):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {command} ")
+    assert err.strip().splitlines()[-1] == f"{command}: error: unrecognized arguments: {unknown}"
+

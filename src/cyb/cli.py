@@ -44,6 +44,15 @@ def build_parser(mods: dict | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _named_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command that ``args`` names, to the deepest level (``cyb bench serve``'s)."""
+    while True:
+        subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if subs is None or getattr(args, subs.dest, None) not in subs.choices:
+            return parser
+        parser = subs.choices[getattr(args, subs.dest)]
+
+
 def _quiet_weight_loading() -> None:
     """No per-file weight-loading bars from transformers under the commands' own output."""
     try:
@@ -80,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     mods = _modules()
     parser = build_parser(mods)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, with its usage (argparse would show cyb's)
+        _named_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not args.command:
         parser.print_help()
         return 2
