@@ -179,3 +179,10 @@ def test_a_misspelled_option_is_named_by_the_command_it_was_given_to(capsys, arg
     assert err.startswith(f"usage: {command} ")
     assert err.strip().splitlines()[-1] == f"{command}: error: unrecognized arguments: {unknown}"
 
+
+def test_a_path_that_cannot_be_written_is_one_line(work, capsys):
+    (work / "afile").write_text("x")
+    assert main(["train", "run.yaml", "--set", "train.out_dir=afile"]) == 2
+    assert _one_line(capsys, "train") == "cyb train: error: afile: File exists"
+    assert (work / "afile").read_text() == "x"
+

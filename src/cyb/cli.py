@@ -117,9 +117,20 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt as e:  # training says what is lost and how to resume
         print(str(e) or "interrupted", file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError, MissingPackage) as e:
-        print(f"cyb {args.command}: error: {e}", file=sys.stderr)
+    except BrokenPipeError:  # the reader of stdout went away: pipe_safe ends quietly
+        raise
+    except (OSError, ValueError, MissingPackage) as e:  # OSError: a path that cannot be read or written
+        print(f"cyb {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+def _one_line(error: Exception) -> str:
+    """``error`` as said after ``error:``; an OS error as its path(s) and reason, without the errno
+    (``runs/x: File exists``)."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        paths = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else f"{error.filename}"
+        return f"{paths}: {error.strerror}"
+    return str(error)
 
 
 if __name__ == "__main__":
