@@ -186,3 +186,20 @@ def test_a_path_that_cannot_be_written_is_one_line(work, capsys):
     assert _one_line(capsys, "train") == "cyb train: error: afile: File exists"
     assert (work / "afile").read_text() == "x"
 
+
+def test_a_file_that_is_not_utf8_is_named(work, capsys):
+    (work / "latin1.txt").write_bytes("café\n".encode("latin-1"))
+    assert main(["train", "latin1.txt"]) == 2
+    assert _one_line(capsys, "train") == ("cyb train: invalid configuration: latin1.txt is not UTF-8 text "
+                                          "(byte 0xe9: invalid continuation byte)")
+    assert main(["generate", "runs/none", "--file", "latin1.txt"]) == 2
+    assert _one_line(capsys, "generate").endswith(": error: --file latin1.txt is not UTF-8 text (byte 0xe9: "
+                                                  "invalid continuation byte)")
+    assert main(["train", "run.yaml", "--set", "data.source=latin1.txt"]) == 2
+    assert _one_line(capsys, "train").endswith("latin1.txt is not UTF-8 text (byte 0xe9: invalid continuation byte)")
+    assert not (work / "runs" / "x").exists()
+
+
+def test_a_folder_given_as_the_config_is_named(work, capsys):
+    assert main(["train", "."]) == 2
+    assert _one_line(capsys, "train") == "cyb train: invalid configuration: . is a folder; give a YAML file (see configs/)"

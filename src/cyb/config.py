@@ -218,13 +218,19 @@ class RunConfig:
         Errors are :class:`ConfigError` prefixed with the file name.
         """
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"{p} is a folder; give a YAML file (see configs/)")
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            with p.open() as f:
+            with p.open(encoding="utf-8") as f:
                 data = yaml.safe_load(f) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        except UnicodeDecodeError as e:
+            from .data.sources import not_utf8
+
+            raise ConfigError(str(not_utf8(p, e))) from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections "
                               f"(model, method, lora, data, optim, train)")

@@ -65,7 +65,13 @@ def _prompts(args) -> list[str]:
         path = Path(args.file)
         if not path.is_file():
             raise ValueError(f"--file {args.file}: no such file")
-        lines = [line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            from ..data.sources import not_utf8
+
+            raise ValueError(f"--file {not_utf8(args.file, e)}") from None
+        lines = [line.rstrip("\r\n") for line in text.splitlines() if line.strip()]
         if not lines:
             raise ValueError(f"--file {args.file} holds no prompt: it is empty or has only blank lines")
         prompts += lines

@@ -102,6 +102,11 @@ def _format_of(path: Path) -> str | None:
     return None
 
 
+def not_utf8(path: str | Path, error: UnicodeDecodeError) -> ValueError:
+    """The one-line error for a file that is not UTF-8 text, naming it and the first bad byte."""
+    return ValueError(f"{path} is not UTF-8 text (byte 0x{error.object[error.start]:02x}: {error.reason})")
+
+
 def _open_text(path: Path) -> io.TextIOBase:
     if path.name.lower().endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")
@@ -449,12 +454,15 @@ def _iter_raw(
         return
     for f in list_files(s, split):
         kind = _format_of(f)
-        if kind == "jsonl":
-            yield from _read_jsonl(f, text_field)
-        elif kind == "txt":
-            yield from _read_txt(f, paragraphs)
-        else:
-            yield from _read_parquet(f, text_field)
+        try:
+            if kind == "jsonl":
+                yield from _read_jsonl(f, text_field)
+            elif kind == "txt":
+                yield from _read_txt(f, paragraphs)
+            else:
+                yield from _read_parquet(f, text_field)
+        except UnicodeDecodeError as e:
+            raise not_utf8(f, e) from None
 
 
 def iter_texts(
