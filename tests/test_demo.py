@@ -139,6 +139,23 @@ def test_bad_settings_are_named():
         demo_settings("nope")
     with pytest.raises(ValueError, match="num_steps"):
         demo_settings(num_steps=1)
+    with pytest.raises(ValueError, match=r"^train_steps \(--steps\) must be >= 1, got 0$"):
+        demo_settings(train_steps=0)
+
+
+@pytest.mark.parametrize("text,message", [
+    (b"train_steps: abc\n", "train_steps: expected an integer, got 'abc'"),
+    (b"methods: [cyb\n", "demo.yaml: not valid YAML: "),
+    (b"seed: \xff\n", "demo.yaml is not UTF-8 text (byte 0xff: invalid start byte)"),
+])
+def test_a_bad_demo_config_is_a_value_error_naming_it(tmp_path, monkeypatch, text, message):
+    from cyb.demo import demo_settings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo.yaml").write_bytes(text)
+    with pytest.raises(ValueError) as e:
+        demo_settings(config="demo.yaml")
+    assert str(e.value).startswith(message)
 
 
 def test_method_options_reach_the_run_configs_and_the_model():

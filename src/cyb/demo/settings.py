@@ -128,7 +128,7 @@ class DemoSettings:
         for name in ("num_steps", "hidden_size", "num_layers", "num_heads", "train_steps",
                      "batch_size", "num_train_examples", "num_test_examples"):
             if getattr(self, name) < (2 if name == "num_steps" else 1):
-                label = "num_steps (M, --M)" if name == "num_steps" else name
+                label = {"num_steps": "num_steps (M, --M)", "train_steps": "train_steps (--steps)"}.get(name, name)
                 raise ValueError(f"{label} must be >= {2 if name == 'num_steps' else 1}, "
                                  f"got {getattr(self, name)}")
         if not self.lr > 0:
@@ -146,11 +146,18 @@ class DemoSettings:
 
     @classmethod
     def from_dict(cls, data: dict) -> "DemoSettings":
+        """The settings ``data`` names; an unknown name or a value of the wrong type raises a
+        ValueError naming the setting."""
+        from typing import get_type_hints
+
+        from ..config_parsing import coerce
+
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown demo setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        types = get_type_hints(cls)
+        return cls(**{name: coerce(value, types[name], name) for name, value in data.items()})
 
 
 def demo_settings(task: str | None = None, *, quick: bool = False, config: str | Path | None = None,
@@ -164,7 +171,15 @@ def demo_settings(task: str | None = None, *, quick: bool = False, config: str |
         path = Path(config)
         if not path.is_file():
             raise FileNotFoundError(f"demo config not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            with path.open(encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {e}") from None
+        except UnicodeDecodeError as e:
+            from ..data.sources import not_utf8
+
+            raise not_utf8(path, e) from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of demo settings")
     if task is not None:
