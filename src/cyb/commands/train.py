@@ -37,6 +37,10 @@ def run(args) -> int:
     if not args.config:
         print("cyb train: a CONFIG file is required (see configs/, or --help-config)", file=sys.stderr)
         return 2
+    if args.world_size != 1 and not args.estimate_memory:
+        print("cyb train: --world-size goes with --estimate-memory; to train on N processes: torchrun "
+              "--nproc_per_node=N -m cyb train CONFIG", file=sys.stderr)
+        return 2
     try:
         cfg = RunConfig.load(args.config, args.overrides)
     except ConfigError as e:
