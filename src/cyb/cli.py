@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
-from typing import Callable
 
 from .commands import NAMES, HelpFormatter
 from .extras import MissingPackage
+from .pipes import pipe_safe
 
 
 def _modules() -> dict:
@@ -62,27 +61,9 @@ def _quiet_weight_loading() -> None:
     hf_logging.disable_progress_bar()
 
 
-def pipe_safe(run: Callable[[], int]) -> int:
-    """``run()``'s exit status; where the reader of stdout stops early (``cyb train --help-config |
-    head``), 141 instead, quietly, not a traceback."""
-    try:
-        try:
-            return run()
-        finally:  # what is still buffered meets the closed pipe here (after --help's SystemExit too)
-            sys.stdout.flush()
-    except BrokenPipeError:
-        # Later writes, the interpreter's own flush at exit included, go nowhere instead of failing again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        # 128 + SIGPIPE: the status the shell reports for cat, grep or yes in the same place (the
-        # signal ends them), so a script under `set -o pipefail` sees cyb as it sees them.
-        return 128 + 13
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command that ``argv`` (default: the program's arguments) names; returns the exit
-    status (141 where the reader of its output stopped early: :func:`pipe_safe`)."""
+    status (141 where the reader of its output stopped early: :func:`cyb.pipes.pipe_safe`)."""
     return pipe_safe(lambda: _main(argv))
 
 

@@ -62,10 +62,10 @@ def _ours(error: BaseException) -> bool:
 
 def main(argv: Sequence[str] | None = None, *, model_module: str | None = None) -> int:
     """Run the harness's command line on ``argv`` (default ``sys.argv[1:]``); returns the exit
-    status (141 where the reader of its output stopped early: :func:`cyb.cli.pipe_safe`).
+    status (141 where the reader of its output stopped early: :func:`cyb.pipes.pipe_safe`).
     ``model_module``: the module whose import registers the ``cyb`` model with the harness
     (:mod:`cyb.integrations.lm_eval`, which names itself), imported once the harness is found."""
-    from ..cli import pipe_safe
+    from ..pipes import pipe_safe
 
     return pipe_safe(lambda: _main(argv, model_module))
 
