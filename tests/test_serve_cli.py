@@ -25,6 +25,7 @@ def test_a_missing_serve_extra_is_one_line_with_the_install_command(monkeypatch,
     (["serve", "x", "--cache-memory", "0"], "--cache-memory must be > 0 GiB"),
     (["serve", "x", "--chat-template", "/no/such/file.jinja"], "--chat-template /no/such/file.jinja: no such file"),
     (["serve", "x", "--grace-period", "-1"], "grace_s must be a finite number of seconds >= 0"),
+    (["serve", "x", "--host", "nosuch.invalid"], "--host nosuch.invalid: no address of that name ("),
 ])
 def test_bad_options_are_one_line(capsys, args, message):
     pytest.importorskip("starlette")

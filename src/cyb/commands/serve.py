@@ -66,6 +66,16 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _check_host(host: str) -> None:
+    """Refuse a ``--host`` that names no address, before the engine starts."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: no address of that name ({e.strerror})") from None
+
+
 def options_from(args):
     """The :class:`cyb.serve.ServeOptions` of the command line (ValueError for bad values)."""
     from ..serve.options import ServeOptions
@@ -82,6 +92,7 @@ def options_from(args):
         if not args.cache_memory > 0:
             raise ValueError(f"--cache-memory must be > 0 GiB, got {args.cache_memory}")
         cache = int(args.cache_memory * 2**30)
+    _check_host(args.host)
     key = args.api_key if args.api_key is not None else (os.environ.get(KEY_ENV) or None)
     http = args.http_processes
     if http is None:
