@@ -62,12 +62,13 @@ def tiny_model(tmp_path_factory):
     return model.save_pretrained(tmp_path_factory.mktemp("lm") / "model")
 
 
-@pytest.mark.parametrize("case", ["no_data_dir", "no_model"])
-def test_a_missing_data_folder_or_model_is_one_line(tiny_model, monkeypatch, capsys, case):
+@pytest.mark.parametrize("case", ["no_data_dir", "no_model", "unknown_option"])
+def test_a_missing_data_folder_or_model_or_a_wrong_option_is_one_line(tiny_model, monkeypatch, capsys, case):
     pytest.importorskip("lm_eval")
     monkeypatch.delenv("CYB_EVAL_DATA", raising=False)
-    model = str(tiny_model) if case == "no_data_dir" else "runs/not-here/final"
-    code = harness_cli.main(["--model", "cyb", "--model_args", f"pretrained={model},device=cpu",
+    model = "runs/not-here/final" if case == "no_model" else str(tiny_model)
+    extra = ",decodr=eager" if case == "unknown_option" else ""
+    code = harness_cli.main(["--model", "cyb", "--model_args", f"pretrained={model},device=cpu{extra}",
                              "--tasks", "hellaswag_local", "--include_path", str(tasks_dir()), "--limit", "1"],
                             model_module="cyb.integrations.lm_eval")
     assert code == 2
@@ -75,6 +76,10 @@ def test_a_missing_data_folder_or_model_is_one_line(tiny_model, monkeypatch, cap
     assert err.startswith(f"{harness_cli.PROG}: error: ")
     if case == "no_data_dir":
         assert "no data folder for the local benchmark tasks: set the environment variable CYB_EVAL_DATA" in err
-    else:
+    elif case == "no_model":
         assert "pretrained=runs/not-here/final does not exist" in err
+    else:
+        assert err.endswith("model_args: the cyb model takes no option decodr; its options: pretrained, device, "
+                            "batch_size, max_batch_size, mode, dtype, max_length, max_gen_toks, add_bos_token, "
+                            "num_steps, attn_implementation, seed, decoder")
 

@@ -212,7 +212,15 @@ class CybLM(LM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "CybLM":
         """Build from ``model_args``; the harness's own ``batch_size``/``device`` (the command
-        line always sends its defaults) fill in only what ``model_args`` leaves out."""
+        line always sends its defaults) fill in only what ``model_args`` leaves out.  An option the
+        model does not take raises a ValueError naming those it takes."""
+        import inspect
+
+        options = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+        unknown = sorted(set(arg_dict) - set(options))
+        if unknown:
+            raise ValueError(f"model_args: the cyb model takes no option {', '.join(unknown)}; its options: "
+                             f"{', '.join(options)}")
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
         return cls(**arg_dict, **extra)
 
