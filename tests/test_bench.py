@@ -111,7 +111,7 @@ def test_bench_decode_quick_writes_json(tmp_path):
     assert sum(n.startswith("engine tokens == eager") for n in names) == 3
 
 
-def test_bench_decode_times_a_saved_model(tmp_path):
+def test_bench_decode_times_a_saved_model(tmp_path, capsys):
     """``cyb bench decode --model DIR --prompts FILE``: the rows of a trained model, its own
     ``M`` and dk decisions, text prompts of different lengths (no plain HF rows)."""
     from generation_helpers import build
@@ -132,6 +132,9 @@ def test_bench_decode_times_a_saved_model(tmp_path):
     assert all(r["status"] == "ok" for r in rows.values())
     assert "agreement_fp32 shared" not in res and "offline" not in res
     assert main(["bench", "decode", "--quick", "--prompts", str(prompts)]) == 2
+    prompts.write_bytes("café\n".encode("latin-1"))
+    assert main(["bench", "decode", "--quick", "--model", str(folder), "--prompts", str(prompts)]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{prompts} is not UTF-8 text (byte 0xe9: invalid continuation byte)")
 
 
 def test_bench_decode_takes_a_run_folder_as_eval_and_generate_do(tmp_path, capsys):

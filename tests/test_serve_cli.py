@@ -26,10 +26,13 @@ def test_a_missing_serve_extra_is_one_line_with_the_install_command(monkeypatch,
     (["serve", "x", "--chat-template", "/no/such/file.jinja"], "--chat-template /no/such/file.jinja: no such file"),
     (["serve", "x", "--grace-period", "-1"], "grace_s must be a finite number of seconds >= 0"),
     (["serve", "x", "--host", "nosuch.invalid"], "--host nosuch.invalid: no address of that name ("),
+    (["serve", "x", "--chat-template", "latin1.jinja"], "--chat-template latin1.jinja is not UTF-8 text (byte 0xe9: "),
 ])
-def test_bad_options_are_one_line(capsys, args, message):
+def test_bad_options_are_one_line(capsys, tmp_path, monkeypatch, args, message):
     pytest.importorskip("starlette")
     pytest.importorskip("uvicorn")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "latin1.jinja").write_bytes("{{ café }}".encode("latin-1"))
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("cyb serve: error: ") and message in err and "\n" not in err, err
