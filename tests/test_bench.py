@@ -134,7 +134,8 @@ def test_bench_decode_times_a_saved_model(tmp_path, capsys):
     assert main(["bench", "decode", "--quick", "--prompts", str(prompts)]) == 2
     prompts.write_bytes("café\n".encode("latin-1"))
     assert main(["bench", "decode", "--quick", "--model", str(folder), "--prompts", str(prompts)]) == 2
-    assert capsys.readouterr().err.strip().endswith(f"{prompts} is not UTF-8 text (byte 0xe9: invalid continuation byte)")
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{prompts} is not UTF-8 text (byte 0xe9: invalid continuation byte)")
 
 
 def test_bench_decode_takes_a_run_folder_as_eval_and_generate_do(tmp_path, capsys):

@@ -202,7 +202,8 @@ def test_a_file_that_is_not_utf8_is_named(work, capsys):
 
 def test_a_folder_given_as_the_config_is_named(work, capsys):
     assert main(["train", "."]) == 2
-    assert _one_line(capsys, "train") == "cyb train: invalid configuration: . is a folder; give a YAML file (see configs/)"
+    assert _one_line(capsys, "train") == ("cyb train: invalid configuration: . is a folder; give a YAML file "
+                                          "(see configs/)")
 
 def test_world_size_goes_with_estimate_memory(work, capsys):
     assert main(["train", "run.yaml", "--world-size", "2"]) == 2
