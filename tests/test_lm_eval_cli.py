@@ -83,3 +83,37 @@ def test_a_missing_data_folder_or_model_or_a_wrong_option_is_one_line(tiny_model
                             "batch_size, max_batch_size, mode, dtype, max_length, max_gen_toks, add_bos_token, "
                             "num_steps, attn_implementation, seed, decoder")
 
+
+def test_a_task_whose_text_the_model_cannot_read_is_one_line(tiny_model):
+    pytest.importorskip("lm_eval")
+    done = subprocess.run([sys.executable, "-m", "cyb.integrations.lm_eval", "--model", "cyb", "--model_args",
+                           f"pretrained={tiny_model},device=cpu", "--tasks", "cyb_tiny_mc", "--include_path",
+                           str(tasks_dir()), "--limit", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "WordLevel error" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{harness_cli.PROG}: error: the context of document 0 of task cyb_tiny_mc has the "
+                           "characters '\\n', 'T', 'W' that the model's character tokenizer does not have (it reads "
+                           "only '0123")
+
+
+@pytest.mark.parametrize("kind,args,what", [
+    ("loglikelihood", ("héllo 世界", " a"), "the context"),
+    ("loglikelihood", ("a", " héllo 世界"), "the continuation"),
+    ("loglikelihood_rolling", ("héllo 世界",), "the text"),
+    ("generate_until", ("héllo 世界", {"until": ["\n"], "max_gen_toks": 2}), "the context"),
+])
+def test_every_kind_of_request_names_its_document_and_the_characters(tiny_model, kind, args, what):
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from cyb.data.tokenizer import UnencodableText
+    from cyb.integrations.lm_eval import CybLM
+
+    lm = CybLM(str(tiny_model), device="cpu")
+    request = Instance(request_type=kind, doc={}, arguments=args, idx=0, metadata=("tiny", 3, 1))
+    with pytest.raises(UnencodableText) as e:
+        getattr(lm, kind)([request], disable_tqdm=True)
+    assert str(e.value) == (f"{what} of document 3 of task tiny has the characters 'é', '世', '界' that the "
+                            f"model's character tokenizer does not have (it reads only "
+                            "'0123456789abcdefghijklmnopqrstuvwxyz+-*=,.;:?>|() ')")

@@ -140,6 +140,7 @@ def run(args) -> int:
     except ValueError as e:
         return _fail(str(e))
 
+    from ..data.tokenizer import check_text
     from ..generation import stream
     from ..generation.shade import legend, shade, supports_truecolor
     from ..generation.registry import resolve_decoder
@@ -163,16 +164,21 @@ def run(args) -> int:
     def paint(text: str, steps: int) -> str:
         return shade(text, steps, m, truecolor=truecolor) if args.shade else text
 
-    if args.shade:
-        print(legend(m, truecolor=truecolor), file=out)
     def summary(res) -> None:
         print(f"[{len(res.token_ids)} tokens, mean steps {res.mean_steps:.2f} of {m}, "
               f"stop: {res.stop_reason}]", file=sys.stderr)
 
     # every prompt through one stream (prompt i samples from the stream of (seed, i)); with one
     # row at a time its text streams token by token, else each completion is printed in order
-    s = stream(model, prompts, dataclasses.replace(cfg, max_batch=args.batch_size),
-               engine_options=engine_options_for(len(prompts), cfg.max_new_tokens, args.batch_size))
+    try:  # prompts are encoded and checked here, before any output
+        for i, prompt in enumerate(prompts):  # the tokenizer's own error would be a traceback
+            check_text(prompt, f"prompt {i}", tokenizer=model.tokenizer, trained_on=getattr(model, "trained_on", None))
+        s = stream(model, prompts, dataclasses.replace(cfg, max_batch=args.batch_size),
+                   engine_options=engine_options_for(len(prompts), cfg.max_new_tokens, args.batch_size))
+    except ValueError as e:  # text the model cannot read, a prompt too long for its positions
+        return _fail(str(e))
+    if args.shade:
+        print(legend(m, truecolor=truecolor), file=out)
     done, printed = set(), 0
     for event in s:
         if args.batch_size == 1:

@@ -169,13 +169,116 @@ def train_bpe_tokenizer(
 
 
 class UnencodableText(ValueError):
-    """A tokenizer that cannot encode a text: its vocabulary does not cover the text (a
-    character vocabulary without an unknown token meeting a character it lacks, say)."""
+    """Text that a model cannot read, in one line that names what it lacks (``str(e)``).
 
-    def __init__(self, cause: BaseException):
-        self.reason = reason = " ".join(str(cause).split())[:160] or type(cause).__name__
-        super().__init__(f"the tokenizer cannot encode the text ({reason}): its vocabulary does not cover "
-                         "the text's characters")
+    Attributes:
+        reason: the why alone, to follow a colon in another sentence ("its vocabulary lacks the
+            character 'é' and has no unknown token to stand for it").
+    """
+
+    def __init__(self, message: str, reason: str):
+        self.reason = reason
+        super().__init__(message)
+
+
+def unknown_pieces(tokenizer: Any, text: str, *, special_tokens: bool = True) -> list[str]:
+    """The distinct pieces of ``text``, sorted, that ``tokenizer`` has no token for and no unknown
+    token to stand for: the characters outside a
+    :class:`~cyb.data.synthetic.CharTokenizer`'s alphabet, or the pre-tokenised pieces (words,
+    characters) that a word-level vocabulary without an unknown token lacks (the character
+    tokenizer's Hugging Face form is one).  ``[]`` for other tokenizers: a byte-level BPE reads
+    any text.  ``special_tokens``: a special token's string in the text (``"<eos>"``) is read as
+    that token, as ``tokenizer(text)`` does, not as text."""
+    from .synthetic import CharTokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        if special_tokens:
+            for name in tokenizer.special_tokens:
+                text = text.replace(name, "")
+        return sorted(set(text) - set(tokenizer.alphabet))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None and hasattr(tokenizer, "pre_tokenizer") and hasattr(tokenizer, "get_vocab"):
+        backend = tokenizer  # a bare tokenizers.Tokenizer
+    if backend is None or type(backend.model).__name__ != "WordLevel":
+        return []
+    vocab = backend.get_vocab()
+    if backend.model.unk_token in vocab:
+        return []  # every unknown piece becomes the unknown token
+    if special_tokens:
+        for token in backend.get_added_tokens_decoder().values():
+            text = text.replace(token.content, "")
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)] if backend.pre_tokenizer else [text]
+    lacking = {p for p in pieces if p and p not in vocab}
+    if lacking:
+        from .synthetic.text_task import is_char_tokenizer
+
+        if is_char_tokenizer(tokenizer):  # its pattern "." leaves a run of line breaks whole
+            lacking = set("".join(lacking))
+    return sorted(lacking)
+
+
+def check_text(text: str, what: str, *, tokenizer: Any = None, trained_on: tuple[str, str] | None = None) -> None:
+    """Raise :class:`UnencodableText` when the model cannot read ``text``, in one line that names
+    the characters or words at fault; the one check of every place that encodes a user's text
+    (prompts of ``cyb generate``, :mod:`cyb.generation` and ``cyb serve``, ``cyb eval --data``,
+    the requests of the lm-evaluation-harness model).
+
+    Args:
+        text: the text.
+        what: what it is, the sentence's subject (``"prompt 0"``).
+        tokenizer: the model's; the pieces its vocabulary lacks (:func:`unknown_pieces`) are named.
+        trained_on: ``(task, characters)`` of a model trained on a synthetic task with the
+            character tokenizer (:attr:`cyb.model.PauseModel.trained_on`): a character outside the
+            task's text is one the model never saw, though its tokenizer has it.
+    """
+    if trained_on is not None:
+        task, known = trained_on
+        unknown = sorted(set(text) - set(known))
+        if unknown:
+            raise UnencodableText(
+                f"{what} has {_named(unknown)} that the model never saw: it was trained on {task}, whose "
+                f"text has only the characters {''.join(sorted(known))!r}",
+                f"the model was trained on {task} and never saw {_named(unknown)}")
+    pieces = unknown_pieces(tokenizer, text) if tokenizer is not None else []
+    if pieces:
+        raise _lacking(tokenizer, pieces, what)
+
+
+def encode_failure(tokenizer: Any, text: str, what: str, error: BaseException) -> UnencodableText:
+    """The error to raise when ``tokenizer`` failed to encode ``text`` (``what``): the pieces its
+    vocabulary lacks where they can be named, else the tokenizer's own error in one line."""
+    pieces = unknown_pieces(tokenizer, text)
+    if pieces:
+        return _lacking(tokenizer, pieces, what)
+    reason = " ".join(str(error).split())[:160] or type(error).__name__
+    if "UNK" in reason and "vocab" in reason.lower():  # a WordLevel error: say it in the user's terms
+        reason = "its vocabulary lacks some of the text's characters and has no unknown token to stand for them"
+    return UnencodableText(f"the tokenizer cannot encode {what}: {reason}", reason)
+
+
+def _lacking(tokenizer: Any, pieces: list[str], what: str) -> UnencodableText:
+    from .synthetic.text_task import is_char_tokenizer
+
+    named = _named(pieces)
+    them = "it" if len(pieces) == 1 else "them"
+    reason = f"its vocabulary lacks {named} and has no unknown token to stand for {them}"
+    if is_char_tokenizer(tokenizer):
+        from .synthetic import CharTokenizer
+
+        return UnencodableText(f"{what} has {named} that the model's character tokenizer does not have (it reads "
+                               f"only {CharTokenizer().alphabet!r})", reason)
+    return UnencodableText(f"{what} has {named} that the tokenizer's vocabulary does not have, and no unknown "
+                           f"token to stand for {them}", reason)
+
+
+def _named(pieces: list[str], most: int = 8) -> str:
+    """``the characters 'a', 'b'`` (or words, where a piece is longer than one character)."""
+    kind = "character" if all(len(p) == 1 for p in pieces) else "word"
+    shown = ", ".join(repr(p) for p in pieces[:most])
+    more = f" and {len(pieces) - most} more" if len(pieces) > most else ""
+    return f"the {kind}{'s' if len(pieces) > 1 else ''} {shown}{more}"
 
 
 def text_encoder(
@@ -206,7 +309,7 @@ def text_encoder(
             try:
                 return [e.ids for e in encode(list(texts), add_special_tokens=False)]
             except Exception as e:  # noqa: BLE001 (the Rust tokenizer raises a bare Exception)
-                raise UnencodableText(e) from None
+                raise _batch_failure(backend, texts, e, special_tokens=not split_special_tokens) from None
 
         return encode_backend
 
@@ -218,6 +321,15 @@ def text_encoder(
         return list(tokenizer(list(texts), add_special_tokens=False, **kwargs)["input_ids"])
 
     return encode_python
+
+
+def _batch_failure(backend, texts: Sequence[str], error: BaseException, *, special_tokens: bool) -> UnencodableText:
+    """:func:`encode_failure` of the first text of a batch whose pieces the vocabulary lacks."""
+    for i, text in enumerate(texts):
+        pieces = unknown_pieces(backend, text, special_tokens=special_tokens)
+        if pieces:
+            return _lacking(backend, pieces, f"text {i} of the batch")
+    return encode_failure(backend, "", "a text of the batch", error)
 
 
 def encode_texts(

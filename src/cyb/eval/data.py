@@ -69,13 +69,15 @@ class EvalData:
                        documents=self.documents, complete=self.complete)
         return out
 
-    def batches(self, tokenizer, batch_size: int) -> Iterator[dict]:
+    def batches(self, tokenizer, batch_size: int, *, trained_on: tuple[str, str] | None = None) -> Iterator[dict]:
         """Batches ``{"ids": [B, L]}`` (plus ``attention_mask``/``loss_mask`` for synthetic
-        rows), CPU tensors, in a fixed order."""
+        rows), CPU tensors, in a fixed order.  A document of ``--data`` that the model cannot
+        read (:func:`cyb.data.tokenizer.check_text`; ``trained_on``: the model's synthetic task,
+        :attr:`cyb.PauseModel.trained_on`) raises a ValueError naming it and its characters."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         rows = self._synthetic_batches(batch_size, tokenizer) if self.kind == "synthetic" else \
-            self._text_batches(tokenizer, batch_size)
+            self._text_batches(tokenizer, batch_size, trained_on)
         left = self.max_rows
         for batch in rows:
             if left is not None:
@@ -94,7 +96,7 @@ class EvalData:
         for s in range(0, n, batch_size):
             yield {k: v[s:s + batch_size] for k, v in rows.items()}
 
-    def _text_batches(self, tokenizer, batch_size: int) -> Iterator[dict]:
+    def _text_batches(self, tokenizer, batch_size: int, trained_on=None) -> Iterator[dict]:
         from ..data.packing import PackedBlocks, as_texts_factory, batches, train_valid_sources
 
         if tokenizer is None:
@@ -109,7 +111,7 @@ class EvalData:
                 raise ValueError("the run has no held-out texts (data.valid_source is unset and "
                                  "data.valid_fraction is 0): pass --data SOURCE")
         if self.whole:
-            yield from self._whole_batches(texts, tokenizer, batch_size)
+            yield from self._whole_batches(texts, tokenizer, batch_size, trained_on)
             return
         blocks = PackedBlocks(texts, tokenizer, self.block_len, epochs=1, text_field=d.text_field)
         try:
@@ -121,12 +123,12 @@ class EvalData:
             raise ValueError(f"{self.description}: {e}; give a smaller --block-len, or --data FILE, which scores "
                              "every token of a file however short") from None
 
-    def _whole_batches(self, texts, tokenizer, batch_size: int) -> Iterator[dict]:
+    def _whole_batches(self, texts, tokenizer, batch_size: int, trained_on=None) -> Iterator[dict]:
         """Rows of every token of every document (see the module docstring): ``ids`` and an
         ``attention_mask`` that is 0 on the last row's padding."""
         import torch
 
-        from ..data.tokenizer import chunked, eos_token_id, text_encoder
+        from ..data.tokenizer import check_text, chunked, eos_token_id, text_encoder
 
         eos, encode, size = eos_token_id(tokenizer), text_encoder(tokenizer), self.block_len
         self.documents, self.complete = 0, False
@@ -142,6 +144,8 @@ class EvalData:
             return {"ids": ids, "attention_mask": mask}
 
         for docs in chunked(iter(texts()), 64):
+            for i, doc in enumerate(docs, self.documents + 1):
+                check_text(doc, f"document {i} of {self.description}", tokenizer=tokenizer, trained_on=trained_on)
             for ids in encode(docs):
                 self.documents += 1
                 stream.extend(ids)

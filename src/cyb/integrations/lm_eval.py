@@ -45,6 +45,7 @@ if __name__ == "__main__":  # python -m cyb.integrations.lm_eval: the harness's 
 import torch
 from tqdm import tqdm
 
+from ..data.tokenizer import check_text, encode_failure
 from ..extras import require as _require
 
 _require("lm_eval", "the cyb model of lm-evaluation-harness (cyb.integrations.lm_eval)")
@@ -70,6 +71,14 @@ DEFAULT_MAX_LENGTH = 2048
 _GEN_OPTIONS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p"}
 
 
+def _named(request, index: int) -> str:
+    """How an error names a request: its task and document where the harness says them."""
+    task, doc = getattr(request, "task_name", None), getattr(request, "doc_id", None)
+    if task is not None and doc is not None:
+        return f"document {doc} of task {task}"
+    return f"request {index}"
+
+
 def _positive_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
@@ -79,10 +88,15 @@ def _positive_int(name: str, value, minimum: int = 1) -> int:
 
 
 class _Codec:
-    """Text <-> ids for a Hugging Face tokenizer or a :class:`cyb.data.synthetic.CharTokenizer`."""
+    """Text <-> ids for a Hugging Face tokenizer or a :class:`cyb.data.synthetic.CharTokenizer`.
 
-    def __init__(self, tokenizer, add_bos_token: bool | None) -> None:
+    Text the model cannot read raises :class:`cyb.data.tokenizer.UnencodableText` (a ValueError)
+    in one line naming what it is and the characters at fault, as every entry point does
+    (:func:`cyb.data.tokenizer.check_text`; ``trained_on``: the model's synthetic task)."""
+
+    def __init__(self, tokenizer, add_bos_token: bool | None, trained_on: tuple[str, str] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.trained_on = trained_on
         self.is_hf = hasattr(tokenizer, "convert_ids_to_tokens")
         if self.is_hf:
             self.bos = tokenizer.bos_token_id
@@ -102,31 +116,37 @@ class _Codec:
         if self.prefix is None:
             raise ValueError("the tokenizer has neither a BOS nor an EOS token to start an empty context")
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` without special tokens added."""
-        if self.is_hf:
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return list(self.tokenizer.encode(text))
+    def encode(self, text: str, what: str = "the text") -> list[int]:
+        """Ids of ``text`` (``what`` it is, for an error) without special tokens added."""
+        check_text(text, what, tokenizer=self.tokenizer, trained_on=self.trained_on)
+        try:
+            if self.is_hf:
+                return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return list(self.tokenizer.encode(text))
+        except Exception as e:  # noqa: BLE001 - a Rust tokenizer raises a bare Exception
+            raise encode_failure(self.tokenizer, text, what, e) from None
 
-    def context(self, text: str) -> list[int]:
+    def context(self, text: str, what: str = "the context") -> list[int]:
         """Ids of a context: BOS first when ``add_bos``; never empty (the prefix token)."""
-        ids = self.encode(text) if text else []
+        ids = self.encode(text, what) if text else []
         if self.add_bos or not ids:
             ids = [self.prefix] + ids
         return ids
 
-    def pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """``(context ids, continuation ids)``; spaces ending the context move to the continuation
-        and the continuation's ids are those of the whole text after the context's (so a word
-        boundary tokenises as it would in running text)."""
+    def pair(self, context: str, continuation: str, what: str = "the request") -> tuple[list[int], list[int]]:
+        """``(context ids, continuation ids)`` of a request (``what`` it is, for an error); spaces
+        ending the context move to the continuation and the continuation's ids are those of the
+        whole text after the context's (so a word boundary tokenises as it would in running text)."""
+        check_text(context, f"the context of {what}", tokenizer=self.tokenizer, trained_on=self.trained_on)
+        check_text(continuation, f"the continuation of {what}", tokenizer=self.tokenizer, trained_on=self.trained_on)
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces:
             continuation = context[-n_spaces:] + continuation
             context = context[:-n_spaces]
         if not context:
-            return self.context(""), self.encode(continuation)
-        ctx = self.encode(context)
-        whole = self.encode(context + continuation)
+            return self.context(""), self.encode(continuation, f"the continuation of {what}")
+        ctx = self.encode(context, f"the context of {what}")
+        whole = self.encode(context + continuation, what)
         cont = whole[len(ctx):]
         return ([self.prefix] + ctx) if self.add_bos else ctx, cont
 
@@ -199,7 +219,7 @@ class CybLM(LM):
         self._device = resolve_device(device, what="device")
         self._model = model.to(self._device).eval()
         resolve_decoder(self._model, decoder)  # a clear error now for graph off CUDA, say
-        self._codec = _Codec(model.tokenizer, add_bos_token)
+        self._codec = _Codec(model.tokenizer, add_bos_token, getattr(model, "trained_on", None))
         limit = self._position_limit()
         if max_length is None:
             max_length = limit if limit is not None else DEFAULT_MAX_LENGTH
@@ -305,7 +325,7 @@ class CybLM(LM):
     # ------------------------------------------------------------------ log-likelihood
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """``(log-likelihood of the continuation, is_greedy)`` per ``(context, continuation)``."""
-        pairs = [self._codec.pair(*req.args[:2]) for req in requests]
+        pairs = [self._codec.pair(*req.args[:2], _named(req, i)) for i, req in enumerate(requests)]
         results = self._loglikelihood_tokens(pairs, "loglikelihood", disable_tqdm)
         for req, res in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood", req.args, res)
@@ -316,7 +336,7 @@ class CybLM(LM):
         (the first conditioned on the prefix token, the others on the window before)."""
         windows, owners = [], []
         for r, req in enumerate(requests):
-            tokens = self._codec.encode(req.args[0])
+            tokens = self._codec.encode(req.args[0], f"the text of {_named(req, r)}")
             rolling = get_rolling_token_windows(token_list=tokens, prefix_token=self.prefix_token_id,
                                                 max_seq_len=self._max_length, context_len=1)
             for window in map(make_disjoint_window, rolling):
@@ -362,14 +382,14 @@ class CybLM(LM):
         from ..generation import generate
 
         prepared = []
-        for req in requests:
+        for i, req in enumerate(requests):
             context, gen_kwargs = req.args[0], req.args[1]
             options = self._generation_options(gen_kwargs)
             budget = self._max_length - options["max_new_tokens"]
             if budget < 1:
                 raise ValueError(f"max_gen_toks={options['max_new_tokens']} leaves no room for the "
                                  f"context within max_length={self._max_length}")
-            ids = self._codec.context(context)[-budget:]
+            ids = self._codec.context(context, f"the context of {_named(req, i)}")[-budget:]
             prepared.append((ids, options))
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, (_, options) in enumerate(prepared):
