@@ -25,7 +25,8 @@ decide the last bits of the sums, docs/how-to/train.md "CPU threads and numerics
 (the width of ``--help``),
 ``HF_HUB_OFFLINE=1`` (SmolLM2 comes from its PyPI wheel), a model cache inside the work folder
 (``CYB_CACHE``; ``--cache DIR`` shares one) and ``TQDM_DISABLE=1``.  Timings (seconds, tokens per
-second, minutes) are not compared.  Exit status 1 when anything differs.
+second, minutes) are not compared, nor how a streamed answer falls into events (:func:`stream_content`).
+Exit status 1 when anything differs.
 """
 
 from __future__ import annotations
@@ -270,6 +271,38 @@ SERVE_BAD = ('{{"prompt": "864+394=", "max_tokens": 5000}}', '{{"prompt": "864+3
 SERVE_VOLATILE = (re.compile(r'"id":"cmpl-\w+"'), re.compile(r'"created":\d+'))
 
 
+def stream_content(text: str) -> str:
+    """What a streamed completion says whatever the timing: each choice's text, steps and
+    finish_reason over all its events, the fields every event has, and the ``[DONE]`` that ends
+    it.  An event carries the tokens decided since the one before, so the same request streams
+    in four events or in five from run to run: how they fall into events is not compared.
+    Text that is not such a stream comes back as it is."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2 or lines[-1] != "data: [DONE]":
+        return text
+    try:
+        events = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    except ValueError:
+        return text
+    fields, choices = set(), {}
+    for event in events:
+        fields.add(json.dumps({k: v for k, v in event.items() if k != "choices"}, separators=(",", ":")))
+        for choice in event["choices"]:
+            seen = choices.setdefault(choice["index"], {"text": "", "steps": [], "finish_reason": [], "other": set()})
+            seen["text"] += choice["text"]
+            seen["steps"] += choice.get("steps", [])
+            seen["finish_reason"].append(choice["finish_reason"])
+            seen["other"].add(json.dumps({k: v for k, v in choice.items()
+                                          if k not in ("index", "text", "steps", "finish_reason")}))
+    out = [f"every event: {' | '.join(sorted(fields))}"]
+    for index, seen in sorted(choices.items()):
+        *before, last = seen["finish_reason"]
+        ending = f"finish_reason {last} in its last event" + ("" if not any(before) else f", and before: {before}")
+        out.append(f"choice {index}: text {seen['text']!r}, steps {seen['steps']}, {ending}, "
+                   f"{' | '.join(sorted(seen['other']))}")
+    return "\n".join(out + [lines[-1]]) + "\n"
+
+
 def serve_example(ctx: Context) -> dict:
     """The README's ``cyb serve`` example: the server on the demo's cyb_decoupled model (on a free
     port, stopped afterwards), then its curl and openai calls; what each printed."""
@@ -332,6 +365,8 @@ class Block:
     make: Callable[[Context], str]
     #: patterns whose matches are not compared (timings)
     volatile: tuple = (TIMING,)
+    #: what of a text is compared (:func:`stream_content`); None: all of it
+    compared: Callable[[str], str] | None = None
 
 
 BLOCKS: dict[str, Block] = {
@@ -350,7 +385,7 @@ BLOCKS: dict[str, Block] = {
     "serve-curl": Block(lambda ctx: serve_example(ctx)["curl"], SERVE_VOLATILE),
     "serve-openai": Block(lambda ctx: serve_example(ctx)["openai"]),
     "serve-listening": Block(lambda ctx: serve_example(ctx)["listening"]),
-    "serve-stream": Block(lambda ctx: serve_example(ctx)["stream"], SERVE_VOLATILE),
+    "serve-stream": Block(lambda ctx: serve_example(ctx)["stream"], SERVE_VOLATILE, stream_content),
     "serve-errors": Block(lambda ctx: serve_example(ctx)["errors"]),
     "lm-eval-tiny": Block(lambda ctx: lm_eval_tiny(ctx)),
     "generation-python": Block(lambda ctx: generation_python(ctx)),
@@ -535,9 +570,12 @@ class Finding:
     got: str
     volatile: tuple = ()
     span: tuple[int, int] | None = None  # where ``shown`` sits in the page (for --write)
+    compared: Callable[[str], str] | None = None
 
     def same(self) -> bool:
         def norm(text: str) -> str:
+            if self.compared is not None:
+                text = self.compared(text)
             for pattern in self.volatile:
                 text = pattern.sub("…", text)
             return text.strip()
@@ -569,7 +607,8 @@ def marked_blocks(page: str, text: str, ctx: Context | None):
             span = (start, start + table.end())
         block = BLOCKS[name]
         got = block.make(ctx) if ctx is not None else ""
-        yield Finding(page, _line(text, span[0]), f"block {name}", text[span[0]:span[1]], got, block.volatile, span)
+        yield Finding(page, _line(text, span[0]), f"block {name}", text[span[0]:span[1]], got, block.volatile, span,
+                      block.compared)
 
 
 def command_blocks(page: str, text: str, ctx: Context | None):

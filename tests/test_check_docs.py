@@ -3,6 +3,7 @@ full check runs the examples and takes half an hour: bash scripts/check_docs.sh,
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -158,3 +159,29 @@ def test_the_demo_numbers_are_read_from_what_the_demo_prints(monkeypatch):
                                      "tbys_exact": "99.4%", "dec_fixed": "93.9%", "cyb_fixed": "83.0%",
                                      "cyb_adaptive": "0.0%"}
     assert cd._decoupled_misses(None) == (True, "cyb_decoupled 94.8% against TBYS 99.4%")
+
+
+def _event(text, steps, finish=None, id_="cmpl-1"):
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "steps": steps}
+    return "data: " + json.dumps({"id": id_, "object": "text_completion", "created": 7, "model": "m",
+                                  "choices": [choice]}, separators=(",", ":")) + "\n"
+
+
+def test_a_stream_is_compared_by_its_text_steps_and_ending_not_by_how_it_falls_into_events():
+    block = cd.BLOCKS["serve-stream"]
+    five = "".join([_event("1", [1]), _event("6", [4]), _event("8", [4]), _event("7", [4]),
+                    _event("", [1], "stop")]) + "data: [DONE]\n"
+    four = "".join([_event("1", [1]), _event("6", [4]), _event("8", [4]), _event("7", [4, 1], "stop")]) + \
+        "data: [DONE]\n"
+
+    def same(shown, got):
+        return cd.Finding("p", 1, "block", shown, got, block.volatile, None, block.compared).same()
+
+    assert same(five, four)
+    assert same(five, five.replace("cmpl-1", "cmpl-2").replace('"created":7', '"created":8'))
+    assert not same(five, four.replace('"7"', '"9"'))  # the text
+    assert not same(five, four.replace("[4,1]", "[4,2]"))  # the steps
+    assert not same(five, four.replace('"stop"', '"length"'))  # how it ends
+    assert not same(five, five.replace(_event("8", [4]), _event("8", [4], "stop")))
+    assert not same(five, five.removesuffix("data: [DONE]\n"))
+    assert not same(five, five.replace('"model":"m"', '"model":"n"', 1))  # a field of one event
