@@ -84,6 +84,19 @@ def test_a_missing_data_folder_or_model_or_a_wrong_option_is_one_line(tiny_model
                             "num_steps, attn_implementation, seed, decoder")
 
 
+@pytest.mark.parametrize("include", [False, True])
+def test_a_task_the_harness_does_not_know_is_one_line_that_says_where_cybs_tasks_are(tiny_model, capsys, include):
+    pytest.importorskip("lm_eval")
+    folder = ["--include_path", str(tasks_dir())] if include else []
+    code = harness_cli.main(["--model", "cyb", "--model_args", f"pretrained={tiny_model},device=cpu", "--tasks",
+                             "nosuch", *folder, "--limit", "1"], model_module="cyb.integrations.lm_eval")
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"{harness_cli.PROG}: error: Tasks not found: nosuch: ")
+    where = "neither the harness nor --include_path has" if include else f"--include_path {tasks_dir()}"
+    assert where in err and "cyb_tiny_mc" in err
+
+
 def test_a_task_whose_text_the_model_cannot_read_is_one_line(tiny_model):
     pytest.importorskip("lm_eval")
     done = subprocess.run([sys.executable, "-m", "cyb.integrations.lm_eval", "--model", "cyb", "--model_args",

@@ -1,8 +1,9 @@
 """``python -m cyb.integrations.lm_eval``: the ``lm_eval`` command line with the ``cyb`` model.
 
 Kept apart from :mod:`cyb.integrations.lm_eval` (which needs the harness to import) so that
-``--help`` says how to use the model and the tasks, and a missing harness, a missing data folder
-or a model folder that does not exist are said in one line, not a traceback.
+``--help`` says how to use the model and the tasks, and a missing harness, a missing data folder,
+a model folder that does not exist or a task name the harness does not know are said in one line,
+not a traceback.
 """
 
 from __future__ import annotations
@@ -60,6 +61,24 @@ def _ours(error: BaseException) -> bool:
     return last is not None and os.path.abspath(last).startswith(package)
 
 
+#: the tasks of cyb's task folder that a user names (the ``mmlu_local_*`` subjects are the group's)
+CYB_TASKS = ("hellaswag_local", "mmlu_local", "gsm8k_cot_local", "cyb_tiny_mc", "cyb_tiny_gen", "cyb_tiny_ppl")
+
+
+def _unknown_tasks(error: BaseException, args: Sequence[str]) -> str | None:
+    """The harness's refusal of a task name it does not know, in one line that says where cyb's
+    tasks are found; None for any other error."""
+    text = " ".join(str(error).split())
+    if not isinstance(error, ValueError) or not text.startswith("Tasks not found"):
+        return None
+    from .tasks import tasks_dir
+
+    ours = ", ".join(CYB_TASKS)
+    if any(a == "--include_path" or a.startswith("--include_path=") for a in args):
+        return f"{text}: neither the harness nor --include_path has a task of that name (cyb's: {ours})"
+    return f"{text}: cyb's tasks ({ours}) are read with --include_path {tasks_dir()}"
+
+
 def main(argv: Sequence[str] | None = None, *, model_module: str | None = None) -> int:
     """Run the harness's command line on ``argv`` (default ``sys.argv[1:]``); returns the exit
     status (141 where the reader of its output stopped early: :func:`cyb.pipes.pipe_safe`).
@@ -112,9 +131,10 @@ def _main(argv: Sequence[str] | None, model_module: str | None) -> int:
                 print(f"warning: {problem}", file=sys.stderr)
         cli_evaluate()
     except (ValueError, OSError, MissingPackage) as e:
-        if not _ours(e) and not isinstance(e, MissingPackage):
+        message = _unknown_tasks(e, args)
+        if message is None and not _ours(e) and not isinstance(e, MissingPackage):
             raise
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {message or e}", file=sys.stderr)
         return 2
     except SystemExit as e:  # argparse: --help, or a bad option (its message already printed)
         return e.code if isinstance(e.code, int) else 0
