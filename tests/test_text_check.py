@@ -1,8 +1,8 @@
 """Text a model cannot read gets one line naming the characters (or words) at fault, the same
 from every entry point that reads a user's text: the check itself
-(:func:`cyb.data.tokenizer.check_text`), ``cyb generate`` and ``cyb eval --data`` (the
-lm-evaluation-harness model: tests/test_lm_eval_cli.py); never the tokenizer's ``WordLevel
-error: Missing [UNK] token``."""
+(:func:`cyb.data.tokenizer.check_text`), ``cyb generate`` and ``cyb eval --data`` (``cyb serve``:
+tests/test_serve_prompts.py; the lm-evaluation-harness model: tests/test_lm_eval_cli.py); never
+the tokenizer's ``WordLevel error: Missing [UNK] token``."""
 
 from __future__ import annotations
 
@@ -111,11 +111,11 @@ def _one_line(capsys, command: str) -> str:
 
 
 def test_cyb_generate_says_one_line_and_exits_2(char_folder, capsys):
+    assert main(["generate", str(char_folder), "--prompt", "hello world", "--device", "cpu"]) == 2
+    assert _one_line(capsys, "generate") == NEVER_SAW
     assert main(["generate", str(char_folder), "--prompt", "héllo 世界", "--shade", "--device", "cpu"]) == 2
-    assert _one_line(capsys, "generate").startswith("prompt 0 has the characters 'é', '世', '界' that the model's "
-                                                     "character tokenizer does not have (it reads only '0123")
-    assert main(["generate", str(char_folder), "--prompt", "12+34=", "--prompt", "x\u00e9", "--device", "cpu"]) == 2
-    assert _one_line(capsys, "generate").startswith("prompt 1 has the character 'é' that")
+    assert _one_line(capsys, "generate").startswith("prompt 0 has the characters ' ', 'h', 'l', 'o', 'é', '世', '界' "
+                                                     "that the model never saw")
     assert main(["generate", str(char_folder), "--prompt", "12+34=", "--max-new-tokens", "2", "--device", "cpu"]) == 0
 
 
