@@ -20,11 +20,13 @@ def test_a_missing_serve_extra_is_one_line_with_the_install_command(monkeypatch,
 
 @pytest.mark.parametrize("args, message", [
     (["serve", "/no/such/model"], "MODEL /no/such/model does not exist"),
-    (["serve", "x", "--port", "70000"], "port must be an integer in [0, 65535]"),
-    (["serve", "x", "--max-model-len", "1"], "max_model_len must be >= 2"),
+    (["serve", "x", "--port", "70000"], "--port must be an integer in [0, 65535]"),
+    (["serve", "x", "--max-model-len", "1"], "--max-model-len must be >= 2"),
+    (["serve", "x", "--slots", "0"], "--slots must be an integer >= 1, got 0"),
+    (["serve", "x", "--http-processes", "0"], "--http-processes must be an integer >= 1, got 0"),
     (["serve", "x", "--cache-memory", "0"], "--cache-memory must be > 0 GiB"),
     (["serve", "x", "--chat-template", "/no/such/file.jinja"], "--chat-template /no/such/file.jinja: no such file"),
-    (["serve", "x", "--grace-period", "-1"], "grace_s must be a finite number of seconds >= 0"),
+    (["serve", "x", "--grace-period", "-1"], "--grace-period must be a finite number of seconds >= 0"),
     (["serve", "x", "--host", "nosuch.invalid"], "--host nosuch.invalid: no address of that name ("),
     (["serve", "x", "--chat-template", "latin1.jinja"], "--chat-template latin1.jinja is not UTF-8 text (byte 0xe9: "),
 ])

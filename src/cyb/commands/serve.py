@@ -76,6 +76,22 @@ def _check_host(host: str) -> None:
         raise ValueError(f"--host {host}: no address of that name ({e.strerror})") from None
 
 
+#: the fields of :class:`cyb.serve.ServeOptions` that a flag sets, so that its errors name the flag
+_FLAGS = {"port": "--port", "max_model_len": "--max-model-len", "slots": "--slots", "max_concurrency":
+          "--max-concurrency", "max_body_bytes": "--max-body-bytes", "max_choices": "--max-choices",
+          "grace_s": "--grace-period", "http_processes": "--http-processes"}
+
+
+def _in_flag_words(message: str) -> str:
+    """An error of :class:`cyb.serve.ServeOptions` as the command line says it: ``slots must be an
+    integer >= 1 or None, got 0`` becomes ``--slots must be an integer >= 1, got 0`` (None is the
+    flag left out)."""
+    field, _, rest = message.partition(" ")
+    if field not in _FLAGS:
+        return message
+    return f"{_FLAGS[field]} {rest.replace(' or None', '')}"
+
+
 def options_from(args):
     """The :class:`cyb.serve.ServeOptions` of the command line (ValueError for bad values)."""
     from ..serve.options import ServeOptions
@@ -105,11 +121,14 @@ def options_from(args):
         from ..serve.http_processes import default_http_processes
 
         http = 1 if args.engine != "process" else default_http_processes(resolve_device(args.device, what="--device"))
-    return ServeOptions(host=args.host, port=args.port, api_key=key, model_name=args.served_model_name,
-                        max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache, mode=args.mode,
-                        max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency,
-                        max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template,
-                        http_processes=http)
+    try:
+        return ServeOptions(host=args.host, port=args.port, api_key=key, model_name=args.served_model_name,
+                            max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache, mode=args.mode,
+                            max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency,
+                            max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template,
+                            http_processes=http)
+    except ValueError as e:
+        raise ValueError(_in_flag_words(str(e))) from None
 
 
 def load(model_arg: str, options, *, device=None, dtype=None):
