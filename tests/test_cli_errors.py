@@ -187,6 +187,31 @@ def test_a_path_that_cannot_be_written_is_one_line(work, capsys):
     assert (work / "afile").read_text() == "x"
 
 
+@pytest.mark.parametrize("args,message", [
+    (["generate", "x", "--prompt", "a", "--json", "afile/x.json"], "--json afile/x.json: afile is a file, not a folder"),
+    (["generate", "x", "--prompt", "a", "--json", "adir"], "--json adir: adir is a folder"),
+    (["eval", "x", "--out", "afile/deeper"], "--out afile/deeper: afile is a file, not a folder"),
+    (["report", "x", "--out", "afile"], "--out afile: afile is a file, not a folder"),
+    (["demo", "--out", "afile"], "--out afile: afile is a file, not a folder"),
+    (["bench", "loss", "--quick", "--out", "adir"], "--out adir: adir is a folder"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(work, capsys, args, message):
+    (work / "afile").write_text("x")
+    (work / "adir").mkdir()
+    assert main(args) == 2  # model x does not exist: the output is checked first
+    assert _one_line(capsys, args[0]) == f"cyb {args[0]}: error: {message}"
+
+
+def test_an_output_folder_without_permission_is_named(work, monkeypatch):
+    from cyb.files import unwritable
+
+    (work / "locked").mkdir()
+    monkeypatch.setattr(os, "access", lambda path, mode: os.path.basename(path) != "locked")
+    assert unwritable("locked/new/run.json") == "no permission to write in locked"
+    assert unwritable("locked", folder=True) == "no permission to write in locked"
+    assert unwritable("elsewhere/run.json") is None and unwritable("x.json") is None
+
+
 def test_a_file_that_is_not_utf8_is_named(work, capsys):
     (work / "latin1.txt").write_bytes("café\n".encode("latin-1"))
     assert main(["train", "latin1.txt"]) == 2

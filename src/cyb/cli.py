@@ -84,6 +84,10 @@ def _main(argv: list[str] | None) -> int:
     except ValueError as e:
         print(f"cyb {args.command}: error: {e}", file=sys.stderr)
         return 2
+    problem = _unwritable_output(mods[args.command], args)
+    if problem:  # said before the work, not after it
+        print(f"cyb {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     _quiet_weight_loading()
     try:
         if argv is None:  # the program itself (not a caller passing arguments): its CPU threads
@@ -103,6 +107,20 @@ def _main(argv: list[str] | None) -> int:
     except (OSError, ValueError, MissingPackage) as e:  # OSError: a path that cannot be read or written
         print(f"cyb {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+def _unwritable_output(mod, args: argparse.Namespace) -> str | None:
+    """Why an output path of the command's (its module's ``OUTPUTS``: argument name -> ``(flag,
+    "file" or "folder")``) could not be written, else None."""
+    from .files import unwritable
+
+    for dest, (flag, kind) in getattr(mod, "OUTPUTS", {}).items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            reason = unwritable(value, folder=kind == "folder")
+            if reason:
+                return f"{flag} {value}: {reason}"
+    return None
 
 
 def _one_line(error: Exception) -> str:

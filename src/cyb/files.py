@@ -26,6 +26,31 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def unwritable(path: str | os.PathLike, *, folder: bool = False) -> str | None:
+    """Why ``path`` could not be written, checked before the work whose results go there; None
+    when it can (folders missing on the way are made when it is written).
+
+    ``folder``: ``path`` is a folder to write files into, else a file.  The reasons:
+    ``"runs/x is a file, not a folder"`` (``path`` or a folder on its way), ``"runs/x is a
+    folder"`` (a file's path), ``"no permission to write in runs"`` (the nearest folder that
+    exists)."""
+    target = Path(path).expanduser()
+    if folder and target.exists() and not target.is_dir():
+        return f"{target} is a file, not a folder"
+    if not folder and target.is_dir():
+        return f"{target} is a folder"
+    start = target if folder else target.parent
+    nearest = start if str(start) else Path(".")
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        return f"{nearest} is a file, not a folder"
+    writable = target if folder and target.is_dir() else nearest
+    if not os.access(writable, os.W_OK | os.X_OK):
+        return f"no permission to write in {writable}"
+    return None
+
+
 def jsonable(x: Any) -> Any:
     """``x`` for strict JSON: non-finite floats as None; paths, dtypes, devices and other
     objects JSON does not know as their ``str``; tuples as lists; keys as strings."""
@@ -65,4 +90,4 @@ def replace_dir(tmp: str | os.PathLike, target: str | os.PathLike) -> Path:
     return target
 
 
-__all__ = ["jsonable", "replace_dir", "save_atomic", "write_json_atomic", "write_text_atomic"]
+__all__ = ["jsonable", "replace_dir", "save_atomic", "unwritable", "write_json_atomic", "write_text_atomic"]

@@ -10,6 +10,8 @@ from pathlib import Path
 from . import HelpFormatter
 
 HELP = "benchmark the loss, a training step, decoding, training memory or the server under load (JSON results and a table)"
+#: output paths checked before the command runs (:func:`cyb.files.unwritable`)
+OUTPUTS = {"out": ("--out", "file"), "markdown": ("--markdown", "file")}
 
 _FMT = HelpFormatter
 # Help texts that explain their own default end with this: it renders as nothing, and its

@@ -6,6 +6,8 @@ import argparse
 
 HELP = ("train a no-pause baseline, TBYS, CYB and CYB-decoupled on a synthetic reasoning task and "
         "compare them (CPU, minutes, no data needed)")
+#: output paths checked before the command runs (:func:`cyb.files.unwritable`)
+OUTPUTS = {"out_dir": ("--out", "folder")}
 
 _UNSET = argparse.SUPPRESS  # absent options stay absent, so the demo's presets apply
 

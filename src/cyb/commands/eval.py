@@ -8,6 +8,8 @@ import sys
 
 HELP = ("evaluate a run or saved model on held-out data: perplexity, latency, calibration, "
         "pause statistics and shaded text")
+#: output paths checked before the command runs (:func:`cyb.files.unwritable`)
+OUTPUTS = {"out": ("--out", "folder")}
 
 
 # Help texts that explain their own default end with this: it renders as nothing, and its

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 HELP = "generate text with pauses from a saved model (fixed or adaptive pauses, greedy or sampled)"
+#: output paths checked before the command runs (:func:`cyb.files.unwritable`)
+OUTPUTS = {"json_path": ("--json", "file")}
 
 _SAMPLING_FLAGS = (("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p"),
                    ("seed", "--seed"))

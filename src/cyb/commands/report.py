@@ -7,6 +7,8 @@ import shlex
 import sys
 
 HELP = "compare runs side by side: perplexity table (paper appendix F), training curves, latency"
+#: output paths checked before the command runs (:func:`cyb.files.unwritable`)
+OUTPUTS = {"out": ("--out", "folder")}
 
 
 # Help texts that explain their own default end with this: it renders as nothing, and its
