@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:  # run as a script: the repository root holds expe
 from experiments import data_regime_cells as dc  # noqa: E402
 from experiments import data_regime_report as report  # noqa: E402
 from experiments.run_suite import data_dir, smollm2_model, write_in_distribution  # noqa: E402
-from experiments.suite_runner import Job, finished, pack, schedule  # noqa: E402
+from experiments.suite_runner import Job, close, finished, gpu_slots, schedule  # noqa: E402
 
 SUITE = "data-regime"
 KEPT = REPO / "results" / "experiments" / SUITE  # what earlier sessions finished
@@ -219,15 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (out / "summary.jsonl").is_file() and (KEPT / "summary.jsonl").is_file():  # a fresh machine
         (out / "summary.jsonl").write_text((KEPT / "summary.jsonl").read_text())
     files = prepare(out)
-    slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
+    slots = gpu_slots(args.gpus, args.per_gpu)
     load = float(timing.get("load", {}).get(str(args.per_gpu), args.per_gpu)) if args.gpus != "cpu" else 1.0
     deadline = time.time() + args.deadline if args.deadline else float("inf")
     rows = schedule(jobs(cells, files, out, timing), out, slots, deadline, args.pack, load, files["valid"], SUITE,
                     (), args.grace)
-    ok = {r["name"] for r in rows if finished(r)} & {c.name for c, _ in cells}
-    print(f"{len(ok)} cells finished of {len(cells)} planned; summary in {out / 'summary.jsonl'}")
-    if args.pack is not None:
-        pack(out, args.pack)
+    close(rows, {c.name for c, _ in cells}, out, args.pack, "cells")
     return 0
 
 

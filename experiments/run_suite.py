@@ -85,7 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: the repository root holds experiments/
     sys.path.insert(0, str(REPO))
 
-from experiments.suite_runner import Job, finished, pack, schedule  # noqa: E402
+from experiments.suite_runner import Job, close, gpu_slots, schedule  # noqa: E402
 
 SPLIT_DOC = 3500  # documents [0, SPLIT_DOC) pretrain the fine-tuning base; the rest fine-tune it
 
@@ -492,7 +492,7 @@ def main() -> int:
         jobs += [j for seed in seeds for j in suite_jobs("finetune", seed, s, files, out) if j.name.startswith("base-")]
     if args.only:
         jobs = select(jobs, args.only)
-    slots = [f"{g}/{i}" for i in range(args.per_gpu) for g in args.gpus.split(",")]
+    slots = gpu_slots(args.gpus, args.per_gpu)
     (out / "scale.json").write_text(json.dumps({"scale": args.scale, **s}, indent=2))
     deadline = time.time() + args.deadline if args.deadline else float("inf")
     rows = schedule(jobs, out, slots, deadline, args.pack, args.unit_seconds, files.get("valid", ""), args.scale,
@@ -502,11 +502,7 @@ def main() -> int:
 
         choice = reasoning_suite.write_choice(out, rows)
         print(f"pilot: {json.dumps(choice)}" if choice else "pilot: not every candidate has a score yet")
-    asked = {j.name for j in jobs}
-    ok = len({r["name"] for r in rows if finished(r) and r["name"] in asked})
-    print(f"{ok} runs finished of {len(jobs)} asked for; summary in {out / 'summary.jsonl'}")
-    if args.pack is not None:
-        pack(out, args.pack)
+    close(rows, {j.name for j in jobs}, out, args.pack, "runs")
     return 0
 
 

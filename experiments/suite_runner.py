@@ -290,5 +290,20 @@ def schedule(jobs: list[Job], out: Path, slots: list[str], deadline: float, pack
     return [json.loads(x) for x in summary_path.read_text().splitlines() if x.strip()]
 
 
-__all__ = ["OOM_RETRIES", "OOM_WAIT_S", "OUT_OF_MEMORY", "PACK_FILE_LIMIT", "Job", "final_row", "finished", "launch",
-           "crowded", "out_of_memory", "pack", "rerun_command", "schedule", "trained"]
+def gpu_slots(gpus: str, per_gpu: int) -> list[str]:
+    """The slots ``GPU/INDEX`` that :func:`schedule` runs jobs in: ``per_gpu`` on each GPU of the
+    comma-separated ``gpus`` (``"cpu"``: the CPU), first one per GPU, then a second, and so on."""
+    return [f"{g}/{i}" for i in range(per_gpu) for g in gpus.split(",")]
+
+
+def close(rows: list[dict], asked: set[str], out: Path, pack_to: Path | None, what: str) -> None:
+    """Print how many of the ``asked`` jobs finished (``what`` they are: ``"runs"``, ``"cells"``)
+    and pack ``out`` into ``pack_to`` when given."""
+    ok = len({r["name"] for r in rows if finished(r) and r["name"] in asked})
+    print(f"{ok} {what} finished of {len(asked)} asked for; summary in {out / 'summary.jsonl'}")
+    if pack_to is not None:
+        pack(out, pack_to)
+
+
+__all__ = ["OOM_RETRIES", "OOM_WAIT_S", "OUT_OF_MEMORY", "PACK_FILE_LIMIT", "Job", "close", "crowded", "final_row",
+           "finished", "gpu_slots", "launch", "out_of_memory", "pack", "rerun_command", "schedule", "trained"]

@@ -222,7 +222,7 @@ def test_cells_of_the_suite_train_on_a_cpu_and_a_second_call_skips_them(tmp_path
     assert not (tmp_path / "out" / "dr-base-1x1-s0" / "eval-whole-file").exists()
     capsys.readouterr()
     assert suite.main(args) == 0
-    assert "2 cells finished of 2 planned" in capsys.readouterr().out
+    assert "2 cells finished of 2 asked for" in capsys.readouterr().out
     assert len((tmp_path / "out" / "summary.jsonl").read_text().splitlines()) == 2
     results = rep.load(tmp_path / "out")
     assert [(r.row, r.regime, r.share) for r in results] == [("base", "1x1", share), ("base", "2x1", share)]
