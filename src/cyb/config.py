@@ -222,15 +222,7 @@ class RunConfig:
             raise ConfigError(f"{p} is a folder; give a YAML file (see configs/)")
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
-        try:
-            with p.open(encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        except UnicodeDecodeError as e:
-            from .data.sources import not_utf8
-
-            raise ConfigError(str(not_utf8(p, e))) from None
+        data = config_parsing.read_yaml(p)
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections "
                               f"(model, method, lora, data, optim, train)")

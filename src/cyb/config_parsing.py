@@ -22,6 +22,20 @@ class ConfigError(ValueError):
     """A configuration value is missing, of the wrong type or out of range."""
 
 
+def read_yaml(path) -> Any:
+    """The YAML document in the file ``path`` (an empty file: ``{}``); a :class:`ConfigError`
+    naming the file when it is not YAML, or not UTF-8 text (with its first bad byte)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        from .data.sources import not_utf8
+
+        raise ConfigError(str(not_utf8(path, e))) from None
+
+
 def need(cond: bool, name: str, msg: str) -> None:
     """Raise :class:`ConfigError` ``"name: msg"`` unless ``cond``."""
     if not cond:

@@ -166,20 +166,12 @@ def demo_settings(task: str | None = None, *, quick: bool = False, config: str |
     then explicit ``overrides`` (fields of :class:`DemoSettings`; None values are ignored)."""
     data: dict = {}
     if config is not None:
-        import yaml
+        from ..config_parsing import read_yaml
 
         path = Path(config)
         if not path.is_file():
             raise FileNotFoundError(f"demo config not found: {path}")
-        try:
-            with path.open(encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML: {e}") from None
-        except UnicodeDecodeError as e:
-            from ..data.sources import not_utf8
-
-            raise not_utf8(path, e) from None
+        data = read_yaml(path)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of demo settings")
     if task is not None:
