@@ -1,6 +1,7 @@
 """Writing files so that a reader never sees half of one: a temporary file beside the target,
-renamed into place. One home for the write-then-rename and for JSON that strict parsers read
-(non-finite floats become null)."""
+renamed into place. One home for the write-then-rename, for JSON that strict parsers read
+(non-finite floats become null), and for the check, before long work, that its output path can
+be written (:func:`unwritable`)."""
 
 from __future__ import annotations
 
