@@ -102,7 +102,7 @@ def test_check_verifies_that_data_and_model_paths_exist(work, capsys, monkeypatc
     ]:
         assert main(["train", "run.yaml", "--check", "--set", setting]) == 2, setting
         err = capsys.readouterr().err.strip()
-        assert err.startswith("cyb train: invalid configuration: ") and message in err and "\n" not in err, err
+        assert err.startswith("cyb train: error: invalid configuration: ") and message in err and "\n" not in err, err
     # a hub id (ORG/NAME, or a bare name) is no path: checked when the run starts, with a note
     for name in ("HuggingFaceTB/SmolLM2-135M", "someone/a-model", "gpt-nothing"):
         assert main(["train", "run.yaml", "--check", "--set", f"model.name_or_path={name}"]) == 0
@@ -215,7 +215,7 @@ def test_an_output_folder_without_permission_is_named(work, monkeypatch):
 def test_a_file_that_is_not_utf8_is_named(work, capsys):
     (work / "latin1.txt").write_bytes("café\n".encode("latin-1"))
     assert main(["train", "latin1.txt"]) == 2
-    assert _one_line(capsys, "train") == ("cyb train: invalid configuration: latin1.txt is not UTF-8 text "
+    assert _one_line(capsys, "train") == ("cyb train: error: invalid configuration: latin1.txt is not UTF-8 text "
                                           "(byte 0xe9: invalid continuation byte)")
     assert main(["generate", "runs/none", "--file", "latin1.txt"]) == 2
     assert _one_line(capsys, "generate").endswith(": error: --file latin1.txt is not UTF-8 text (byte 0xe9: "
@@ -227,10 +227,17 @@ def test_a_file_that_is_not_utf8_is_named(work, capsys):
 
 def test_a_folder_given_as_the_config_is_named(work, capsys):
     assert main(["train", "."]) == 2
-    assert _one_line(capsys, "train") == ("cyb train: invalid configuration: . is a folder; give a YAML file "
+    assert _one_line(capsys, "train") == ("cyb train: error: invalid configuration: . is a folder; give a YAML file "
                                           "(see configs/)")
 
 def test_world_size_goes_with_estimate_memory(work, capsys):
     assert main(["train", "run.yaml", "--world-size", "2"]) == 2
     assert "--world-size goes with --estimate-memory" in _one_line(capsys, "train")
     assert not (work / "runs" / "x").exists()
+
+
+@pytest.mark.parametrize("args", [["train"], ["train", "run.yaml", "--world-size", "2"], ["eval", "x", "--tokens", "-1"],
+                                  ["bench"]])
+def test_every_refusal_says_error_after_the_command(work, capsys, args):
+    assert main(args) == 2
+    assert _one_line(capsys, args[0]).startswith(f"cyb {args[0]}: error: ")

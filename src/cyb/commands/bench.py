@@ -263,7 +263,7 @@ def _given(args, names: dict) -> dict:
 
 def run(args) -> int:
     if args.bench is None:
-        print("cyb bench: choose what to benchmark: loss, train, decode, memory or serve (see cyb bench --help)",
+        print("cyb bench: error: choose what to benchmark: loss, train, decode, memory or serve (see cyb bench --help)",
               file=sys.stderr)
         return 2
     from ..bench.markdown import table_for
@@ -333,7 +333,7 @@ def _run_memory(args, command: str) -> int:
     try:
         cfg.validate()
     except ValueError as e:
-        print(f"cyb bench memory: {e}", file=sys.stderr)
+        print(f"cyb bench memory: error: {e}", file=sys.stderr)
         return 2
     if args.from_jsonl:
         rows = memory.read_rows(args.from_jsonl)
@@ -368,7 +368,7 @@ def _run_serve(args, command: str) -> int:
     try:
         cfg.validate()
     except ValueError as e:
-        print(f"cyb bench serve: {e}", file=sys.stderr)
+        print(f"cyb bench serve: error: {e}", file=sys.stderr)
         return 2
     print(f"# {command}")
     result = serve.run(cfg, out=args.out)

@@ -75,8 +75,7 @@ def run(args) -> int:
     from ..eval import evaluate, format_summary
 
     if args.tokens is not None and args.tokens < 0:
-        print("cyb eval: --tokens must be >= 0 (0 = all the data)", file=sys.stderr)
-        return 2
+        raise ValueError(f"--tokens must be >= 0 (0 = all the data), got {args.tokens}")
     command = _command(args)
     tokens = "run" if args.tokens is None else (args.tokens or None)
     metrics = evaluate(args.path, data=args.data, max_tokens=tokens, batch_size=args.batch_size,

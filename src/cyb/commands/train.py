@@ -35,16 +35,16 @@ def run(args) -> int:
             print(f"{key} = {defaults[section][name]!r}\n    {doc}")
         return 0
     if not args.config:
-        print("cyb train: a CONFIG file is required (see configs/, or --help-config)", file=sys.stderr)
+        print("cyb train: error: a CONFIG file is required (see configs/, or --help-config)", file=sys.stderr)
         return 2
     if args.world_size != 1 and not args.estimate_memory:
-        print("cyb train: --world-size goes with --estimate-memory; to train on N processes: torchrun "
+        print("cyb train: error: --world-size goes with --estimate-memory; to train on N processes: torchrun "
               "--nproc_per_node=N -m cyb train CONFIG", file=sys.stderr)
         return 2
     try:
         cfg = RunConfig.load(args.config, args.overrides)
     except ConfigError as e:
-        print(f"cyb train: invalid configuration: {e}", file=sys.stderr)
+        print(f"cyb train: error: invalid configuration: {e}", file=sys.stderr)
         return 2
     if args.check:
         from ..build import check_paths
@@ -53,7 +53,7 @@ def run(args) -> int:
         try:
             notes = check_paths(cfg)
         except (FileNotFoundError, ValueError, MissingPackage) as e:
-            print(f"cyb train: invalid configuration: {e}", file=sys.stderr)
+            print(f"cyb train: error: invalid configuration: {e}", file=sys.stderr)
             return 2
         for note in notes:
             print(f"note: {note}")
@@ -95,15 +95,15 @@ def _estimate_memory(cfg, world_size: int) -> int:
     from .. import memory_estimate
 
     if world_size < 1:
-        print("cyb train: --world-size must be >= 1", file=sys.stderr)
+        print("cyb train: error: --world-size must be >= 1", file=sys.stderr)
         return 2
     try:
         shape = memory_estimate.run_shape(cfg, None if cfg.model.name_or_path else _vocab_size(cfg))
     except (OSError, ValueError) as e:
-        print(f"cyb train: cannot read the tokenizer for the estimate: {e}", file=sys.stderr)
+        print(f"cyb train: error: cannot read the tokenizer for the estimate: {e}", file=sys.stderr)
         return 2
     if shape is None:
-        print(f"cyb train: no estimate: the config.json of {cfg.model.name_or_path} is not available "
+        print(f"cyb train: error: no estimate: the config.json of {cfg.model.name_or_path} is not available "
               "locally", file=sys.stderr)
         return 2
     est = memory_estimate.estimate(cfg, shape, world_size=world_size, device_type="cuda")
