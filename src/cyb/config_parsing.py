@@ -25,15 +25,14 @@ class ConfigError(ValueError):
 def read_yaml(path) -> Any:
     """The YAML document in the file ``path`` (an empty file: ``{}``); a :class:`ConfigError`
     naming the file when it is not YAML, or not UTF-8 text (with its first bad byte)."""
+    from .data.sources import read_utf8
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f) or {}
+        return yaml.safe_load(read_utf8(path)) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    except UnicodeDecodeError as e:
-        from .data.sources import not_utf8
-
-        raise ConfigError(str(not_utf8(path, e))) from None
+    except ValueError as e:  # not UTF-8
+        raise ConfigError(str(e)) from None
 
 
 def need(cond: bool, name: str, msg: str) -> None:

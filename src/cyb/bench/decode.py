@@ -306,13 +306,9 @@ def trained_model(cfg: DecodeBenchConfig, device, dtype):
             raise ValueError(f"{cfg.model} has no tokenizer to encode the prompts of {cfg.prompts}")
         from ..generation.text import encode_prompt
 
-        try:
-            with open(cfg.prompts, encoding="utf-8") as f:
-                lines = [line.rstrip("\n") for line in f if line.strip()]
-        except UnicodeDecodeError as e:
-            from ..data.sources import not_utf8
+        from ..data.sources import read_utf8
 
-            raise not_utf8(cfg.prompts, e) from None
+        lines = [line.rstrip("\n") for line in read_utf8(cfg.prompts).splitlines(keepends=True) if line.strip()]
         if not lines:
             raise ValueError(f"{cfg.prompts} holds no prompt")
         encoded = [encode_prompt(model.tokenizer, line, i) for i, line in enumerate(lines)]

@@ -67,12 +67,9 @@ def _prompts(args) -> list[str]:
         path = Path(args.file)
         if not path.is_file():
             raise ValueError(f"--file {args.file}: no such file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            from ..data.sources import not_utf8
+        from ..data.sources import read_utf8
 
-            raise ValueError(f"--file {not_utf8(args.file, e)}") from None
+        text = read_utf8(path, f"--file {args.file}")
         lines = [line.rstrip("\r\n") for line in text.splitlines() if line.strip()]
         if not lines:
             raise ValueError(f"--file {args.file} holds no prompt: it is empty or has only blank lines")

@@ -101,13 +101,9 @@ def options_from(args):
         path = os.path.expanduser(args.chat_template)
         if not os.path.isfile(path):
             raise ValueError(f"--chat-template {args.chat_template}: no such file")
-        try:
-            with open(path, encoding="utf-8") as f:
-                template = f.read()
-        except UnicodeDecodeError as e:
-            from ..data.sources import not_utf8
+        from ..data.sources import read_utf8
 
-            raise ValueError(f"--chat-template {not_utf8(args.chat_template, e)}") from None
+        template = read_utf8(path, f"--chat-template {args.chat_template}")
     cache = None
     if args.cache_memory is not None:
         if not args.cache_memory > 0:

@@ -107,6 +107,16 @@ def not_utf8(path: str | Path, error: UnicodeDecodeError) -> ValueError:
     return ValueError(f"{path} is not UTF-8 text (byte 0x{error.object[error.start]:02x}: {error.reason})")
 
 
+def read_utf8(path: str | Path, name: str | None = None) -> str:
+    """The text of the file ``path``; a file that is not UTF-8 text raises :func:`not_utf8`'s
+    ValueError, naming it as ``name`` (default: the path; ``"--file prompts.txt"``, say)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise not_utf8(path if name is None else name, e) from None
+
+
 def _open_text(path: Path) -> io.TextIOBase:
     if path.name.lower().endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")
