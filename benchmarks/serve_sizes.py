@@ -2,7 +2,7 @@
 
     python benchmarks/serve_sizes.py --out DIR [--models smollm2-1.7b] [--jobs mixed eval fewshot]
         [--cases none shared-fixed private-adaptive] [--requests N] [--cache-gib 48] [--budget-s 420]
-        [--no-anchor] [--no-ceiling] [--no-batch1] [--no-check] [--block-size B] [--serve]
+        [--no-anchor] [--no-ceiling] [--no-batch1] [--no-check] [--block-size B] [--step-budget N] [--serve]
     python benchmarks/serve_sizes.py --from DIR [DIR ...]     # the table and goals of earlier runs
     python benchmarks/serve_sizes.py --quick --out DIR        # a tiny model on the CPU, in seconds
 
@@ -132,7 +132,7 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
               "cache_bytes": cache_bytes}
     if not call.allows():
         return {**record, "status": "skipped", "reason": "time budget spent"}
-    options = {"block_size": a.block_size}
+    options = {"block_size": a.block_size, "step_budget": a.step_budget}
     fewshot = job.name == "fewshot" and has_option("prefix_caching")
     kw = dict(mode=mode, max_model_len=spec.max_model_len, slots=spec.concurrency, cache_bytes=cache_bytes,
               clients=spec.concurrency)
@@ -216,7 +216,8 @@ def run_model(call: Call, name: str) -> None:
                       "reason": "time budget spent"}
             if call.allows():
                 check = guarded(lambda: sr.preemption_check(pm, job.items, mode=mode, slots=slots,
-                                                            options={"block_size": a.block_size}), device)
+                                                            options={"block_size": a.block_size,
+                                                                     "step_budget": a.step_budget}), device)
                 record.update(status=check["status"], reason=check.get("reason", ""), check=check)
             call.write(f"{name}-preemption-{case}", record)
             c = record.get("check") or {}
@@ -265,6 +266,8 @@ def main(argv=None) -> int:
                          "beside a 1.7 B model and its work)")
     ap.add_argument("--num-steps", type=int, default=None, help="M of the pause cases (default 4, quick 3)")
     ap.add_argument("--block-size", type=int, default=None, help="EngineOptions.block_size, where the engine has it")
+    ap.add_argument("--step-budget", type=int, default=None,
+                    help="EngineOptions.step_budget (prompts inside the decoding steps), where the engine has it")
     ap.add_argument("--steady-steps", type=int, default=50, help="timed steps of the ceiling's steady rate")
     ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the call")
     ap.add_argument("--no-anchor", action="store_true", help="leave out transformers' continuous batching")

@@ -8,6 +8,7 @@
 #   JOBS=fewshot REQUESTS=1000 EXTRA="--no-check --no-batch1" OUT=... bash benchmarks/serve_sizes_gpu.sh
 #   SMOKE=1 ...                      # first the tiny models on the GPU (a few seconds), to catch a broken path
 #   SERVE=1 ...                      # the mixed job through cyb serve too (starlette and uvicorn in .whl/)
+#   STEP_BUDGET=1024 ...             # prompts written inside the decoding steps (EngineOptions.step_budget)
 #   python benchmarks/serve_sizes.py --from OUT1 OUT2 ...               # later: the goals of several calls
 #
 # Writes to $OUT (default outputs/serve_sizes): MODEL-*.json, summary.json, goals.txt and
@@ -26,6 +27,7 @@ MORE=()
 [[ -n "${REQUESTS:-}" ]] && MORE+=(--requests "$REQUESTS")
 [[ -n "${SERVE:-}" ]] && MORE+=(--serve)
 [[ -n "${BLOCK_SIZE:-}" ]] && MORE+=(--block-size "$BLOCK_SIZE")
+[[ -n "${STEP_BUDGET:-}" ]] && MORE+=(--step-budget "$STEP_BUDGET")
 if [[ -n "${SMOKE:-}" ]]; then
     echo "== smoke: tiny models on the GPU"
     timeout -k 10 120 $PY benchmarks/serve_sizes.py --quick --device cuda --out "$OUT/smoke" --jobs mixed \

@@ -70,16 +70,16 @@ def test_options_the_engine_lacks_are_dropped_and_taken_when_it_has_them(monkeyp
     real = cyb.engine.EngineOptions
 
     @dataclasses.dataclass(frozen=True)
-    class Paged(real):
-        block_size: int = 16
-        prefix_caching: bool | None = None
+    class Whole:  # an engine of whole rows: no blocks, no prefix cache
+        max_slots: int = 256
+        cache_bytes: int | None = None
 
     for has in (False, True):
-        if has:
-            monkeypatch.setattr(cyb.engine, "EngineOptions", Paged)
+        monkeypatch.setattr(cyb.engine, "EngineOptions", real if has else Whole)
         opts, dropped = engine_features.engine_options(max_slots=4, block_size=32, prefix_caching=False)
         fields = engine_features.features()
-        assert fields["paged"] is has and fields["options"] == {"block_size": has, "prefix_caching": has}
+        assert fields["paged"] is has
+        assert fields["options"] == {"block_size": has, "prefix_caching": has, "step_budget": has}
         if has:
             assert dropped == [] and opts.block_size == 32 and opts.prefix_caching is False
         else:
@@ -96,15 +96,18 @@ def tiny():
 
 
 @pytest.mark.parametrize("method, steps", [("baseline", 1), ("tbys", 3)])
-def test_today_slots_is_what_an_engine_of_whole_rows_keeps(tiny, method, steps):
-    from cyb.engine import Engine, EngineOptions
+def test_today_slots_is_what_whole_rows_of_max_model_len_hold(tiny, method, steps):
+    from cyb.engine.cache import bytes_per_column
 
     pm = wrap(tiny, method, steps)
+    # a row of 64 real tokens: a one-token prompt and 63 decided tokens' blocks (M columns each
+    # under shared pauses), plus two steps of slack, rounded up to whole 128-column rows, plus
+    # the scratch columns
+    columns = pm_capacity(pm, 64)
+    assert columns == 63 * steps
+    row = (-(-(columns + 2 * steps) // 128) * 128 + steps) * bytes_per_column(pm)
     for cache in (1_000_000, 4_000_000):
-        q = steps
-        engine = Engine(pm, capacity=pm_capacity(pm, 64), slots=10_000, positions=q,
-                        options=EngineOptions(max_slots=10_000, cache_bytes=cache))
-        assert engine.slots == today_slots(pm, 64, cache, q)
+        assert today_slots(pm, 64, cache, steps) == cache // row
 
 
 def pm_capacity(pm, max_model_len):

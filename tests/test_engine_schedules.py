@@ -3,11 +3,15 @@
 Each schedule draws a model (every pause layout and position scheme on Llama, and Gemma 3 with
 sliding windows of 4 under shared and private pauses), engine options (1-8 slots, prefill
 chunks of 2-8 columns, 1-4 rows per prefill forward, refill thresholds, attention buckets that
-change with the columns in use, one position or whole blocks per step) and 3-9 requests
-(prompts of 1-24 tokens, so several prefill chunks; 1-12 new tokens; fixed or adaptive mode;
-greedy or sampled with their own keys, temperatures, top-k and top-p) that arrive while others
-decode.  Some end at an EOS taken from their own answer, some are aborted after a few tokens;
-rows finish at different times, so slots are reused and decoding rows are compacted.
+change with the columns in use, one position or whole blocks per step, cache blocks of 1-16
+columns, prefix caching on or off, and in about half the schedules a cache of one to two rows,
+so that rows are preempted and cached prefixes evicted) and 3-9 requests (prompts of 1-24
+tokens, so several prefill chunks, many of them beginning with one of a few shared stems, some
+repeated whole; 1-12 new tokens; fixed or adaptive mode; greedy or sampled with their own keys,
+temperatures, top-k and top-p) that arrive while others decode.  Some end at an EOS taken from
+their own answer, some are aborted after a few tokens; rows finish at different times, so slots
+are reused and decoding rows are compacted.  Half the schedules run with the host reading one
+step behind (as on CUDA) on the CPU too.
 
 Every request's tokens, steps and ``d`` must be the reference's for its prompt alone, cut where
 it ended.  The same schedules run on the CPU in the suite and on CUDA under ``-m gpu`` (steps
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import random
 
 import pytest
@@ -31,6 +36,9 @@ from generation_helpers import encode
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SCHEDULES = 24
+#: schedules under memory pressure (seeds from SCHEDULES on): a cache of one row, requests with
+#: short prompts and long answers that arrive together into at least four slots
+PRESSURED = 12
 MODELS = [f"llama-{v}-{s}" for v, s in LAYOUTS] + ["gemma3-shared", "gemma3-private"]
 
 
@@ -65,31 +73,47 @@ class Schedule:
     model: str
     options: EngineOptions
     requests: list
+    #: the cache in rows of the engine's capacity (None: as large as the slots need)
+    cache_rows: float | None = None
+    lookahead: bool = False
+
+
+STEMS = ["hello world ", "12+34=", "the quick brown fox "]
 
 
 def make_schedule(seed: int) -> Schedule:
     rng = random.Random(seed)
     model = MODELS[seed % len(MODELS)]
+    pressured = seed >= SCHEDULES
     options = EngineOptions(
-        max_slots=rng.randint(1, 8), prefill_chunk=rng.choice([2, 3, 5, 8]), prefill_rows=rng.choice([1, 2, 4]),
+        max_slots=rng.randint(4 if pressured else 1, 8), prefill_chunk=rng.choice([2, 3, 5, 8]), prefill_rows=rng.choice([1, 2, 4]),
         refill=rng.choice([0, 1, 2]), attention_bucket=rng.choice([4, 8, 16]),
-        bucket_min_rows=rng.choice([1, 2, 8]), positions=rng.choice(["one", "block"]))
+        bucket_min_rows=rng.choice([1, 2, 8]), positions=rng.choice(["one", "block"]),
+        block_size=rng.choice([1, 2, 4, 16]), prefix_caching=rng.random() < 0.8,
+        capacity_multiple=rng.choice([1, 8]))
     vocab = "0123456789+-=abcdefghijklmnopqrstuvwxyz "
     requests = []
     for i in range(rng.randint(3, 9)):
-        prompt = tuple(encode("".join(rng.choices(vocab, k=rng.randint(1, 24)))))
+        text = "".join(rng.choices(vocab, k=rng.randint(1, 12 if pressured else 24)))
+        if requests and rng.random() < 0.15:
+            prompt = rng.choice(requests).prompt  # a prompt again
+        else:
+            if rng.random() < 0.5:
+                text = (rng.choice(STEMS) + text)[:24]
+            prompt = tuple(encode(text))
         sampled = rng.random() < 0.5
         sampling = (Sampling(True, rng.choice([0.7, 1.0, 1.3]), rng.choice([0, 5, 20]), rng.choice([1.0, 0.9, 0.6]))
                     if sampled else Sampling())
-        p = Planned(prompt, rng.randint(1, 12), rng.choice(["fixed", "adaptive"]), sampling, rng.randrange(1 << 30),
-                    arrive=0 if i < 2 else rng.randint(0, 30))
+        p = Planned(prompt, rng.randint(8 if pressured else 1, 12), rng.choice(["fixed", "adaptive"]), sampling, rng.randrange(1 << 30),
+                    arrive=0 if i < 2 else rng.randint(0, 4 if pressured else 30))
         ending = rng.random()
         if ending < 0.2:
             p.eos_at = rng.randrange(p.max_new)
         elif ending < 0.35:
             p.abort_after = rng.randint(1, p.max_new)
         requests.append(p)
-    return Schedule(model, options, requests)
+    cache_rows = 1.0 if pressured else rng.choice([1.0, 1.0, 1.25]) if rng.random() < 0.5 else None
+    return Schedule(model, options, requests, cache_rows, rng.random() < 0.5)
 
 
 _REFERENCES: dict = {}
@@ -114,7 +138,14 @@ def drive(pm, sched: Schedule, wants: list):
                             top_k=s.top_k, top_p=s.top_p, key=p.key, eos=eos))
     capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in reqs)
     q = 1 if sched.options.positions == "one" else M
-    engine = Engine(pm, capacity=capacity, slots=sched.options.max_slots, positions=q, options=sched.options)
+    options = sched.options
+    if sched.cache_rows is not None:  # a cache of so many rows of the engine's capacity
+        block, mult = options.block_size, math.lcm(options.capacity_multiple, options.block_size)
+        row = -(-(capacity + 2 * q) // mult) * mult // block  # (the engine's capacity, in blocks)
+        options = dataclasses.replace(options, cache_blocks=int(row * sched.cache_rows))
+    engine = Engine(pm, capacity=capacity, slots=options.max_slots, positions=q, options=options)
+    if pm.device.type == "cpu":  # (on CUDA the host always reads one step behind)
+        engine._set_lookahead(sched.lookahead)
     order = sorted(range(len(reqs)), key=lambda i: sched.requests[i].arrive)
     got = {i: ([], [], [], None) for i in range(len(reqs))}
     index: dict[int, int] = {}
@@ -136,7 +167,7 @@ def drive(pm, sched: Schedule, wants: list):
             got[i] = (tokens, steps, d, reason)
         step += 1
         assert step < 5000, "the schedule did not finish"
-    assert engine.slots_in_use == 0 and engine.queued == 0
+    assert engine.slots_in_use == 0 and engine.queued == 0 and engine.free_blocks == engine.num_blocks
     return got, engine
 
 
@@ -158,17 +189,34 @@ def check_schedule(seed: int, device: str) -> None:
         try:
             assert_same((tokens, steps, d), tuple(x[:n] for x in want))
         except AssertionError as e:
-            raise AssertionError(f"schedule {seed} ({sched.model}, {sched.options}), request {i} {p}: {e}") from e
+            raise AssertionError(f"schedule {seed} ({sched.model}, {sched.options}, cache rows {sched.cache_rows}, "
+                                 f"lookahead {sched.lookahead}), request {i} {p}: {e}") from e
+    return engine.stats
 
 
-@pytest.mark.parametrize("seed", range(SCHEDULES))
+_SEEN: dict = {}
+
+
+@pytest.mark.parametrize("seed", range(SCHEDULES + PRESSURED))
 def test_random_schedules_equal_the_reference(seed):
-    check_schedule(seed, "cpu")
+    _SEEN[seed] = check_schedule(seed, "cpu")
+
+
+def test_schedules_preempt_hit_and_evict():
+    """Across the schedules (those of this session; all of them when run alone), rows were
+    preempted, prompts found cached blocks and cached blocks were evicted."""
+    for seed in range(SCHEDULES + PRESSURED):
+        if seed not in _SEEN:
+            _SEEN[seed] = check_schedule(seed, "cpu")
+    names = ("preemptions", "prefix_hit_blocks", "prefix_evictions")
+    total = {k: sum(s[k] for s in _SEEN.values()) for k in names}
+    assert all(v > 0 for v in total.values()), total
+    assert sum(s["preemptions"] > 0 for s in _SEEN.values()) >= PRESSURED // 2
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("seed", range(SCHEDULES))
+@pytest.mark.parametrize("seed", range(SCHEDULES + PRESSURED))
 def test_random_schedules_equal_the_reference_on_cuda(seed):
     check_schedule(seed, "cuda")
 
@@ -176,7 +224,8 @@ def test_random_schedules_equal_the_reference_on_cuda(seed):
 def test_schedules_cover_what_traffic_does():
     """The schedules reach every case they are meant to: waiting rows, reused slots, chunked
     prompts, compaction, early ends of both kinds, mixed modes, every model."""
-    seen = {"models": set(), "eos": 0, "abort": 0, "late": 0, "waited": 0, "chunked": 0, "mixed modes": 0}
+    seen = {"models": set(), "eos": 0, "abort": 0, "late": 0, "waited": 0, "chunked": 0, "mixed modes": 0,
+            "small cache": 0, "lookahead": 0, "shared stems": 0, "repeated": 0, "no prefix caching": 0}
     for seed in range(SCHEDULES):
         s = make_schedule(seed)
         seen["models"].add(s.model)
@@ -186,6 +235,12 @@ def test_schedules_cover_what_traffic_does():
         seen["waited"] += len(s.requests) > s.options.max_slots
         seen["chunked"] += any(len(p.prompt) > 2 * s.options.prefill_chunk for p in s.requests)
         seen["mixed modes"] += len({p.mode for p in s.requests}) == 2
+        seen["small cache"] += s.cache_rows is not None
+        seen["lookahead"] += s.lookahead
+        prompts = [p.prompt for p in s.requests]
+        seen["shared stems"] += sum(any(tuple(encode(stem)) == p[:len(stem)] for stem in STEMS) for p in prompts) >= 2
+        seen["repeated"] += len(set(prompts)) < len(prompts)
+        seen["no prefix caching"] += not s.options.prefix_caching
     assert seen["models"] == set(MODELS)
     assert min(v for k, v in seen.items() if k != "models") >= 3, seen
 

@@ -376,11 +376,12 @@ def test_fused_readout_gives_the_same_numbers(runs):
 
 
 def test_bare_model_on_text(runs, tmp_path):
-    """A model folder outside its run, on a text file packed into blocks."""
+    """A model folder outside its run, on a text file packed into blocks (of its task's characters:
+    others it never saw are refused, tests/test_text_check.py)."""
     model_dir = tmp_path / "model"
     shutil.copytree(runs["cyb"] / "final", model_dir)
     text = tmp_path / "held_out.txt"
-    text.write_text("12+34=46 and 5+5=10; 7+8=15. " * 20)
+    text.write_text("12+34=46=5+5=10=7+8=15=" * 20)
     metrics = evaluate(model_dir, data=str(text), block_len=16, batch_size=3, max_tokens=100,
                        out_dir=tmp_path / "out", progress=False)
     assert metrics["target"]["run_dir"] is None and metrics["target"]["name"] == "CYB 2 pauses"

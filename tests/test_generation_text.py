@@ -51,6 +51,11 @@ def test_shading_colours():
     line = legend(3, truecolor=True)
     assert line.count("\x1b[48;2;") == 3
     assert legend(3, truecolor=False).count("\x1b[48;5;") == 3
+    assert line.startswith("steps used per token (1 = no pause, 3 = all 2 pauses): ")
+    assert legend(2, truecolor=True).startswith("steps used per token (1 = no pause, 2 = its pause): ")
+    one = legend(1, truecolor=True)  # a no-pause baseline
+    assert one.startswith("steps used per token (M = 1: the model has no pauses, every token takes 1 step): ")
+    assert one.count("\x1b[48;2;") == 1 and "0 pauses" not in one
 
 
 def test_shade_marks_line_breaks_on_their_colour():

@@ -225,6 +225,26 @@ def test_models_health_metrics_and_tokenizer_routes(server, client, tok):
     assert status == 200 and json.loads(raw)["eos_token"] == tok.eos_token
 
 
+def test_metrics_show_the_prefix_cache_and_the_blocks(server, client):
+    """The same prompt twice: the second finds the first's full blocks of prompt columns in the
+    prefix cache, and ``/metrics`` counts them."""
+    wait_idle(server.url)
+    _, before = get(server.url, "/metrics")
+    prompt = "The quick brown fox jumps over the lazy dog, then naps. " * 3
+    for _ in range(2):
+        client.completions.create(model=NAME, prompt=prompt, max_tokens=2, temperature=0)
+    _, after = get(server.url, "/metrics")
+
+    def grew(name):
+        return metric(after, name) - metric(before, name)
+
+    assert grew("cyb_prefix_cache_hit_blocks_total") > 0 and grew("cyb_prefix_cache_hit_columns_total") > 0
+    assert grew("cyb_prefix_cache_lookup_blocks_total") >= grew("cyb_prefix_cache_hit_blocks_total")
+    assert 0 < metric(after, "cyb_prefix_cache_hit_rate") <= 1
+    assert metric(after, "cyb_preemptions_total") == 0
+    assert metric(after, "cyb_cache_blocks") >= metric(after, "cyb_cache_blocks_free") > 0
+
+
 # ------------------------------------------------------------------ raw HTTP (as curl sends it)
 
 

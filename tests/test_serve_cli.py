@@ -27,6 +27,7 @@ def test_a_missing_serve_extra_is_one_line_with_the_install_command(monkeypatch,
     (["serve", "x", "--cache-memory", "0"], "--cache-memory must be > 0 GiB"),
     (["serve", "x", "--chat-template", "/no/such/file.jinja"], "--chat-template /no/such/file.jinja: no such file"),
     (["serve", "x", "--grace-period", "-1"], "--grace-period must be a finite number of seconds >= 0"),
+    (["serve", "x", "--block-size", "24"], "--block-size must be a power of two from 1 to 256"),
     (["serve", "x", "--host", "nosuch.invalid"], "--host nosuch.invalid: no address of that name ("),
     (["serve", "x", "--chat-template", "latin1.jinja"], "--chat-template latin1.jinja is not UTF-8 text (byte 0xe9: "),
 ])
@@ -52,3 +53,7 @@ def test_options_from_the_command_line(monkeypatch, tmp_path):
     assert (opts.host, opts.port, opts.slots, opts.cache_bytes, opts.mode) == ("127.0.0.1", 0, 8, 1 << 29, "fixed")
     assert opts.api_key == "from-env" and opts.chat_template == "{{ messages[0]['content'] }}"
     assert options_from(build_parser().parse_args(["serve", "m", "--api-key", "k"])).api_key == "k"
+    assert opts.engine_options == {}
+    paged = options_from(build_parser().parse_args(["serve", "m", "--block-size", "32", "--no-prefix-caching",
+                                                    "--step-budget", "1024"]))
+    assert paged.engine_options == {"block_size": 32, "prefix_caching": False, "step_budget": 1024}

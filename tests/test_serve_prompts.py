@@ -81,21 +81,37 @@ def test_an_empty_prompt_is_what_the_tokenizer_makes_of_it(char_model, tmp_path)
         assert body["error"]["message"] == "prompt: prompt 0 is empty: generation needs at least one prompt token"
 
 
-def test_the_server_reads_the_task_from_the_models_training_state(tmp_path, char_model):
+def test_the_model_reads_its_task_from_its_training_state(tmp_path, char_model):
     import json
 
-    from cyb.commands.serve import trained_on
+    from cyb.model.loading import trained_on
 
     folder = tmp_path / "final"
     folder.mkdir()
-    assert trained_on(folder, char_model) is None  # no training_state.json
+    tok = char_model.tokenizer
+    assert trained_on(folder, tok) is None  # no training_state.json
     (folder / "training_state.json").write_text(json.dumps({"step": 3, "task": "addition",
                                                             "task_kwargs": {"digits": 3}}))
-    assert trained_on(folder, char_model) == ADDITION
+    assert trained_on(folder, tok) == ADDITION
     (folder / "training_state.json").write_text(json.dumps({"step": 3, "task": "lookup", "task_kwargs": {}}))
-    assert trained_on(folder, char_model)[0] == "task lookup" and "a" in trained_on(folder, char_model)[1]
+    assert trained_on(folder, tok)[0] == "task lookup" and "a" in trained_on(folder, tok)[1]
     (folder / "training_state.json").write_text(json.dumps({"step": 3, "task": "reasoning-gym:chain_sum"}))
-    assert trained_on(folder, char_model) is None
+    assert trained_on(folder, tok) is None
     text_model = pause_model(tokenizer(tmp_path / "tok"))
     (folder / "training_state.json").write_text(json.dumps({"step": 3, "task": "addition"}))
-    assert trained_on(folder, text_model) is None  # a pretrained tokenizer read all kinds of text
+    assert trained_on(folder, text_model.tokenizer) is None  # a pretrained tokenizer read all kinds of text
+
+
+def test_a_saved_model_of_a_task_is_served_with_its_task(tmp_path, char_model):
+    """``from_pretrained`` reads the task, and the server refuses what the task never had."""
+    import json
+
+    folder = tmp_path / "saved"
+    char_model.save_pretrained(folder)
+    (folder / "training_state.json").write_text(json.dumps({"step": 3, "task": "addition",
+                                                            "task_kwargs": {"digits": 3}}))
+    loaded = PauseModel.from_pretrained(folder)
+    assert loaded.trained_on == ADDITION
+    with running(loaded) as srv:
+        status, _, body = _ask(srv.url, "hello")
+        assert status == 400 and "that the model never saw: it was trained on task addition" in body["error"]["message"]

@@ -37,7 +37,7 @@ def test_quick_run_writes_every_piece_and_its_goals(tmp_path, capsys):
             assert 1 <= e["slots_in_use_peak"] <= 4 and e["today_slots"] > 0
             assert e["itl_ms_p99"] >= e["itl_ms_p50"] > 0 and e["ttft_ms_p50"] > 0
             assert r["vs_ceiling"] == pytest.approx(e["real_tokens_per_s"] / r["ceiling_tok_s"])
-            assert r["engine_features"]["options"].keys() == {"block_size", "prefix_caching"}
+            assert r["engine_features"]["options"].keys() == {"block_size", "prefix_caching", "step_budget"}
         anchor = json.loads((out / f"tiny-{job}-anchor.json").read_text())["anchor"]
         assert anchor["status"] == "ok" and anchor["failed"] == 0 and anchor["real_tokens"] == answers
         assert anchor["attn_implementation"] == "sdpa"

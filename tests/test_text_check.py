@@ -1,6 +1,6 @@
 """Text a model cannot read gets one line naming the characters (or words) at fault, the same
-from every entry point that reads a user's text: the check itself
-(:func:`cyb.data.tokenizer.check_text`), ``cyb generate`` and ``cyb eval --data`` (``cyb serve``:
+from every entry point: the check itself (:func:`cyb.data.tokenizer.check_text`), the Python API
+(:mod:`cyb.generation`), ``cyb generate`` and ``cyb eval --data`` (``cyb serve``:
 tests/test_serve_prompts.py; the lm-evaluation-harness model: tests/test_lm_eval_cli.py); never
 the tokenizer's ``WordLevel error: Missing [UNK] token``."""
 
@@ -16,6 +16,7 @@ import transformers
 from cyb.cli import main
 from cyb.data.synthetic import CharTokenizer
 from cyb.data.tokenizer import UnencodableText, check_text, encode_failure, text_encoder, unknown_pieces
+from cyb.generation import generate
 from cyb.model import PauseModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,6 +103,21 @@ def test_the_batch_encoder_names_what_its_vocabulary_lacks():
 # ----------------------------------------------------------------------------- the entry points
 
 
+def test_the_python_api_refuses_text_its_model_cannot_read(char_folder):
+    model = PauseModel.from_pretrained(char_folder)
+    assert model.trained_on == ADDITION
+    with pytest.raises(UnencodableText, match="^prompt 0 has the characters ' ', 'd'"):
+        generate(model, "hello world", max_new_tokens=2)
+    with pytest.raises(ValueError, match="^prompt 1 has the character 'é' that the model never saw"):
+        generate(model, ["12+34=", "1+é"], max_new_tokens=2)
+    [res] = generate(model, "12+34=", max_new_tokens=2)
+    assert len(res.token_ids) >= 1
+    words = tiny(word_tokenizer())
+    with pytest.raises(ValueError, match="^prompt 0 has the word 'there' that the tokenizer's vocabulary does not"):
+        generate(words, "hello there", max_new_tokens=2)
+    generate(words, "hello world", max_new_tokens=2)
+
+
 def _one_line(capsys, command: str) -> str:
     captured = capsys.readouterr()
     err = captured.err.strip()
@@ -125,6 +141,6 @@ def test_cyb_eval_names_the_document_and_its_characters(char_folder, tmp_path, c
     out = tmp_path / "eval"
     assert main(["eval", str(char_folder), "--data", str(data), "--out", str(out), "--no-progress",
                  "--device", "cpu"]) == 2
-    assert _one_line(capsys, "eval").startswith(f"document 1 of {data} has the characters '\\n', 'é' that the "
-                                                "model's character tokenizer does not have")
+    assert _one_line(capsys, "eval").startswith(f"document 1 of {data} has the characters '\\n', 'a', 'c', 'f', "
+                                                "'é' that the model never saw: it was trained on task addition")
     assert not out.exists()

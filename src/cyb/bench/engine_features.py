@@ -3,10 +3,11 @@ on an engine whose rows are one slot of ``max_model_len`` columns each and picks
 prefix caching and preemption where the engine has them.
 
 * :data:`OPTIONS`: :class:`cyb.engine.EngineOptions` fields the benchmark sets when they exist:
-  ``block_size`` (columns a cache block holds) and ``prefix_caching`` (reuse the blocks of a
-  shared prompt prefix; None: the engine's default).
+  ``block_size`` (columns a cache block holds), ``prefix_caching`` (reuse the blocks of a
+  shared prompt prefix; None: the engine's default) and ``step_budget`` (prompts written inside
+  the decoding steps).
 * :data:`STATS`: ``Engine.stats`` counters it reports when they exist: prefix blocks found and
-  looked up, and rows preempted.
+  looked up, rows preempted, and mixed steps.
 
 A field or counter the engine lacks reads None, which the benchmark's JSON and tables show as
 "n/a".
@@ -17,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 
 #: EngineOptions fields that not every engine has
-OPTIONS = ("block_size", "prefix_caching")
+OPTIONS = ("block_size", "prefix_caching", "step_budget")
 #: Engine.stats counters that not every engine has
-STATS = ("prefix_hit_blocks", "prefix_lookup_blocks", "preemptions")
+STATS = ("prefix_hit_blocks", "prefix_lookup_blocks", "preemptions", "mixed_steps")
 
 
 def option_fields() -> set[str]:

@@ -39,8 +39,9 @@ def engine_rate(model, prompts: list[list[int]], *, mode: str, positions: str, w
     m = model.vocab.num_steps
     max_new = warmup + timed + 4
     reqs = [Request(tuple(p), max_new, mode=mode) for p in prompts]
+    # (without prefix caching: the timed fill writes the prompts the untimed one wrote)
     opts = EngineOptions(positions=positions, cuda_graph=cuda_graph, max_slots=len(prompts),
-                         prefill_rows=64, prefill_chunk=2048, row_attention=row_attention)
+                         prefill_rows=64, prefill_chunk=2048, row_attention=row_attention, prefix_caching=False)
     engine = Engine.sized_for(model, reqs, options=opts)
     b = len(reqs)
     _end(engine, _fill(engine, reqs))  # an untimed fill captures every graph the timed one replays

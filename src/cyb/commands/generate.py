@@ -145,7 +145,6 @@ def run(args) -> int:
     from ..generation.registry import resolve_decoder
     from ..model import PauseModel
     from ..model.sources import plain_model_kwargs, plain_model_note
-    from .serve import trained_on
 
     plain = plain_model_kwargs(folder)
     if plain:  # a plain model on purpose: said once
@@ -171,9 +170,8 @@ def run(args) -> int:
     # every prompt through one stream (prompt i samples from the stream of (seed, i)); with one
     # row at a time its text streams token by token, else each completion is printed in order
     try:  # prompts are encoded and checked here, before any output
-        known = trained_on(folder, model)  # a synthetic task's characters: others, the model never saw
         for i, prompt in enumerate(prompts):  # the tokenizer's own error would be a traceback
-            check_text(prompt, f"prompt {i}", tokenizer=model.tokenizer, trained_on=known)
+            check_text(prompt, f"prompt {i}", tokenizer=model.tokenizer, trained_on=getattr(model, "trained_on", None))
         s = stream(model, prompts, dataclasses.replace(cfg, max_batch=args.batch_size),
                    engine_options=engine_options_for(len(prompts), cfg.max_new_tokens, args.batch_size))
     except ValueError as e:  # text the model cannot read, a prompt too long for its positions

@@ -29,9 +29,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "position limit, at most 2048)")
     p.add_argument("--slots", type=int, default=None, metavar="N",
                    help="requests that decode at once; more wait in the engine's queue (default: 256 on CUDA, "
-                        "64 elsewhere; cut to what the cache memory holds)")
+                        "64 elsewhere; each holds only the cache blocks its request fills)")
     p.add_argument("--cache-memory", type=float, default=None, metavar="GIB",
                    help="GiB for the KV cache (default: 60%% of the free memory on CUDA, 2 GiB elsewhere)")
+    p.add_argument("--block-size", type=int, default=None, metavar="N",
+                   help="columns per block of the KV cache, a power of two (default: the engine's, 16)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="do not share the cached blocks of prompts that begin alike (default: shared)")
+    p.add_argument("--step-budget", type=int, default=None, metavar="N",
+                   help="write prompts inside the decoding steps, at most N positions a step with the decoding "
+                        "rows' (needs row attention: CUDA; default: prefill forwards of their own)")
     p.add_argument("--mode", choices=("fixed", "adaptive"), default=None,
                    help="mode of requests that do not choose one (default: adaptive for models with <don't know>, "
                         "fixed for the others)")
@@ -79,7 +86,8 @@ def _check_host(host: str) -> None:
 #: the fields of :class:`cyb.serve.ServeOptions` that a flag sets, so that its errors name the flag
 _FLAGS = {"port": "--port", "max_model_len": "--max-model-len", "slots": "--slots", "max_concurrency":
           "--max-concurrency", "max_body_bytes": "--max-body-bytes", "max_choices": "--max-choices",
-          "grace_s": "--grace-period", "http_processes": "--http-processes"}
+          "grace_s": "--grace-period", "http_processes": "--http-processes", "block_size": "--block-size",
+          "step_budget": "--step-budget"}
 
 
 def _in_flag_words(message: str) -> str:
@@ -119,7 +127,9 @@ def options_from(args):
         http = 1 if args.engine != "process" else default_http_processes(resolve_device(args.device, what="--device"))
     try:
         return ServeOptions(host=args.host, port=args.port, api_key=key, model_name=args.served_model_name,
-                            max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache, mode=args.mode,
+                            max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache,
+                            block_size=args.block_size, prefix_caching=False if args.no_prefix_caching else None,
+                            step_budget=args.step_budget, mode=args.mode,
                             max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency,
                             max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template,
                             http_processes=http)
@@ -147,30 +157,7 @@ def load(model_arg: str, options, *, device=None, dtype=None):
         raise ValueError(f"the engine cannot run this model: {reason}")
     return ServedModel(model, options.model_name or model_arg, max_model_len=options.max_model_len,
                        mode=options.mode, chat_template=options.chat_template,
-                       aliases=(str(folder), os.path.abspath(str(folder))), trained_on=trained_on(folder, model))
-
-
-def trained_on(folder, model) -> tuple[str, str] | None:
-    """``(task, its characters)`` for a model trained on a synthetic task with the character
-    tokenizer (its ``training_state.json`` names the task), else None: the server refuses a prompt
-    of other characters, which the model never saw."""
-    import json
-    from pathlib import Path
-
-    from ..data.synthetic import make_task
-    from ..data.synthetic.text_task import is_char_tokenizer
-    from ..model.settings import TRAINING_STATE_FILE
-
-    try:
-        state = json.loads((Path(folder) / TRAINING_STATE_FILE).read_text(encoding="utf-8"))
-        name, kwargs = state["task"], dict(state.get("task_kwargs") or {})
-        task = make_task(name, **kwargs)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # text, reasoning-gym, an older folder
-        return None
-    if model.tokenizer is None or not is_char_tokenizer(model.tokenizer):
-        return None  # a pretrained model's tokenizer: it read all kinds of text before its task
-    size = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-    return (f"task {name}" + (f" ({size})" if size else ""), task.characters)
+                       aliases=(str(folder), os.path.abspath(str(folder))))
 
 
 def run(args) -> int:
@@ -192,7 +179,7 @@ def run(args) -> int:
             saved_model_folder(args.model, "MODEL", allow_plain=True)  # a wrong MODEL: refused before the child starts
             loader = functools.partial(load, args.model, options, device=args.device, dtype=args.dtype)
             worker = EngineProcess(loader, slots=options.slots, cache_bytes=options.cache_bytes,
-                                   links=options.http_processes).start()
+                                   engine_options=options.engine_options, links=options.http_processes).start()
             served = worker.served
         else:
             served = load(args.model, options, device=args.device, dtype=args.dtype)

@@ -10,153 +10,46 @@
         for event in engine.step():                     # cyb.engine.Emitted, as tokens are decided
             ...
 
-Each :meth:`Engine.step` admits waiting requests into free slots, writes a chunk of their
-prompts (:mod:`cyb.engine.scheduler`), runs one decoding step over the decoding rows
-(:mod:`cyb.engine.runner`), and reports what the step before decided: on CUDA the host reads a
-step's decisions while the next step already runs, so a row that finishes runs one step more
-(its output is dropped) and its slot is free one step later.  Every row feeds ``Q`` positions
-per step: one (adaptive mode's computation: a token that needs no pause costs one position,
-each pause one more, and no row waits for another) or a whole block of ``M``
-(:func:`choose_positions`).
+Each :meth:`Engine.step` gives the decoding rows the cache blocks their next step may write
+(preempting the row admitted last while none is free), admits waiting requests into free slots
+as their first blocks fit (with prefix caching, a prompt's cached prefix is not written again),
+writes a chunk of their prompts (:mod:`cyb.engine.scheduler`), runs one decoding step over the
+decoding rows (:mod:`cyb.engine.runner`; with :attr:`EngineOptions.step_budget` the prompt chunks
+go into that step's forward instead, a mixed step), and reports what the step before decided: on CUDA the
+host reads a step's decisions while the next step already runs, so a row that finishes runs one
+step more (its output is dropped) and its slot and blocks are free one step later.  Every row
+feeds ``Q`` positions per step: one (adaptive mode's computation: a token that needs no pause
+costs one position, each pause one more, and no row waits for another) or a whole block of
+``M`` (:func:`choose_positions`).
+
+A preempted row loses its blocks and waits at the head of the queue; admitted again, it is
+written from every column it had (its prompt and its decided tokens' blocks as they were fed:
+:meth:`cyb.engine.layout.RowLayout.prefill`) and goes on deciding with its random stream at the
+same token: what it reports is what it would have reported without the preemption.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..model import hf
-from .cache import SlotCache, bytes_per_column
+from .cache import PagedCache
 from .layout import RowLayout
-from .readout import RowReadout, SamplingKind
+from .options import (BLOCK_MAX_ROWS, MIN_MIXED_CHUNK, POSITIONS, EngineOptions, choose_positions,
+                      default_cache_bytes, unsupported_reason)
+from .paging import Pager, pool_blocks
+from .readout import RowReadout, SamplingKind, sampling_kind
 from .requests import Emitted, Request
 from .rows import OUT_FIXED_COLUMNS, Rows
 from .runner import Runner
 from .scheduler import Scheduler, Tracked
 
-POSITIONS = ("auto", "one", "block")
 #: without CUDA graphs attention covers the columns in use rounded up to this
 EAGER_BUCKET = 16
-#: on CUDA, adaptive decoding of at most this many rows feeds whole blocks: a forward of M
-#: positions costs about what one of a single position costs there (on an H100, 134 M model:
-#: blocks as fast or faster up to 32 rows at E[S] 1.1 and 1.9; from 256 rows one position per
-#: step was 1.4x faster at E[S] 1.1, blocks 1.2x faster at E[S] 1.9; docs/benchmarks.md)
-BLOCK_MAX_ROWS = 32
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How an engine runs (defaults are the library's).
-
-    Attributes:
-        max_slots: rows that decode at once at most.
-        cache_bytes: memory for the KV cache; None: 60% of the free memory on CUDA, 2 GiB
-            elsewhere.  Slots are cut to what fits.
-        positions: positions each row feeds per step: ``"one"``, ``"block"`` (``M``: the token
-            and all its pauses; adaptive rows keep the steps up to their stop) or ``"auto"``
-            (:func:`choose_positions`).
-        prefill_chunk: prompt columns one row writes per prefill forward at most.  On an H200
-            (134 M model, a mixed load) chunks of 2048 made continuous batching with shared
-            pauses 1.29x faster than chunks of 512: a shared prompt of up to 512 tokens then
-            prefills in one graphed forward (``benchmarks/engine_traffic.py``).
-        prefill_rows: a prefill forward computes at most ``prefill_rows x prefill_chunk``
-            positions, padding included (rows are padded to the longest chunk among them, and
-            where prefill runs from CUDA graphs, to its graph's shape).  While rows decode, every
-            one of them waits for that forward: on an H200 (134 M model, 256 rows of a mixed
-            load) 4,096 positions per forward held the p99 gap between tokens at 2.9x its median
-            where 8,192 gave 4.3x, at the same throughput (``benchmarks/engine_gaps.py``).
-        refill: while rows decode, waiting prompts start in groups of this many (as many as
-            free slots and waiting prompts allow; 0: an eighth of the slots in use), written by
-            a few large prefill forwards; 1 starts each prompt as soon as a slot is free (more
-            and smaller prefill forwards: a mixed load decodes at about half the rate).
-        refill_wait: a smaller group starts once a prompt could have started for this many
-            steps (the time to first token a group may add, in decoding steps).
-        cuda_graph: capture decoding steps as CUDA graphs (None: on CUDA).
-        attention_bucket: with CUDA graphs, attention covers the columns in use rounded up to a
-            multiple of this (one graph each), for batches of ``bucket_min_rows`` rows or more;
-            smaller ones cover the whole capacity.  Without graphs it covers the columns in
-            use rounded up to 16.
-        capacity_multiple: columns per row are rounded up to a multiple of this.
-        row_attention: decoding steps attend over each row's own columns through a Triton kernel
-            (a step costs the columns its rows hold, and one CUDA graph serves every length);
-            None: on CUDA where the model allows it (:func:`cyb.engine.runner.row_attention_reason`),
-            False: through the mask, up to the attention limit above.
-        fused: decoding steps and graphed prefill forwards run the model's norms, gated MLPs and
-            rotary embedding compiled into fused kernels (:mod:`cyb.engine.fused`; on an H200 a
-            token of a 134 M model at batch 1 took 0.85 ms where it took 1.41); None: where steps
-            are CUDA graphs.
-        read_at: an ablation: every token is read out at this step, whatever the model's dk
-            says (1: no pause taken, the pauses removed at inference; ``M``: every pause taken;
-            the reported ``d`` stays the model's own, fixed-mode rows still feed all pauses);
-            None: the model's own decisions.
-    """
-
-    max_slots: int = 256
-    cache_bytes: int | None = None
-    positions: str = "auto"
-    prefill_chunk: int = 2048
-    prefill_rows: int = 2
-    refill: int = 0
-    refill_wait: int = 16
-    cuda_graph: bool | None = None
-    attention_bucket: int = 256
-    bucket_min_rows: int = 8
-    capacity_multiple: int = 128
-    row_attention: bool | None = None
-    fused: bool | None = None
-    read_at: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_slots", "prefill_chunk", "prefill_rows", "attention_bucket", "bucket_min_rows",
-                     "capacity_multiple"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
-        if not isinstance(self.refill, int) or isinstance(self.refill, bool) or self.refill < 0:
-            raise ValueError(f"refill must be an integer >= 0 (0: an eighth of the slots in use), got {self.refill!r}")
-        if not isinstance(self.refill_wait, int) or isinstance(self.refill_wait, bool) or self.refill_wait < 0:
-            raise ValueError(f"refill_wait must be an integer >= 0 (steps), got {self.refill_wait!r}")
-        if self.read_at is not None and (not isinstance(self.read_at, int) or isinstance(self.read_at, bool)
-                                         or self.read_at < 1):
-            raise ValueError(f"read_at must be a step >= 1 or None, got {self.read_at!r}")
-        for name in ("row_attention", "fused"):
-            if not isinstance(getattr(self, name), (bool, type(None))):
-                raise ValueError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
-        if self.cache_bytes is not None and (not isinstance(self.cache_bytes, int) or self.cache_bytes < 1):
-            raise ValueError(f"cache_bytes must be a positive integer or None, got {self.cache_bytes!r}")
-
-
-def unsupported_reason(model) -> str | None:
-    """Why the engine cannot run ``model`` (a :class:`cyb.PauseModel`), or None."""
-    impl = hf.attention_of(model.hf_model)
-    if impl not in (None, "sdpa", "eager", hf.PAUSE_ATTENTION):
-        return f"the engine needs sdpa or eager attention, the model uses {impl!r}"
-    return None
-
-
-def choose_positions(model, modes, rows: int, choice: str = "auto") -> int:
-    """Positions per row per step: ``M`` when every request is fixed mode (it feeds every
-    pause anyway) or, on CUDA, for at most :data:`BLOCK_MAX_ROWS` rows; else 1."""
-    m = model.vocab.num_steps
-    if choice == "one":
-        return 1
-    if choice == "block" or m == 1:
-        return m
-    if all(mode == "fixed" for mode in modes):
-        return m
-    return m if model.device.type == "cuda" and rows <= BLOCK_MAX_ROWS else 1
-
-
-def default_cache_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * 0.6)
-    return 2 << 30
 
 
 class Engine:
@@ -166,7 +59,8 @@ class Engine:
         model: a :class:`cyb.PauseModel` in eval mode, on its device.
         capacity: columns per row: the most a request may fill (its prompt's columns and every
             decoded block; :meth:`sized_for` computes it).
-        slots: rows that decode at once (cut to the memory budget).
+        slots: rows that decode at once (at most ``options.max_slots``); a row costs only the
+            cache blocks it holds.
         positions: positions per row per step, 1 or ``M`` (None: one, or ``M`` for ``M = 1``).
         options: :class:`EngineOptions`.
     """
@@ -184,17 +78,14 @@ class Engine:
         if self.q not in (1, m):
             raise ValueError(f"positions per step must be 1 or M = {m}, got {self.q}")
         self.slack = 2 * self.q  # a finished row may run a step more before it stops
-        mult = opts.capacity_multiple
+        self.block_size = bs = opts.block_size
+        mult = math.lcm(opts.capacity_multiple, bs)
         self.capacity = -(-(capacity + self.slack) // mult) * mult
-        budget = opts.cache_bytes or default_cache_bytes(model.device)
-        per_row = (self.capacity + self.q) * bytes_per_column(model)
-        fit = budget // per_row
-        if fit < 1:
-            raise ValueError(f"the KV cache budget of {budget / 2**20:.0f} MiB holds no row of "
-                             f"{self.capacity} columns ({per_row / 2**20:.1f} MiB): raise cache_bytes "
-                             "or lower max_new_tokens / the prompt length")
-        self.slots = max(1, min(slots, opts.max_slots, fit))
-        self.cache = SlotCache.for_model(model, self.slots, self.capacity, scratch=self.q)
+        self.slots = max(1, min(slots, opts.max_slots))
+        #: blocks of the cache (the null block not counted)
+        self.num_blocks = pool_blocks(opts, model, self.capacity, self.slots)
+        self.prefix_caching = True if opts.prefix_caching is None else opts.prefix_caching
+        self.cache = PagedCache.for_model(model, self.slots, self.capacity, self.q, self.num_blocks + 1, bs)
         limit = getattr(hf.text_config(model.config), "max_position_embeddings", None)
         self._position_limit = limit if isinstance(limit, int) else None
         device = model.device
@@ -204,26 +95,46 @@ class Engine:
         graphs = opts.cuda_graph if opts.cuda_graph is not None else device.type == "cuda"
         self.runner = Runner(model, self.cache, self.rows, cuda_graph=graphs, row_attention=opts.row_attention,
                              prefill_chunk=opts.prefill_chunk, fused=opts.fused)
+        #: prompts are written inside the decoding steps (:attr:`EngineOptions.step_budget`)
+        self.mixing = opts.step_budget is not None
+        if self.mixing and not self.runner.mixes:
+            raise ValueError("step_budget needs row attention (CUDA with triton, sdpa attention); leave it unset "
+                             "for this model")
         self.scheduler = Scheduler(self.slots, prefill_chunk=opts.prefill_chunk, prefill_rows=opts.prefill_rows,
                                    shape=self.runner.prefill_shape)
-        self.lookahead = device.type == "cuda"
         self._tracked: dict[int, Tracked] = {}
         self._next_id = 0
         self._pending = None  # the launched step whose decisions are not read yet
         self._roster: _Roster | None = None
-        self._max_real = 0  # private pauses: the most real columns a decoding row has
         self._to_stop: list[Tracked] = []
-        #: on CUDA, two pinned buffers that steps' outputs are copied into in turn: step N + 1 is
-        #: launched (with its copy) before step N's output is read, so one buffer would race
-        self._host_out = ([torch.empty((self.slots, OUT_FIXED_COLUMNS + m), dtype=torch.float32, pin_memory=True)
-                           for _ in range(2)] if device.type == "cuda" else None)
+        #: per slot, what bounds the columns of a decoding row (:meth:`_bounds`): its prefill
+        #: columns less its first step x Q, its columns as the host knows them, the columns its
+        #: blocks hold, the most it may reach
+        self._base, self._cols, self._held, self._most = (np.zeros(self.slots, dtype=np.int64) for _ in range(4))
+        #: with lookahead, two host buffers (pinned on CUDA) that steps' outputs are copied into in
+        #: turn: step N + 1 is launched (with its copy) before step N's output is read, so one
+        #: buffer would race
+        self._host_out = None
+        self.lookahead = False
+        self._set_lookahead(device.type == "cuda")
         #: counters: decoding steps, positions fed by them (active rows only), prefill positions
-        self.stats = {"steps": 0, "decode_positions": 0, "prefill_positions": 0, "prefill_forwards": 0}
+        #: and forwards, rows preempted, and prefix caching's (:class:`cyb.engine.paging.Pager`)
+        self.stats = {"steps": 0, "decode_positions": 0, "prefill_positions": 0, "prefill_forwards": 0,
+                      "mixed_steps": 0, "preemptions": 0}
+        self.pager = Pager(self.cache, prefix_caching=self.prefix_caching, stats=self.stats)
+
+    def _set_lookahead(self, on: bool) -> None:
+        """Whether the host reads a step's decisions after launching the next (on CUDA, where
+        the host then never waits for the device; elsewhere only the tests' check of it)."""
+        self.lookahead = on
+        cuda = self.model.device.type == "cuda"
+        shape = (self.slots, OUT_FIXED_COLUMNS + self.layout.num_steps)
+        self._host_out = [torch.empty(shape, dtype=torch.float32, pin_memory=cuda) for _ in range(2)] if on else None
 
     @classmethod
     def sized_for(cls, model, requests: list[Request], *, options: EngineOptions | None = None) -> "Engine":
         """An engine whose rows fit the longest of ``requests`` and whose slots are as many as
-        the requests (at most ``options.max_slots``, and what the memory budget holds)."""
+        the requests (at most ``options.max_slots``)."""
         options = options or EngineOptions()
         layout = RowLayout.of(model.vocab, model.pause_visibility)
         capacity = max(layout.columns_needed(len(r.prompt), r.max_new_tokens) for r in requests)
@@ -275,7 +186,7 @@ class Engine:
                              f"hold {self.capacity - self.slack}")
         rid = self._next_id
         self._next_id += 1
-        t = Tracked(rid, request, self.layout.prefill(list(request.prompt)))
+        t = Tracked(rid, request, self.layout.prefill(list(request.prompt)), most=needed + self.slack)
         t.positions = t.prefill.columns
         self._tracked[rid] = t
         self.scheduler.add(t)
@@ -292,7 +203,7 @@ class Engine:
 
     def positions(self, rid: int) -> int:
         """Positions of request ``rid`` that went through the network so far (its prompt's
-        prefill counted from submission)."""
+        prefill counted from submission; columns written again after a preemption are not)."""
         return self._tracked[rid].positions
 
     @property
@@ -309,12 +220,24 @@ class Engine:
     def queued(self) -> int:
         return len(self.scheduler.waiting)
 
+    @property
+    def free_blocks(self) -> int:
+        """Cache blocks no row holds (cached prefixes among them)."""
+        return self.pager.free
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt blocks found in the prefix cache per block looked up (None: none looked up)."""
+        looked = self.stats["prefix_lookup_blocks"]
+        return self.stats["prefix_hit_blocks"] / looked if looked else None
+
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[Emitted]:
         """One iteration (see the module docstring); returns the tokens decided."""
         with torch.inference_mode():
             self._stop_finished()
-            self._admit_and_prefill()
+            preempted = self._grow()
+            self._admit_and_prefill(not preempted)  # (no admission in a step that preempted)
             self._compact()
             launched = self._launch()
         events: list[Emitted] = []
@@ -334,16 +257,19 @@ class Engine:
         if t.state == "decoding":
             self._to_stop.append(t)  # the row stops before the next step
         else:
-            self.scheduler.release(t)
-            self._tracked.pop(t.id, None)
+            self._release(t)
+
+    def _release(self, t: Tracked) -> None:
+        self.pager.release(t)
+        self.scheduler.release(t)
+        self._tracked.pop(t.id, None)
 
     def _stop_finished(self) -> None:
         if not self._to_stop:
             return
         self.rows.stop([t.slot for t in self._to_stop])
         for t in self._to_stop:
-            self.scheduler.release(t)
-            self._tracked.pop(t.id, None)
+            self._release(t)
         self._to_stop = []
 
     def _limit(self, bound: int, rows: int) -> int:
@@ -359,11 +285,64 @@ class Engine:
         bucket = opts.attention_bucket
         return min(-(-bound // bucket) * bucket, self.capacity)
 
-    def _admit_and_prefill(self) -> None:
+    # ------------------------------------------------------------------ blocks
+    def _bounds(self, slots: np.ndarray) -> np.ndarray:
+        """Per decoding slot, a column no position of its row has reached at the next step
+        (:meth:`cyb.engine.layout.RowLayout.column_bound`, for many rows at once)."""
+        return np.minimum(self._base[slots] + self.stats["steps"] * self.q,
+                          self._cols[slots] + self.layout.bound_margin)
+
+    def _grow(self) -> bool:
+        """Give every decoding row the blocks its next step may write, oldest rows first,
+        preempting the row admitted last while none is free; returns whether any was."""
+        if not self.scheduler.decoding:
+            return False
+        ros = self._current_roster()
+        need = np.minimum(self._bounds(ros.slots) + self.q, self._most[ros.slots])
+        short = np.flatnonzero(need > self._held[ros.slots])
+        if not short.size:
+            return False
+        preempted = False
+        for k in sorted(short.tolist(), key=lambda k: ros.rows[k].order):
+            t = ros.rows[k]
+            if t.state != "decoding":  # preempted for an older row meanwhile
+                continue
+            while not self.pager.grow(t, int(need[k])):
+                victim = self.scheduler.youngest()
+                self._preempt(victim)
+                preempted = True
+                if victim is t:
+                    break
+            else:
+                self._held[t.slot] = len(t.blocks) * self.block_size
+        return preempted
+
+    def _preempt(self, t: Tracked) -> None:
+        """``t`` gives its blocks and slot back and waits at the head of the queue; a decoding
+        row is written again from every column it had when it is admitted again."""
+        if t.state == "decoding":
+            self.rows.stop([t.slot])
+            if t.decided:
+                t.prefill = self.layout.prefill(list(t.request.prompt), t.decided, t.used)
+        self.pager.release(t)
+        self.scheduler.preempt(t)
+        t.written = t.registered = 0
+        t.epoch += 1
+        self.stats["preemptions"] += 1
+
+    def _place(self, t: Tracked) -> bool:
+        """Admission's test: ``t``'s first blocks (its prefill and first step) fit."""
+        return self.pager.place(t, min(t.prefill.columns + self.q, t.most), self.slots_in_use)
+
+    # ------------------------------------------------------------------ prefill
+    def _admit_and_prefill(self, admit: bool = True) -> None:
         sched = self.scheduler
-        group = self.options.refill or max(1, self.slots_in_use // 8)
-        sched.admit(group, self.options.refill_wait, self.stats["steps"])
-        while True:
+        if admit:
+            group = self.options.refill or max(1, self.slots_in_use // 8)
+            for t in sched.admit(group, self.options.refill_wait, self.stats["steps"], place=self._place):
+                self.pager.bind(t)
+                self.cache.write_columns(t.slot, t.prefill.is_pause, t.prefill.positions)
+        while not (self.mixing and sched.decoding):  # (else the decoding step writes the prompts)
             plan = sched.next_prefill()
             if plan is None:
                 break
@@ -377,36 +356,49 @@ class Engine:
     def _prefill(self, batch: list[Tracked], chunk: int) -> None:
         r = len(batch)
         fresh = batch[0].written == 0  # (the scheduler does not mix first chunks with later ones)
+        gated = self.layout.gated
         pinned = self.model.device.type == "cuda"  # staged: the host does not wait (rows.to_device)
-        ids = torch.zeros((r, chunk), dtype=torch.long, pin_memory=pinned)
-        pos = torch.zeros((r, chunk), dtype=torch.long, pin_memory=pinned)
-        cols = torch.full((r, chunk), self.capacity, dtype=torch.long, pin_memory=pinned)  # padding: scratch
+        # ids, positions, columns (padding: scratch) and, gated, each column's start
+        plan = torch.zeros((4 if gated else 3, r, chunk), dtype=torch.long, pin_memory=pinned)
+        plan[2].fill_(self.capacity)
         end = 0
         for i, t in enumerate(batch):
             n = min(chunk, t.prefill_left)
             a = t.written
-            ids[i, :n] = t.prefill.ids[a:a + n]
-            pos[i, :n] = t.prefill.positions[a:a + n]
-            cols[i, :n] = torch.arange(a, a + n)
+            p = t.prefill
+            plan[0, i, :n] = p.ids[a:a + n]
+            plan[1, i, :n] = p.positions[a:a + n]
+            plan[2, i, :n] = torch.arange(a, a + n)
+            if gated:
+                plan[3, i, :n] = p.starts[a:a + n]
             t.written += n
             end = max(end, a + n)
             self.stats["prefill_positions"] += n
+        self.cache.flush()
         # (prefill runs eagerly: nothing is captured per limit, so it covers the columns in use)
-        self.runner.prefill([t.slot for t in batch], ids, pos, cols,
-                            min(-(-end // EAGER_BUCKET) * EAGER_BUCKET, self.capacity), fresh=fresh)
+        self.runner.prefill([t.slot for t in batch], plan[0], plan[1], plan[2],
+                            min(-(-end // EAGER_BUCKET) * EAGER_BUCKET, self.capacity), fresh=fresh,
+                            starts=plan[3] if gated else None)
         self.stats["prefill_forwards"] += 1
+        for t in batch:
+            self.pager.written(t)
 
     def _start(self, ready: list[Tracked]) -> None:
+        steps, q = self.stats["steps"], self.q
         for t in ready:
-            t.first_step = self.stats["steps"]
+            t.first_step = steps
+            c, s = t.prefill.columns, t.slot
+            self._base[s], self._cols[s] = c - steps * q, c
+            self._held[s], self._most[s] = len(t.blocks) * self.block_size, t.most
         reqs = [t.request for t in ready]
         self.rows.start(
             [t.slot for t in ready], [t.prefill.first_token for t in ready],
             [t.prefill.first_position for t in ready], [t.prefill.columns for t in ready],
             [r.key for r in reqs], [r.mode == "fixed" for r in reqs], [r.greedy for r in reqs],
             [float(r.temperature) if r.temperature > 0 else 1.0 for r in reqs], [r.top_k for r in reqs],
-            [float(r.top_p) for r in reqs])
+            [float(r.top_p) for r in reqs], [t.prefill.counter for t in ready])
 
+    # ------------------------------------------------------------------ decoding
     def _rows_bucket(self, rows: int) -> int:
         """Rows a step covers for ``rows`` (graphs: the next power of two, at most the slots)."""
         if not self.runner.use_graph or rows == 0:
@@ -421,98 +413,131 @@ class Engine:
         if not moves:
             return
         src, dst = [t.slot for t, _ in moves], [d for _, d in moves]
-        self.cache.move(src, dst, min(max(self._bound(t) for t, _ in moves) + self.q, self.capacity))
+        self.cache.move(src, dst, int(self._bounds(np.array(src)).max()) + self.q)
         self.rows.move(src, dst)
+        for arr in (self._base, self._cols, self._held, self._most):
+            arr[dst] = arr[src]
         for t, d in moves:
+            old = t.slot
             self.scheduler.moved(t, d)
+            self.pager.moved(t, old)
 
-    def _bound(self, t: Tracked) -> int:
-        """A column no position of ``t``'s row has reached yet at its next step."""
-        return self.layout.column_bound(t.prefill.columns, self.stats["steps"] - t.first_step, self.q,
-                                        t.prefill.columns + t.tokens)
-
-    def _sampling_kind(self, roster: list[Tracked]) -> SamplingKind:
-        sampled = [t.request for t in roster if not t.request.greedy]
-        if not sampled:
-            return SamplingKind()
-        top_k = max(r.top_k for r in sampled)
-        if top_k:
-            k = 1
-            while k < top_k:
-                k *= 2
-            top_k = k
-        return SamplingKind(True, top_k, any(r.top_p < 1 for r in sampled))
-
-    def _make_roster(self) -> "_Roster":
+    def _current_roster(self) -> "_Roster":
+        """The decoding rows as they stand (made again when rows came, went or moved)."""
         sched = self.scheduler
-        rows = list(sched.decoding.values())
-        self._max_real = max(t.prefill.columns + t.tokens for t in rows)
-        return _Roster(sched.version, rows, np.array([t.slot for t in rows], dtype=np.int64),
-                       self._rows_bucket(sched.rows()), self._sampling_kind(rows),
-                       max(t.prefill.columns - t.first_step * self.q for t in rows))
+        ros = self._roster
+        if ros is None or ros.version != sched.version:
+            rows = list(sched.decoding.values())
+            ros = self._roster = _Roster(sched.version, rows, np.array([t.slot for t in rows], dtype=np.int64),
+                                         self._rows_bucket(sched.rows()), sampling_kind([t.request for t in rows]),
+                                         [t.epoch for t in rows])
+        return ros
 
     def _launch(self):
-        sched = self.scheduler
-        if not sched.decoding:
+        if not self.scheduler.decoding:
             return None
-        if self._roster is None or self._roster.version != sched.version:  # rows came or went
-            self._roster = self._make_roster()
-        ros = self._roster
-        bound = self.layout.column_bound(ros.base, self.stats["steps"], self.q, self._max_real)  # covers every row
-        self.runner.decode(ros.n, self.q, self._limit(bound + self.q, ros.n), ros.kind)
+        ros = self._current_roster()
+        bound = int(self._bounds(ros.slots).max())  # covers every row
+        chunks = self._mixed_chunks(len(ros.rows)) if self.mixing else []
+        self.cache.flush()
+        if chunks:
+            self.runner.mixed(ros.n, self.q, ros.kind, *self._chunk_plan(chunks))
+            self.stats["mixed_steps"] += 1
+            for t, _ in chunks:
+                self.pager.written(t)
+        else:
+            self.runner.decode(ros.n, self.q, self._limit(bound + self.q, ros.n), ros.kind)
         self.stats["steps"] += 1
         self.stats["decode_positions"] += len(ros.rows) * self.q
         if self._host_out is None:
             return self.rows.out[:ros.n], ros, None
         host = self._host_out[self.stats["steps"] % 2][:ros.n]
         host.copy_(self.rows.out[:ros.n], non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        done = None
+        if self.model.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
         return host, ros, done
 
+    def _mixed_chunks(self, decoding: int) -> list[tuple[Tracked, int]]:
+        """The prompt chunks the next decoding step carries: what ``decoding`` rows leave of
+        the step budget, at least :data:`MIN_MIXED_CHUNK` positions."""
+        return self.scheduler.mixed_chunks(max(self.options.step_budget - decoding * self.q, MIN_MIXED_CHUNK))
+
+    def _chunk_plan(self, chunks: list[tuple[Tracked, int]]):
+        """``(slots, counts, ids, positions, columns, owners)`` of ``chunks`` (host tensors
+        ``[P]``, the chunks in turn; ``owners``: each position's slot), each row's next columns,
+        and under gated pauses ``starts`` (each position's token's first column); their rows
+        count them as written."""
+        pinned = self.model.device.type == "cuda"
+        total = sum(c for _, c in chunks)
+        gated = self.layout.gated
+        plan = torch.empty((5 if gated else 4, total), dtype=torch.long, pin_memory=pinned)
+        at = 0
+        for t, c in chunks:
+            a, p = t.written, t.prefill
+            plan[0, at:at + c] = p.ids[a:a + c]
+            plan[1, at:at + c] = p.positions[a:a + c]
+            plan[2, at:at + c] = torch.arange(a, a + c)
+            plan[3, at:at + c] = t.slot
+            if gated:
+                plan[4, at:at + c] = p.starts[a:a + c]
+            t.written += c
+            at += c
+        self.stats["prefill_positions"] += total
+        return [t.slot for t, _ in chunks], [c for _, c in chunks], *plan
+
     def _collect(self, launched) -> list[Emitted]:
-        """The tokens of a launched step: only the rows that emitted cost Python work."""
+        """The tokens of a launched step: only the rows that emitted cost Python work (rows
+        preempted since it was launched report nothing: they decide those tokens again)."""
         out, ros, done = launched
         if done is not None:
             done.synchronize()
         values = out.numpy()
         hits = np.flatnonzero(values[ros.slots, 0])
-        m, events = self.layout.num_steps, []
+        events: list[Emitted] = []
+        m, real_only = self.layout.num_steps, self.layout.real_only
         per_step = self.q == 1
-        rows, most, emitted = ros.rows, self._max_real, events.append
+        rows, epochs, emitted = ros.rows, ros.epochs, events.append
+        moved_slots, moved_cols = [], []  # the columns each row's token kept (RowLayout.used_columns)
         for k, row in zip(hits.tolist(), values[ros.slots[hits]].tolist()):
             t = rows[k]
-            if t.finished is not None:
+            if t.finished is not None or t.epoch != epochs[k]:
                 continue
             steps = int(row[2])
             r = t.request
             fixed = r.mode == "fixed"
             t.positions += m if (fixed or not per_step) else steps
             tokens = t.tokens = t.tokens + 1
-            if t.prefill.columns + tokens > most:
-                most = t.prefill.columns + tokens
             token = int(row[1])
+            used = 1 if real_only else (m if fixed else steps)
+            t.decided.append(token)
+            t.used.append(used)
+            moved_slots.append(t.slot)
+            moved_cols.append(used)
             reason = "eos" if token in r.eos else ("length" if tokens >= r.max_new_tokens else None)
             emitted(Emitted(t.id, tokens - 1, token, steps, tuple(row[OUT_FIXED_COLUMNS:]),
                             row[3] if fixed else None, t.positions, reason))
             if reason is not None:
                 t.finished = reason
                 self._finish(t)
-        self._max_real = most
+        if moved_slots:
+            self._cols[moved_slots] += moved_cols  # (each slot once: a row decides one token a step)
         return events
 
 
 class _Roster(NamedTuple):
     """The decoding rows as they stand since the scheduler's ``version``: the rows, their slots,
-    the rows a step covers, what their readout needs, and ``max(prefill columns - first step x
-    Q)`` (with the step count, the bound of every row's columns)."""
+    the rows a step covers, what their readout needs, and each row's epoch (a row preempted
+    since reports nothing of a step launched before)."""
 
     version: int
     rows: list
     slots: np.ndarray
     n: int
     kind: SamplingKind
-    base: int
+    epochs: list
 
 
-__all__ = ["BLOCK_MAX_ROWS", "Engine", "EngineOptions", "POSITIONS", "choose_positions", "unsupported_reason"]
+__all__ = ["BLOCK_MAX_ROWS", "Engine", "EngineOptions", "POSITIONS", "choose_positions", "default_cache_bytes",
+           "unsupported_reason"]

@@ -16,6 +16,11 @@ decides which column each position takes and which rotary position it gets:
 Positions follow the model's scheme: ``shared`` (a pause takes its real token's position) or
 ``advance`` (every fed position one more than the last; under private pauses the real tokens
 keep the positions of the Recipe 1 layout, ``M`` apart).
+
+A row that is preempted (its blocks taken back) resumes from a prefill of every column it had
+(:meth:`RowLayout.prefill` with the tokens it decided): its prompt, then each decided token's
+block as it was fed (under shared and gated pauses the token and the pauses it took: ``M``
+columns in fixed mode, its steps in adaptive mode; under private pauses the real token alone).
 """
 
 from __future__ import annotations
@@ -29,13 +34,19 @@ from ..layout import PauseVocab
 
 @dataclass(frozen=True)
 class Prefill:
-    """What prefill writes for one prompt, and where decoding starts.
+    """What prefill writes for one row, and where decoding starts.
 
     Attributes:
         ids, positions: ``[C]`` long, the columns ``0 .. C-1`` to write before decoding.
-        first_token: the prompt's last token, fed by the row's first decoding step (its block
-            gives the first new token).
+        first_token: the token fed by the row's first decoding step (a new row: the prompt's
+            last token, whose block gives the first new token).
         first_position: its rotary position.
+        counter: tokens decided before (a resumed row; its first step decides token ``counter``).
+        prompt_columns: how many of the first columns hold the prompt (None: all ``C``); only
+            they may be shared between rows (prefix caching).
+        is_pause: gated pauses: ``[C]`` bool, which columns hold pauses (else None).
+        starts: gated pauses: ``[C]`` long, the column of each column's real token (else None):
+            a column attends with the gate to the pauses before its start.
         columns: ``C``.
     """
 
@@ -43,12 +54,18 @@ class Prefill:
     positions: torch.Tensor
     first_token: int
     first_position: int
+    counter: int = 0
+    prompt_columns: int | None = None
+    is_pause: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
     #: columns prefill writes (the first decoding step writes the next one); a plain int, read
     #: for every token a row decides
     columns: int = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", int(self.ids.shape[0]))
+        if self.prompt_columns is None:
+            object.__setattr__(self, "prompt_columns", self.columns)
 
 
 @dataclass(frozen=True)
@@ -73,21 +90,44 @@ class RowLayout:
     def gated(self) -> bool:
         return self.visibility == "gated"
 
-    def prefill(self, prompt: list[int]) -> Prefill:
-        """The columns of ``prompt`` (its token ids) before decoding starts."""
+    def prefill(self, prompt: list[int], decided: list[int] = (), used: list[int] = ()) -> Prefill:
+        """The columns of ``prompt`` (its token ids) before decoding starts; with ``decided``
+        (tokens the row decided so far) and ``used`` (the columns each one's block kept: ``M``
+        in fixed mode, its steps in adaptive mode; read under shared and gated pauses only),
+        every column a resumed row had (see the module docstring)."""
         m = self.num_steps
-        earlier = torch.tensor(prompt[:-1], dtype=torch.long)
-        n = earlier.shape[0]
+        fed = list(prompt) + list(decided)
+        earlier = torch.tensor(fed[:-1], dtype=torch.long)  # the real tokens before the one fed next
+        n, p = earlier.shape[0], len(prompt) - 1
         step = m if self.advance else 1
         if self.real_only:
             ids, positions = earlier, torch.arange(n) * step
-        else:  # each token followed by its M - 1 pauses
+            return Prefill(ids, positions, int(fed[-1]), n * step, len(decided), p)
+        if len(used) != len(decided):
+            raise ValueError(f"used must give the columns of each decided token: {len(used)} for {len(decided)}")
+        if not decided:  # Recipe 1's layout: every block M columns
             blocks = torch.empty((n, m), dtype=torch.long)
             blocks[:, 0] = earlier
             blocks[:, 1:] = torch.tensor(self.pause_ids[: m - 1], dtype=torch.long)
             ids = blocks.view(-1)
             positions = torch.arange(n * m) if self.advance else torch.arange(n).repeat_interleave(m)
-        return Prefill(ids, positions, int(prompt[-1]), n * step)
+            offset = torch.arange(m).repeat(n) if self.gated else None
+            lengths = torch.full((n,), m, dtype=torch.long)
+        else:
+            # (lengths: the columns of each real token's block)
+            lengths = torch.cat([torch.full((p,), m, dtype=torch.long), torch.tensor(list(used), dtype=torch.long)])
+            starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+            offset = torch.arange(starts.shape[0]) - starts  # 0 at the real token, j at its j-th pause
+            pauses = torch.tensor((0,) + self.pause_ids, dtype=torch.long)
+            ids = torch.where(offset == 0, torch.repeat_interleave(earlier, lengths), pauses[offset.clamp(max=m - 1)])
+            positions = (torch.arange(ids.shape[0]) if self.advance
+                         else torch.repeat_interleave(torch.arange(n), lengths))
+        first = ids.shape[0] if self.advance else n
+        is_pause = starts = None
+        if self.gated:  # (what gated attention reads: which columns are pauses, and of which token)
+            is_pause = offset > 0
+            starts = torch.arange(ids.shape[0]) - offset
+        return Prefill(ids, positions, int(fed[-1]), first, len(decided), p * m, is_pause, starts)
 
     def columns_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """Columns a request may fill: its prefill, then every decoded block at its longest."""
@@ -96,17 +136,27 @@ class RowLayout:
             return (prompt_len - 1) + max_new_tokens + (m - 1)
         return (prompt_len - 1) * m + max_new_tokens * m
 
-    def column_bound(self, columns: int, steps: int, q: int, real: int) -> int:
+    def column_bound(self, columns: int, steps: int, q: int, cols: int) -> int:
         """A column that no position of a row has reached at its next decoding step: ``columns``
         prefill columns, ``steps`` decoding steps run since it started (``q`` positions each),
-        ``real`` its real columns as the host knows them (prefill plus the tokens reported).
-        Rows that append reach at most ``columns + steps x q``; a private row keeps real tokens
-        only, so it reaches at most ``real`` plus the token the host has not read yet, the one
-        being fed and its ``M`` steps."""
-        bound = columns + steps * q
+        ``cols`` its columns as the host knows them (prefill plus the blocks of the tokens
+        reported).  Rows that append reach at most ``columns + steps x q``, and at most ``cols``
+        plus the block of the token the host has not read yet (``M`` columns); a private row
+        keeps real tokens only, so it reaches at most ``cols`` plus the token the host has not
+        read yet, the one being fed and its ``M`` steps."""
+        return min(columns + steps * q, cols + self.bound_margin)
+
+    @property
+    def bound_margin(self) -> int:
+        """What :meth:`column_bound` adds to the columns the host knows of a row."""
+        return 2 + self.num_steps if self.real_only else self.num_steps
+
+    def used_columns(self, fixed: bool, steps: int) -> int:
+        """Columns a decided token's block keeps in the row: 1 under private pauses (the real
+        token), else ``M`` in fixed mode and ``steps`` in adaptive mode."""
         if self.real_only:
-            bound = min(bound, real + 2 + self.num_steps)
-        return bound
+            return 1
+        return self.num_steps if fixed else steps
 
     def last_position(self, prompt_len: int, max_new_tokens: int) -> int:
         """The largest rotary position a request may feed (its last new token is never fed)."""
@@ -122,11 +172,6 @@ class RowLayout:
                 f"a prompt of {prompt_len} tokens plus max_new_tokens={max_new_tokens} needs position "
                 f"{last}, beyond the model's max_position_embeddings = {limit}; lower max_new_tokens "
                 "or shorten the prompt")
-
-    def prefill_is_pause(self, columns: int) -> torch.Tensor:
-        """``[columns]`` bool: which prefill columns hold pauses (the Recipe 1 layout)."""
-        col = torch.arange(columns)
-        return torch.zeros(columns, dtype=torch.bool) if self.real_only else (col % self.num_steps) != 0
 
 
 __all__ = ["Prefill", "RowLayout"]

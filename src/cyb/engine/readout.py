@@ -39,6 +39,21 @@ class SamplingKind:
     top_p: bool = False
 
 
+def sampling_kind(requests) -> SamplingKind:
+    """What the readout of rows deciding ``requests`` (:class:`cyb.engine.Request`) needs: top-k
+    rounded up to a power of two (one captured graph serves many)."""
+    sampled = [r for r in requests if not r.greedy]
+    if not sampled:
+        return SamplingKind()
+    top_k = max(r.top_k for r in sampled)
+    if top_k:
+        k = 1
+        while k < top_k:
+            k *= 2
+        top_k = k
+    return SamplingKind(True, top_k, any(r.top_p < 1 for r in sampled))
+
+
 @dataclass
 class Decision:
     """What the readout of ``Q`` steps of ``n`` rows found.
@@ -159,4 +174,4 @@ def filter_rows(z: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
     return z
 
 
-__all__ = ["Decision", "RowReadout", "SamplingKind", "filter_rows"]
+__all__ = ["Decision", "RowReadout", "SamplingKind", "filter_rows", "sampling_kind"]

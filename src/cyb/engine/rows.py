@@ -85,21 +85,24 @@ class Rows:
     # ------------------------------------------------------------------ host-driven changes
     def start(self, slots: list[int], tokens: list[int], positions: list[int], cols: list[int],
               keys: list[int], fixed: list[bool], greedy: list[bool], temperature: list[float],
-              top_k: list[int], top_p: list[float]) -> None:
-        """Rows ``slots`` begin decoding: each feeds its prompt's last token (``tokens``) at
-        ``positions``, column ``cols``, deciding its first new token.  Every field of the rows
-        is set, from two staged host copies (:func:`to_device`: the host does not wait)."""
-        longs = to_device([slots, tokens, positions, cols, keys, fixed, greedy, top_k], torch.long, self.device)
+              top_k: list[int], top_p: list[float], counters: list[int] | None = None) -> None:
+        """Rows ``slots`` begin decoding: each feeds ``tokens`` (its prompt's last token, or a
+        resumed row's last decided one) at ``positions``, column ``cols``, deciding its new
+        token of index ``counters`` (None: 0, the first).  Every field of the rows is set, from
+        two staged host copies (:func:`to_device`: the host does not wait)."""
+        counters = counters if counters is not None else [0] * len(slots)
+        longs = to_device([slots, tokens, positions, cols, keys, fixed, greedy, top_k, counters], torch.long,
+                          self.device)
         floats = to_device([temperature, top_p], torch.float32, self.device)
         idx = longs[0]
         for t, v in ((self.feed, longs[1]), (self.pos, longs[2]), (self.real_pos, longs[2]),
                      (self.col, longs[3]), (self.real_col, longs[3]), (self.key, longs[4]),
                      (self.fixed, longs[5]), (self.greedy, longs[6]), (self.top_k, longs[7]),
-                     (self.temperature, floats[0]), (self.top_p, floats[1])):
+                     (self.counter, longs[8]), (self.temperature, floats[0]), (self.top_p, floats[1])):
             t.index_copy_(0, idx, v.to(t.dtype))
         self.step.index_fill_(0, idx, 1)
         self.active.index_fill_(0, idx, True)
-        for t in (self.counter, self.stopped, self.answer, self.stop_step, self.log_d, self.log_not_d):
+        for t in (self.stopped, self.answer, self.stop_step, self.log_d, self.log_not_d):
             t.index_fill_(0, idx, 0)
 
     def stop(self, slots: list[int]) -> None:
@@ -109,7 +112,7 @@ class Rows:
     def move(self, src: list[int], dst: list[int]) -> None:
         """Rows ``src``'s whole state (:meth:`per_slot`) goes to rows ``dst`` (``src[i]`` to
         ``dst[i]``; no slot in both lists); rows ``src`` stop (the cache's columns move
-        separately: :meth:`cyb.engine.cache.SlotCache.move`)."""
+        separately: :meth:`cyb.engine.cache.PagedCache.move`)."""
         src_idx, dst_idx = to_device([src, dst], torch.long, self.device)
         for t in self.per_slot():
             t.index_copy_(0, dst_idx, t.index_select(0, src_idx))

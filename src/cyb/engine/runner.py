@@ -1,16 +1,17 @@
 """Running the model: one decoding step over the slots, and prefill forwards.
 
 A decoding step feeds ``Q`` positions for each of rows ``0 .. n-1`` (:mod:`cyb.engine.rows`
-says which), writes their keys and values into the :class:`~cyb.engine.cache.SlotCache`,
-attends over the first ``limit`` columns of each row with an explicit 4-D mask (a position sees
-its row's columns up to its own), reads out and moves the rows on.  Gated models also tag each
+says which), writes their keys and values into the :class:`~cyb.engine.cache.PagedCache`'s
+blocks, attends over the first ``limit`` columns of each row (gathered from the blocks) with an
+explicit 4-D mask (a position sees its row's columns up to its own), reads out and moves the
+rows on.  Gated models also tag each
 written column as a pause or not, and hand attention the other tokens' pauses of each row, where
 the layer's gate is added (:mod:`cyb.model.attention`).
 
 On CUDA, where the model allows it (:func:`row_attention_reason`), attention reads each row only
-up to its own last column (:func:`cyb.kernels.row_attention.row_attention`; sliding windows cut
-in columns or positions as below) rather than every row up to ``limit``: a step then costs the
-columns its rows hold.
+up to its own last column, through its block table (:func:`cyb.kernels.row_attention.row_attention`;
+sliding windows cut in columns or positions as below) rather than every row up to ``limit``: a
+step then costs the columns its rows hold.
 
 On CUDA each ``(n, Q, limit, sampling kind)`` is captured once as a CUDA graph (after a warm-up
 with every row pointed at the scratch columns) and replayed; the graphs share one memory pool.
@@ -22,18 +23,23 @@ chunk causally, and reads nothing out.  A forward of first chunks (every row fro
 needs nothing from the cache: where no column is tagged or windowed it runs causal
 self-attention over the chunk, on CUDA from a graph per bucket of rows and chunk length
 (:func:`prefill_bucket`); other prefill forwards run eagerly with a mask.
+
+A mixed step (:meth:`Runner.mixed`) is a decoding step and prompt chunks in one forward: every
+position is a token of one ``[1, T]`` sequence, and attention reads each token's own row through
+the block tables (:func:`cyb.kernels.row_attention.row_attention_varlen`).  It runs eagerly.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from itertools import accumulate
 
 import torch
 
 from ..model import attention, hf
 from ..runtime import growing_attention
-from .cache import SlotCache
+from .cache import PagedCache
 from .fused import fused_small_ops
 from .readout import SamplingKind
 from .rows import Rows, to_device
@@ -97,7 +103,7 @@ class Runner:
 
     Args:
         model: a :class:`cyb.PauseModel` in eval mode.
-        cache: its :class:`SlotCache`.
+        cache: its :class:`PagedCache`.
         rows: the slots' :class:`Rows`.
         cuda_graph: capture decoding steps as CUDA graphs (CUDA only).
         row_attention: decoding steps attend over each row's own columns (None: wherever
@@ -108,7 +114,7 @@ class Runner:
             raises a ValueError).
     """
 
-    def __init__(self, model, cache: SlotCache, rows: Rows, *, cuda_graph: bool,
+    def __init__(self, model, cache: PagedCache, rows: Rows, *, cuda_graph: bool,
                  row_attention: bool | None = None, prefill_chunk: int = 512, fused: bool | None = None) -> None:
         self.model, self.cache, self.rows = model, cache, rows
         self.decoder = model.decoder
@@ -129,7 +135,7 @@ class Runner:
         if self.layout.gated != (self.tags is not None) or (
                 self.sliding and self.layout.real_only) != (self.col_pos is not None):
             raise ValueError("the cache's per-column tags and positions do not match the model "
-                             "(SlotCache.for_model builds the cache a model needs)")
+                             "(PagedCache.for_model builds the cache a model needs)")
         reason = row_attention_reason(model, requested=bool(row_attention))
         if row_attention and reason is not None:
             raise ValueError(f"row attention cannot run this model: {reason}")
@@ -141,6 +147,8 @@ class Runner:
         #: attention function reads ``pause_causal``, and no column is tagged or windowed
         self.causal_prefill = (hf.attention_of(model.hf_model) == hf.PAUSE_ATTENTION and self.tags is None
                                and not self.sliding)
+        #: decoding steps may carry prompt chunks in the same forward (:meth:`mixed`)
+        self.mixes = self.row_attention
         self.use_graph = bool(cuda_graph)
         if self.use_graph and device.type != "cuda":
             raise ValueError("cuda_graph needs the model on a CUDA device")
@@ -190,7 +198,7 @@ class Runner:
     def _body(self, n: int, q: int, limit: int, kind: SamplingKind) -> None:
         rows = self.rows
         ids, pos, cols = rows.inputs(n, q)
-        self.cache.for_decode(n, cols, limit)
+        self.cache.for_decode(n, cols, limit, pools=self.row_attention)
         if self.col_pos is not None:
             self.col_pos[self.cache.row_index[:n].unsqueeze(1), cols] = pos
         extra = {}
@@ -205,9 +213,55 @@ class Runner:
             last = torch.where(rows.active[:n].unsqueeze(1), cols, -1)
             # sliding windows in positions (private pauses): the queries' and the columns' own
             windows = (pos, self.col_pos) if self.col_pos is not None else (None, None)
-            extra["pause_rows"] = (last, foreign, *windows)
+            table = self.cache.table[:n, :limit // self.cache.block_size]  # (limit: the capacity)
+            extra["pause_rows"] = (last, foreign, *windows, table)
         hidden = self._forward(ids, pos, self._mask(cols, limit, pos), **extra)
         rows.advance(n, self.model.logits(hidden), kind)
+
+    def mixed(self, n: int, q: int, kind: SamplingKind, slots: list[int], counts: list[int], ids: torch.Tensor,
+              pos: torch.Tensor, cols: torch.Tensor, owners: torch.Tensor, starts: torch.Tensor | None = None) -> None:
+        """One decoding step of rows ``0 .. n-1`` (as :meth:`decode`) and prompt chunks of rows
+        (slots) ``slots`` in one forward: the chunks' ``ids``/``pos``/``cols`` ``[P]`` (host
+        tensors, pinned on CUDA, or device tensors) hold ``counts[i]`` columns of ``slots[i]`` in
+        turn, ``owners [P]`` the slot of each and, under gated pauses, ``starts [P]`` the first
+        column of each one's token (its own pauses get no gate).  Every position is one token of
+        a ``[1, n x Q + P]`` sequence, attending over its own row through the block tables
+        (:func:`cyb.kernels.row_attention.row_attention_varlen`); only the decoding rows are read
+        out.  Runs eagerly (a step's shape follows its chunks) and needs :attr:`mixes`."""
+        if not self.mixes:
+            raise ValueError("mixed steps need row attention")
+        if (self.tags is not None) != (starts is not None):
+            raise ValueError("a gated model's mixed step needs each prompt position's start column (starts), "
+                             "and only a gated model's")
+        rows, dev = self.rows, self.device
+        d_ids, d_pos, d_cols = rows.inputs(n, q)
+        if self.col_pos is not None:  # (the chunks' column positions are in the cache already)
+            self.col_pos[self.cache.row_index[:n].unsqueeze(1), d_cols] = d_pos
+        c_ids, c_pos, c_cols, c_slots = (t.to(dev, non_blocking=True) for t in (ids, pos, cols, owners))
+        slot_t = to_device(slots, torch.long, dev)
+        table = self.cache.for_mixed(n, d_cols, slot_t, c_slots, c_cols)
+        query_start = to_device([i * q for i in range(n + 1)] + [n * q + c for c in accumulate(counts)],
+                                torch.int32, dev)
+        last = torch.cat([torch.where(rows.active[:n].unsqueeze(1), d_cols, -1).reshape(-1), c_cols])
+        flat_ids = torch.cat([d_ids.reshape(-1), c_ids]).unsqueeze(0)
+        flat_pos = torch.cat([d_pos.reshape(-1), c_pos]).unsqueeze(0)
+        key_pos = None
+        if self.col_pos is not None:  # windows in positions: the queries' and the columns' own
+            key_pos = torch.cat([self.col_pos[:n], self.col_pos.index_select(0, slot_t)])
+        foreign = below = None
+        if self.tags is not None:  # (the chunks' tags are in the cache already)
+            self.tags[self.cache.row_index[:n].unsqueeze(1), d_cols] = rows.is_pause_fed(n, q)
+            foreign = torch.cat([self.tags[:n], self.tags.index_select(0, slot_t)])
+            # a decoding row's queries are all of its current token; a chunk's, each of its own
+            below = torch.cat([rows.real_col[:n].unsqueeze(1).expand(n, q).reshape(-1),
+                               starts.to(dev, non_blocking=True)])
+        varlen = (last, query_start, foreign, below, flat_pos[0], key_pos, table, max([q, *counts]))
+        # (the mask is not read: attention goes through pause_varlen; a small one keeps the
+        # decoder's mask handling as it is)
+        mask = self._mask(last.clamp(min=0).unsqueeze(0), 1, flat_pos)
+        with growing_attention(dev):
+            hidden = self._forward(flat_ids, flat_pos, mask, pause_varlen=varlen)
+        rows.advance(n, self.model.logits(hidden[0, :n * q].view(n, q, -1)), kind)
 
     def decode(self, n: int, q: int, limit: int, kind: SamplingKind) -> None:
         """One decoding step of rows ``0 .. n-1`` (:attr:`Rows.out` holds what it decided)."""
@@ -275,11 +329,13 @@ class Runner:
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, slots: list[int], ids: torch.Tensor, pos: torch.Tensor, cols: torch.Tensor,
-                limit: int, *, fresh: bool = False) -> None:
+                limit: int, *, fresh: bool = False, starts: torch.Tensor | None = None) -> None:
         """Write prompt chunks: rows ``slots``, ``ids``/``pos``/``cols`` ``[r, C]`` (host tensors,
-        pinned on CUDA, or device tensors; padding positions at a scratch column).  Columns of the Recipe 1 prompt
-        layout: under gated pauses, a column ``k`` is a pause when ``k % M != 0`` and belongs to
-        token ``k // M``.  ``fresh``: every row writes its first chunk from column 0 (padding
+        pinned on CUDA, or device tensors; padding positions at a scratch column).  The rows'
+        per-column tags and positions are in the cache already
+        (:meth:`~cyb.engine.cache.PagedCache.write_columns`); under gated pauses ``starts
+        [r, C]`` gives the column of each position's real token (it attends with the gate to the
+        pauses before it).  ``fresh``: every row writes its first chunk from column 0 (padding
         only after its prompt); where :attr:`causal_prefill` holds, attention is then the
         chunk's causal self-attention (sdpa's causal kernels, no mask, no read of the cache),
         replayed from a CUDA graph per shape bucket where steps are graphed."""
@@ -295,13 +351,11 @@ class Runner:
         self.cache.for_prefill(rows, cols, limit)
         extra = {}
         if self.tags is not None:
-            key_cols = self.columns[:limit]
-            is_pause = (key_cols % self.m) != 0
-            earlier = (key_cols // self.m).view(1, 1, limit) < (cols // self.m).unsqueeze(2)
-            extra["pause_foreign"] = (is_pause.view(1, 1, limit) & earlier).unsqueeze(1)
-            self.tags[rows.unsqueeze(1), cols] = (cols % self.m) != 0
-        if self.col_pos is not None:
-            self.col_pos[rows.unsqueeze(1), cols] = pos
+            if starts is None:
+                raise ValueError("a gated model's prefill needs each position's start column (starts)")
+            starts = starts.to(dev, non_blocking=True)
+            before = self.columns[:limit].view(1, 1, limit) < starts.unsqueeze(2)
+            extra["pause_foreign"] = (self.tags.index_select(0, rows)[:, None, :limit] & before).unsqueeze(1)
         with growing_attention(self.device):  # (chunk shapes vary: no kernel that plans per shape)
             self._forward(ids, pos, self._mask(cols, limit, pos, rows), **extra)
 
@@ -382,3 +436,4 @@ class Runner:
 
 
 __all__ = ["PREFILL_MIN_CHUNK", "PREFILL_ROWS_LINEAR", "PREFILL_ROWS_STEP", "Runner", "prefill_bucket"]
+

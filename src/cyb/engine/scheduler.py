@@ -1,12 +1,17 @@
-"""Which request runs where: the queue, the slots, admission, prefill chunks and compaction.
+"""Which request runs where: the queue, the slots, admission, prefill chunks, preemption and
+compaction.
 
-Host-side bookkeeping only (no tensors): a request waits in a queue until a slot is free; it
-then holds that slot while its prompt is written in chunks (:meth:`Scheduler.next_prefill`:
-several prompts per forward, a bounded number of positions each, so that a long prompt does not
-stall the rows already decoding) and while it decodes; when it finishes its slot is free again.
-New requests take the lowest free slot, and when nothing waits the decoding rows are packed
-into the lowest slots (:meth:`Scheduler.compaction`), so that a decoding step covers as few
-rows as possible.
+Host-side bookkeeping only (no tensors): a request waits in a queue until a slot is free and its
+first blocks of cache fit (the engine's ``place``, :meth:`Scheduler.admit`); it then holds that
+slot while its prompt is written in chunks (:meth:`Scheduler.next_prefill`: several prompts per
+forward, a bounded number of positions each, so that a long prompt does not stall the rows
+already decoding; or :meth:`Scheduler.mixed_chunks`: inside the decoding steps, under a budget
+of positions per step) and while it decodes; when it finishes its slot is free again.  When the cache
+runs out of blocks, the row admitted last is preempted (:meth:`Scheduler.preempt`): it goes back
+to the head of the queue, to be written again from its columns when it is admitted again.  New
+requests take the lowest free slot, and when nothing waits the decoding rows are packed into the
+lowest slots (:meth:`Scheduler.compaction`), so that a decoding step covers as few rows as
+possible.
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ class Tracked:
         positions: positions that went through the network so far (prompt included).
         first_step: the engine's step count when it started decoding.
         finished: why it ended (``"eos"``, ``"length"``, ``"stop"``, ...), None while running.
+        most: the most columns its row may reach (its longest answer, a step's slack included).
+        blocks: the cache blocks its row holds, in column order (:mod:`cyb.engine.paging`).
+        keys: the prefix keys of its prompt's full blocks (:func:`cyb.engine.blocks.block_hashes`;
+            None until looked up).
+        registered: how many of its first blocks it has offered to the prefix cache.
+        decided, used: the tokens it decided and the columns each one's block kept (what a
+            preempted row is written again from: :meth:`cyb.engine.layout.RowLayout.prefill`).
+        epoch: how many times it was preempted (a step launched before that reports nothing).
+        order: when it was admitted (the row admitted last is preempted first).
     """
 
     id: int
@@ -45,6 +59,14 @@ class Tracked:
     first_step: int = 0
     finished: str | None = None
     state: str = field(default="waiting")  # waiting, prefilling, decoding, done
+    most: int = 0
+    blocks: list = field(default_factory=list)
+    keys: list | None = None
+    registered: int = 0
+    decided: list = field(default_factory=list)
+    used: list = field(default_factory=list)
+    epoch: int = 0
+    order: int = 0
 
     @property
     def prefill_left(self) -> int:
@@ -74,6 +96,7 @@ class Scheduler:
         #: changes whenever a row starts or stops decoding or moves
         self.version = 0
         self._held_since: int | None = None  # when admission began to hold a startable request
+        self._admitted = 0  # admissions so far (each row's order)
 
     @property
     def busy(self) -> bool:
@@ -82,14 +105,16 @@ class Scheduler:
     def add(self, t: Tracked) -> None:
         self.waiting.append(t)
 
-    def admit(self, group: int = 1, wait: int = 0, now: int = 0) -> list[Tracked]:
+    def admit(self, group: int = 1, wait: int = 0, now: int = 0, place=None) -> list[Tracked]:
         """Give free slots to waiting requests, first come first served; they start prefill.
 
         While rows decode, requests start in groups of at least ``group`` (as many as are free
         slots and waiting requests together), written by a few large prefill forwards rather
         than one small forward after nearly every step; a smaller group starts once a request
         could have started (a free slot, a waiting request) for ``wait`` calls, ``now`` counting
-        them (the engine's step).  With no row decoding every waiting request that fits starts."""
+        them (the engine's step).  With no row decoding every waiting request that fits starts.
+        ``place(request) -> bool`` gives the request at the head of the queue its first blocks
+        of cache, or says they do not fit: admission then stops (None: everything fits)."""
         startable = min(len(self._free), len(self.waiting))
         if not startable:
             self._held_since = None
@@ -102,8 +127,13 @@ class Scheduler:
         self._held_since = None
         admitted = []
         while self.waiting and self._free:
-            t = self.waiting.popleft()
+            t = self.waiting[0]
+            if place is not None and not place(t):
+                break
+            self.waiting.popleft()
             t.slot, t.state = heapq.heappop(self._free), "prefilling"
+            self._admitted += 1
+            t.order = self._admitted
             self.prefilling.append(t)
             admitted.append(t)
         return admitted
@@ -134,6 +164,21 @@ class Scheduler:
             chunk = c
         return (batch, chunk) if batch else None
 
+    def mixed_chunks(self, budget: int) -> list[tuple[Tracked, int]]:
+        """The prompt chunks a mixed step carries (a decoding step that writes prompts in the
+        same forward): ``(row, columns)`` pairs, rows admitted first going first, together at
+        most ``budget`` columns (each row writes ``min(what is left of it, what is left of
+        the budget)``; none when ``budget < 1``)."""
+        chunks = []
+        for t in sorted(self.prefilling, key=lambda t: t.order):
+            if budget < 1:
+                break
+            take = min(t.prefill_left, budget)
+            if take > 0:
+                chunks.append((t, take))
+                budget -= take
+        return chunks
+
     def ready(self) -> list[Tracked]:
         """Requests whose prompt is written: they move to decoding."""
         done = [t for t in self.prefilling if t.prefill_left == 0]
@@ -147,6 +192,19 @@ class Scheduler:
 
     def release(self, t: Tracked) -> None:
         """``t`` leaves (finished or aborted): its slot is free."""
+        self._leave(t)
+        t.state = "done"
+
+    def preempt(self, t: Tracked) -> None:
+        """``t`` (prefilling or decoding) gives its slot back and waits again, at the head of the
+        queue (so that rows preempted one after another are admitted again oldest first)."""
+        if t.state not in ("prefilling", "decoding"):
+            raise ValueError(f"only a running request can be preempted, not a {t.state} one")
+        self._leave(t)
+        t.slot, t.state = None, "waiting"
+        self.waiting.appendleft(t)
+
+    def _leave(self, t: Tracked) -> None:
         if t.state == "waiting":
             self.waiting.remove(t)
         elif t.state == "prefilling":
@@ -156,7 +214,11 @@ class Scheduler:
             self.version += 1
         if t.slot is not None and t.state != "done":
             heapq.heappush(self._free, t.slot)
-        t.state = "done"
+
+    def youngest(self) -> Tracked | None:
+        """The running request (prefilling or decoding, not finished) admitted last, or None."""
+        running = [t for t in (*self.decoding.values(), *self.prefilling) if t.finished is None]
+        return max(running, key=lambda t: t.order, default=None)
 
     def rows(self) -> int:
         """Rows a decoding step must cover: the highest decoding slot + 1 (0 when none)."""

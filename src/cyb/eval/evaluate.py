@@ -260,7 +260,7 @@ def reference_perplexity(reference: str | os.PathLike, data: EvalData, *, batch_
         out["warning"] = "the reference's tokenizer differs from the evaluated model's: per-token perplexities are not comparable"
     method = method_of(target, model)
     seed = target.config.train.seed if target.config is not None else 0
-    records = collect_records(model, method, data.batches(model.tokenizer, batch_size), max_tokens=max_tokens,
+    records = collect_records(model, method, data.batches(model.tokenizer, batch_size, trained_on=model.trained_on), max_tokens=max_tokens,
                               precision=precision, impl=impl, progress=progress, num_passages=0, seed=seed,
                               desc="reference")
     ppl = perplexity_summary(records.log_t, records.log_d, records.log_not_d, method=method.name)
@@ -464,7 +464,7 @@ def evaluate(
     has_dk = model.settings.use_dk
     seed = target.config.train.seed if target.config is not None else 0
     with gates.foreign_attention(model.hf_model) as through:
-        records = collect_records(model, method, spec.batches(model.tokenizer, batch_size), max_tokens=max_tokens,
+        records = collect_records(model, method, spec.batches(model.tokenizer, batch_size, trained_on=model.trained_on), max_tokens=max_tokens,
                                   precision=precision, impl=impl, progress=progress, num_passages=num_passages,
                                   passage_tokens=passage_tokens, seed=seed, desc=f"eval {method.name}")
     tokenizer = model.tokenizer

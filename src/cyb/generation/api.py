@@ -251,6 +251,9 @@ def stream(model, prompts, config: GenerationConfig | None = None, *,
         model: a :class:`cyb.PauseModel`.
         prompts: a prompt or a list of prompts; a prompt is text (needs the model's tokenizer)
             or token ids (a list of ints or a 1-D tensor).  A 2-D tensor is a batch of prompts.
+            Text the model cannot read (characters its tokenizer lacks, or that its synthetic
+            task never had: :attr:`cyb.PauseModel.trained_on`) raises
+            :class:`cyb.data.tokenizer.UnencodableText`, a ValueError naming them.
         config: a :class:`GenerationConfig`; ``overrides`` (its field names) replace fields.
         generator: a CPU ``torch.Generator`` from which the prompts' random streams are drawn
             when sampling (default: from ``config.seed``).
@@ -376,7 +379,8 @@ def _prepare(model, prompts: list, cfg: GenerationConfig, generator: torch.Gener
     decode = decode_fn(tok)
     if cfg.stop and decode is None:
         raise ValueError("stop strings need a tokenizer (the model has none)")
-    encoded = [encode_prompt(tok, p, i) for i, p in enumerate(prompts)]
+    trained_on = getattr(model, "trained_on", None)
+    encoded = [encode_prompt(tok, p, i, trained_on=trained_on) for i, p in enumerate(prompts)]
     vocab = model.vocab
     for i, ids in enumerate(encoded):
         try:

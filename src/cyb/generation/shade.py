@@ -52,6 +52,10 @@ def shade(text: str, steps: int, num_steps: int, *, truecolor: bool) -> str:
 
 
 def legend(num_steps: int, *, truecolor: bool) -> str:
-    """One line: each step count ``1..M`` on its colour."""
+    """One line: each step count ``1..M`` on its colour, and what the ends mean (a model without
+    pauses, ``M = 1``, says so)."""
     cells = " ".join(shade(f" {i} ", i, num_steps, truecolor=truecolor) for i in range(1, num_steps + 1))
-    return f"steps used per token (1 = no pause, {num_steps} = all {num_steps - 1} pauses): {cells}"
+    if num_steps == 1:
+        return f"steps used per token (M = 1: the model has no pauses, every token takes 1 step): {cells}"
+    pauses = "its pause" if num_steps == 2 else f"all {num_steps - 1} pauses"
+    return f"steps used per token (1 = no pause, {num_steps} = {pauses}): {cells}"

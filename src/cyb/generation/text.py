@@ -6,22 +6,32 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..data.tokenizer import check_text, encode_failure
+
 
 def _is_hf_tokenizer(tokenizer) -> bool:
     return hasattr(tokenizer, "convert_ids_to_tokens")
 
 
-def encode_prompt(tokenizer, prompt, index: int) -> list[int]:
+def encode_prompt(tokenizer, prompt, index: int, *, trained_on: tuple[str, str] | None = None) -> list[int]:
     """Token ids of one prompt: text (encoded with the model's tokenizer, special tokens such
-    as BOS added as the tokenizer is configured) or ids (a sequence of ints or a 1-D tensor)."""
+    as BOS added as the tokenizer is configured) or ids (a sequence of ints or a 1-D tensor).
+
+    Text the model cannot read raises :class:`cyb.data.tokenizer.UnencodableText` (a ValueError)
+    in one line naming the characters at fault (:func:`cyb.data.tokenizer.check_text`; a model
+    trained on a synthetic task, ``trained_on``, never saw characters outside its task's text)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError(f"prompt {index} is text but the model has no tokenizer; pass token ids")
-        if _is_hf_tokenizer(tokenizer):
-            ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        else:  # a CharTokenizer: BOS first, as its Hugging Face form and the datasets do
-            bos = getattr(tokenizer, "bos_id", None)
-            ids = ([bos] if bos is not None else []) + list(tokenizer.encode(prompt))
+        check_text(prompt, f"prompt {index}", tokenizer=tokenizer, trained_on=trained_on)
+        try:
+            if _is_hf_tokenizer(tokenizer):
+                ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            else:  # a CharTokenizer: BOS first, as its Hugging Face form and the datasets do
+                bos = getattr(tokenizer, "bos_id", None)
+                ids = ([bos] if bos is not None else []) + list(tokenizer.encode(prompt))
+        except Exception as e:  # noqa: BLE001 - a Rust tokenizer raises a bare Exception
+            raise encode_failure(tokenizer, prompt, f"prompt {index}", e) from None
     elif isinstance(prompt, torch.Tensor):
         if prompt.dim() != 1 or prompt.is_floating_point():
             raise ValueError(f"prompt {index} must be a 1-D integer tensor of ids, got {prompt.dtype} "

@@ -46,7 +46,7 @@ PAUSE_ATTENTION = hf.PAUSE_ATTENTION
 #: faster than the defaults on an H200 (benchmarks/flex_variants.py)
 FORWARD_TILES = {"BLOCK_M": 64, "BLOCK_N": 64}
 #: and its backward tiles at head sizes up to :data:`BACKWARD_TILES_MAX_HEAD_DIM`: 13% off one
-#: layer's private attention at 4 x 2048 on an H200 (docs/benchmarks.md, ``flex-options/``)
+#: layer's private attention at 4 x 2048 on an H200 (docs/record/benchmarks/training.md, ``flex-options/``)
 BACKWARD_TILES = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32,
                   "bwd_num_warps": 4, "bwd_num_stages": 3}
 BACKWARD_TILES_MAX_HEAD_DIM = 64
@@ -105,9 +105,13 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     marks a gated layout: the module's gate (:mod:`cyb.model.gates`) is added to the logits of
     keys that are pauses of earlier tokens.  ``pause_foreign`` (bool ``[B, 1, T, K]``) says
     which keys those are directly, for queries against a cache (:mod:`cyb.engine`).
-    ``pause_rows=(last, foreign, query_pos, key_pos)`` runs a decoding step's attention over each
-    row's own columns
-    (:func:`cyb.kernels.row_attention.row_attention`; the mask is not read).  ``pause_causal``
+    ``pause_rows=(last, foreign, query_pos, key_pos, block_table)`` runs a decoding step's attention
+    over each row's own columns
+    (:func:`cyb.kernels.row_attention.row_attention`; the mask is not read), and
+    ``pause_varlen=(last, query_start, foreign, foreign_below, query_pos, key_pos, block_table,
+    max_queries)`` a
+    mixed step's, the rows' queries flattened into one sequence
+    (:func:`cyb.kernels.row_attention.row_attention_varlen`).  ``pause_causal``
     runs causal self-attention over the keys given (sdpa's causal kernels; the mask is not read:
     a prefill chunk that starts a row)."""
     if kwargs.pop("pause_causal", False):  # a fresh prefill chunk: causal over itself, the mask unread
@@ -117,6 +121,9 @@ def _pause_attention(module, query, key, value, attention_mask, dropout: float =
     rows = kwargs.pop("pause_rows", None)
     if rows is not None:
         return _row_attention(module, query, key, value, rows, scaling, kwargs), None
+    varlen = kwargs.pop("pause_varlen", None)
+    if varlen is not None:
+        return _row_attention_varlen(module, query, key, value, varlen, scaling, kwargs), None
     blocks = kwargs.pop("pause_blocks", None)
     foreign = kwargs.pop("pause_foreign", None)
     split = kwargs.pop("pause_split", None)
@@ -178,20 +185,78 @@ def _split_attention(module, query, key, value, split: tuple, dropout: float, sc
 
 def _row_attention(module, query, key, value, rows: tuple, scaling, kwargs):
     """A decoding step's attention, each row over its own columns; ``rows = (last [n, Q],
-    foreign [n, W] or None, query_pos, key_pos)``: gated pauses' columns that get the module's
-    gate, and the positions a sliding window counts in (None: it counts columns).  The window is
-    the layer's own (``sliding_window``; None: full attention)."""
+    foreign [n, W] or None, query_pos, key_pos, block_table)``: gated pauses' columns that get
+    the module's gate, the positions a sliding window counts in (None: it counts columns), and
+    the rows' block tables ``[n, B]`` when ``key`` and ``value`` are pools of blocks (None: rows).
+    The window is the layer's own (``sliding_window``; None: full attention)."""
     from ..kernels.row_attention import row_attention
 
+    last, foreign, query_pos, key_pos, table = rows
+    key, value, common = _row_arguments(module, key, value, foreign, query_pos, key_pos, table, scaling, kwargs)
+    return row_attention(query, key, value, last, **common)
+
+
+def _row_attention_varlen(module, query, key, value, rows: tuple, scaling, kwargs):
+    """A mixed step's attention (decoding rows and prompt chunks in one forward): ``query
+    [1, heads, T, D]`` holds every row's queries in turn; ``rows = (last [T], query_start [n + 1],
+    foreign, foreign_below [T] or None, query_pos [T], key_pos, block_table, max_queries)``: gated
+    pauses' columns get the gate only below each query's ``foreign_below`` (its own token's first
+    column), the rest as :func:`_row_attention` for ``n`` rows.  Returns ``[1, T, heads, D]``."""
+    from ..kernels.row_attention import row_attention_varlen
+
+    last, starts, foreign, below, query_pos, key_pos, table, most = rows
+    key, value, common = _row_arguments(module, key, value, foreign, query_pos, key_pos, table, scaling, kwargs)
+    out = row_attention_varlen(query[0].transpose(0, 1), key, value, last, starts, max_queries=most,
+                               foreign_below=below, **common)
+    return out.unsqueeze(0)
+
+
+def _row_arguments(module, key, value, foreign, query_pos, key_pos, table, scaling, kwargs):
+    """``(key, value, keyword arguments)`` of a row attention call: the layer's window and gate,
+    and the pools read through the block tables, or the rows gathered from them."""
     if kwargs.get("softcap") is not None:
         raise ValueError("the engine's row attention has no logit softcap")
-    last, foreign, query_pos, key_pos = rows
     window = kwargs.get("sliding_window")
     gate = gates.required_gate(module) if foreign is not None else None
     if window is None:
         query_pos = key_pos = None
-    return row_attention(query, key, value, last, scale=scaling, foreign=foreign, gate=gate,
-                         window=None if window is None else int(window), query_pos=query_pos, key_pos=key_pos)
+    paged = {}
+    if table is not None:
+        if _reads_block_tables(key.shape[2]):
+            paged["block_table"] = table
+        else:  # the rows' columns gathered from the pools
+            key, value = paged_rows(key, table), paged_rows(value, table)
+    return key, value, dict(scale=scaling, foreign=foreign, gate=gate, window=None if window is None else int(window),
+                            query_pos=query_pos, key_pos=key_pos, **paged)
+
+
+#: block sizes the row attention kernel reads through block tables (powers of two)
+PAGED_KERNEL_BLOCKS = (16, 256)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_takes_tables() -> bool:
+    import inspect
+
+    from ..kernels.row_attention import row_attention
+
+    return "block_table" in inspect.signature(row_attention).parameters
+
+
+def _reads_block_tables(block_size: int) -> bool:
+    """Whether the row attention kernel reads pools of ``block_size`` columns through block
+    tables itself (else the engine's rows are gathered for it)."""
+    low, high = PAGED_KERNEL_BLOCKS
+    return low <= block_size <= high and _kernel_takes_tables()
+
+
+def paged_rows(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The rows of a pool of blocks ``[blocks, kv_heads, block_size, dim]`` that ``table [n, B]``
+    names, as rows of columns ``[n, kv_heads, B x block_size, dim]`` (a copy): column ``c`` of
+    row ``i`` is ``pool[table[i, c // block_size], :, c % block_size]``."""
+    n, b = table.shape
+    _, kv_heads, size, dim = pool.shape
+    return pool[table].permute(0, 2, 1, 3, 4).reshape(n, kv_heads, b * size, dim)
 
 
 #: how a private or gated layout's attention runs (:func:`choose_kernel`)
@@ -199,7 +264,7 @@ PAUSE_KERNELS = ("auto", "dense", "flex", "split")
 
 #: the longest row (positions) on which ``"auto"`` runs gated pauses through FlexAttention
 #: rather than the split attention: a 134 M Llama's training step on an H200 took 0.71, 0.78 and
-#: 0.89x the split's at 1,024, 2,048 and 4,096 positions, and 1.04x at 8,192 (docs/benchmarks.md)
+#: 0.89x the split's at 1,024, 2,048 and 4,096 positions, and 1.04x at 8,192 (docs/record/benchmarks/training.md)
 GATED_FLEX_MAX_POSITIONS = 4096
 
 
@@ -208,7 +273,7 @@ def choose_kernel(requested: str, visibility: str, steps: vis.BlockSteps, hf_mod
     """``"dense"``, ``"flex"`` or ``"split"`` for a private or gated layout.
 
     ``"auto"`` on CUDA: block-sparse FlexAttention for private pauses (it trained faster than
-    the split attention at 256 and 512 real tokens per row, docs/benchmarks.md); for gated
+    the split attention at 256 and 512 real tokens per row, docs/record/benchmarks/training.md); for gated
     pauses FlexAttention with the gate in its scores (:func:`gated_flex`) on rows of up to
     :data:`GATED_FLEX_MAX_POSITIONS`, the split attention (causal FlashAttention calls,
     :mod:`cyb.kernels.split_attention`) on longer rows where it runs (Recipe 1 layouts in
@@ -301,7 +366,7 @@ def gated_flex(flex, gate: torch.Tensor, token: torch.Tensor, step: torch.Tensor
     ``[B, heads, T, dim]``.  The kernel sees the gate detached, and the gate's gradient comes from
     a second forward over earlier tokens' pauses alone (:class:`_GateGradient`): the kernel's own
     gradient of a per-head bias adds every tile's share into a few values, which took 170x the
-    whole call on an H200 (docs/benchmarks.md)."""
+    whole call on an H200 (docs/record/benchmarks/training.md)."""
     fixed = gate.detach()
     if not (torch.is_grad_enabled() and gate.requires_grad):
         return flex(_gate_score_mod(fixed, token, step))
@@ -469,4 +534,5 @@ def flex_masks(steps: vis.BlockSteps, visibility: str, position_ids: torch.Tenso
 
 
 __all__ = ["GATED_FLEX_MAX_POSITIONS", "PAUSE_ATTENTION", "PAUSE_KERNELS", "choose_kernel", "dense_masks", "flex_available", "flex_layout",
-           "flex_masks", "gated_flex", "layer_windows", "per_layer_masks", "split_supported", "use_pause_attention"]
+           "flex_masks", "gated_flex", "layer_windows", "paged_rows", "per_layer_masks", "split_supported",
+           "use_pause_attention"]

@@ -63,6 +63,30 @@ def load_tokenizer(name_or_path, hf_kwargs: dict):
     return AutoTokenizer.from_pretrained(str(name_or_path), **opts)
 
 
+def trained_on(folder, tokenizer) -> tuple[str, str] | None:
+    """``(task, its characters)`` for a model trained on a synthetic task with the character
+    tokenizer (the ``training_state.json`` of ``cyb train`` names the task), such as
+    ``("task addition (digits=3)", "0123456789+=")``, else None (text, a reasoning-gym task, a
+    pretrained model's tokenizer, which read all kinds of text before its task, an older folder).
+    A prompt with another character is one the model never saw
+    (:func:`cyb.data.tokenizer.check_text`)."""
+    from ..data.synthetic import make_task
+    from ..data.synthetic.text_task import is_char_tokenizer
+
+    if tokenizer is None:
+        return None
+    try:
+        state = json.loads((Path(str(folder)) / TRAINING_STATE_FILE).read_text(encoding="utf-8"))
+        name, kwargs = state["task"], dict(state.get("task_kwargs") or {})
+        task = make_task(name, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not is_char_tokenizer(tokenizer):  # read after the task: a large vocabulary's is costly to list
+        return None
+    size = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+    return (f"task {name}" + (f" ({size})" if size else ""), task.characters)
+
+
 def save_tokenizer(tokenizer, directory) -> None:
     """Write a Hugging Face tokenizer (``save_pretrained``) or a ``CharTokenizer`` (``save``)."""
     if hasattr(tokenizer, "save_pretrained"):

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from ..checkpoint import DamagedFileError, _short
 from . import gates, hf, pause_adapters
-from .loading import MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice
+from .loading import MODEL_ADVICE, check_model_folder, find_settings_file, load_tokenizer, model_advice, trained_on
 from .lora import check_lora_folder, load_adapter_model, lora_folder
 from .settings import SETTINGS_FILE, PauseSettings, settings_to_load
 
@@ -59,7 +59,7 @@ def load_pretrained(cls, name_or_path, *, num_steps, use_dk, psi_dk, position_sc
                              "it with other pause settings")
         hf_model = load_adapter_model(adapter, saved, torch_dtype=torch_dtype,
                                       attn_implementation=attn_implementation, **hf_kwargs)
-        return _with_pause_adapters(cls(hf_model, saved, tokenizer), adapter).eval()
+        return _trained_on(_with_pause_adapters(cls(hf_model, saved, tokenizer), adapter), adapter).eval()
     try:
         with gates.quiet_load(saved is not None and saved.pause_visibility == "gated"):
             hf_model = AutoModelForCausalLM.from_pretrained(
@@ -73,10 +73,17 @@ def load_pretrained(cls, name_or_path, *, num_steps, use_dk, psi_dk, position_sc
         model = cls(hf_model, saved, tokenizer)
         if saved.pause_visibility == "gated":
             model.gates_loaded = gates.load_gates(hf_model, name_or_path) > 0
-        return _with_pause_adapters(model, Path(str(name_or_path)) / (hf_kwargs.get("subfolder") or "")).eval()
+        folder = Path(str(name_or_path)) / (hf_kwargs.get("subfolder") or "")
+        return _trained_on(_with_pause_adapters(model, folder), folder).eval()
     return cls.from_hf(hf_model, tokenizer, num_steps=num_steps, use_dk=use_dk, psi_dk=psi_dk,
                        position_scheme=position_scheme, method=method,
                        pause_visibility=pause_visibility, reuse_unused=reuse_unused).eval()
+
+
+def _trained_on(model, folder):
+    """``model`` knowing the synthetic task it was trained on, where ``folder`` says."""
+    model.trained_on = trained_on(folder, model.tokenizer)
+    return model
 
 
 def _with_pause_adapters(model, folder):

@@ -101,6 +101,10 @@ class PauseModel(torch.nn.Module):
         self._dk_bias = settings.dk_bias()
         #: whether the gates (pause_visibility gated) came from a saved model, not their start
         self.gates_loaded = False
+        #: ``(task, characters)`` of a model trained on a synthetic task with the character
+        #: tokenizer, as :meth:`from_pretrained` reads it from the folder; a prompt with another
+        #: character is refused (:func:`cyb.data.tokenizer.check_text`).  None: not known
+        self.trained_on: tuple[str, str] | None = None
 
     # ================================================================== construction
     @classmethod
@@ -238,7 +242,7 @@ class PauseModel(torch.nn.Module):
         ``hf_config.vocab_size``.  New pause/dk rows are set to the mean of the other rows
         (``new_rows="mean"``, near zero in a random model, every pause alike) or drawn at random
         like the others (``"random"``, distinct pauses start distinct).  Mean rows gave clearly
-        lower perplexity when pretraining CYB on text (docs/results.md).
+        lower perplexity when pretraining CYB on text (docs/record/results/text.md).
         """
         from transformers import AutoModelForCausalLM
 

@@ -26,6 +26,7 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, PlainTextResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from ..data.tokenizer import encode_failure  # noqa: E402
 from . import responses as R  # noqa: E402
 from .jobs import Generation  # noqa: E402
 from .metrics import SHARE_PERIOD_S  # noqa: E402
@@ -407,7 +408,8 @@ async def tokenize(request: Request) -> Response:
         try:
             ids = list(tok(body["prompt"], add_special_tokens=special)["input_ids"])
         except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode this text
-            raise RequestError(f"prompt: the tokenizer cannot encode it: {first_line(e)}", param="prompt") from None
+            raise RequestError(f"prompt: {encode_failure(tok, body['prompt'], 'the prompt', e)}",
+                               param="prompt") from None
     except RequestError as e:
         return _request_error(e)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.served.max_model_len})

@@ -31,7 +31,6 @@ reports the engine stopped (503 on ``/health``).
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import itertools
 import logging
 import multiprocessing
@@ -42,8 +41,9 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
+from .metrics import SNAPSHOT
 from .protocol import first_line
-from .worker import SWITCH_INTERVAL_S, EngineWorker, WorkerFailure, default_slots, settle
+from .worker import SWITCH_INTERVAL_S, EngineWorker, WorkerFailure, default_slots, frozen_start_up, settle
 
 log = logging.getLogger("cyb.serve")
 
@@ -108,7 +108,7 @@ class _Links:
             worker.abort(job, None)
 
 
-def _engine_main(loader, slots, cache_bytes, threads, inboxes, outboxes) -> None:
+def _engine_main(loader, slots, cache_bytes, engine_options, threads, inboxes, outboxes) -> None:
     """The engine's process: build the model and worker, then answer the HTTP processes (one
     link each: ``inboxes[k]`` from HTTP process ``k``, ``outboxes[k]`` to it; link 0 is the
     main one, which gets ``ready`` and whose end stops the engine)."""
@@ -143,45 +143,41 @@ def _engine_main(loader, slots, cache_bytes, threads, inboxes, outboxes) -> None
     try:
         served = loader()
         worker = EngineWorker(served, slots=slots or default_slots(served.device), cache_bytes=cache_bytes,
-                              deliver=deliver, pack=_pack).start()
+                              engine_options=engine_options, deliver=deliver, pack=_pack).start()
     except BaseException as e:  # noqa: BLE001 - said to the HTTP process, which exits with it
         links.send(0, ("failed", first_line(e) or type(e).__name__, "value" if isinstance(e, ValueError) else "other"))
         return
     links.send(0, ("ready", served, worker.slots, worker.columns))
-    # a full collection walks every object made while loading (the model, the libraries): on an
-    # H200 one took 0.2-0.27 s, in which no row decoded (benchmarks/engine_gaps.py); frozen,
-    # they are never walked again
-    gc.collect()
-    gc.freeze()
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # this thread takes the lock from the engine's for each message
     reading = {conn: link for link, conn in enumerate(inboxes)}
     last, due = _state(worker), time.monotonic() + STATE_PERIOD_S
-    try:
-        stop = False
-        while not stop:
-            for conn in wait(list(reading), STATE_PERIOD_S):
-                link = reading[conn]
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):  # that HTTP process is gone
-                    if link == 0:
+    with frozen_start_up():  # (a collection's pause: benchmarks/engine_gaps.py)
+        try:
+            stop = False
+            while not stop:
+                for conn in wait(list(reading), STATE_PERIOD_S):
+                    link = reading[conn]
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):  # that HTTP process is gone
+                        if link == 0:
+                            stop = True
+                            break
+                        del reading[conn]
+                        links.drop(link, worker)
+                        continue
+                    if _handle(message, link, worker, links):
                         stop = True
                         break
-                    del reading[conn]
-                    links.drop(link, worker)
-                    continue
-                if _handle(message, link, worker, links):
-                    stop = True
-                    break
-            if time.monotonic() >= due:  # the gauges of HTTP processes that got no step lately
-                due = time.monotonic() + STATE_PERIOD_S
-                now = _state(worker)
-                if now != last:
-                    links.broadcast(("state", now))
-                    last = now
-    finally:
-        worker.stop()
-        links.broadcast(("stopped",))
+                if time.monotonic() >= due:  # the gauges of HTTP processes that got no step lately
+                    due = time.monotonic() + STATE_PERIOD_S
+                    now = _state(worker)
+                    if now != last:
+                        links.broadcast(("state", now))
+                        last = now
+        finally:
+            worker.stop()
+            links.broadcast(("stopped",))
 
 
 def _pack(i: int, e) -> tuple:
@@ -249,7 +245,8 @@ class EngineLink:
     """
 
     def __init__(self, receive=None, send=None, *, served=None, slots: int = 0, columns: int = 0,
-                 state: tuple = ((0, 0, 0, 0, 0), 0, False), deliver: Callable[[list], None] | None = None) -> None:
+                 state: tuple = ((0,) * len(SNAPSHOT), 0, False),
+                 deliver: Callable[[list], None] | None = None) -> None:
         self._conn, self._out = receive, send
         self.served, self.slots, self.columns = served, slots, columns
         self.snapshot, self.failures, self.alive = state
@@ -403,9 +400,10 @@ class EngineProcess(EngineLink):
     Args:
         loader: a picklable callable with no arguments that returns the
             :class:`~.served.ServedModel` (called in the child: the model is loaded there only).
-        slots: rows that decode at once (None: 256 on CUDA, 64 elsewhere; cut by the engine to
-            the cache memory).
+        slots: rows that decode at once (None: 256 on CUDA, 64 elsewhere).
         cache_bytes: the engine's cache memory (None: its default).
+        engine_options: other :class:`cyb.engine.EngineOptions` fields (picklable; None: the
+            defaults).
         deliver: called from a reader thread with each step's ``[(job, items)]``, as
             :class:`~.worker.EngineWorker` calls it; may be set after :meth:`start`.
         links: HTTP processes the engine answers (this one included); the ends of the others'
@@ -413,11 +411,13 @@ class EngineProcess(EngineLink):
     """
 
     def __init__(self, loader: Callable, *, slots: int | None = None, cache_bytes: int | None = None,
-                 deliver: Callable[[list], None] | None = None, links: int = 1) -> None:
+                 engine_options: dict | None = None, deliver: Callable[[list], None] | None = None,
+                 links: int = 1) -> None:
         super().__init__(deliver=deliver)
         if not isinstance(links, int) or links < 1:
             raise ValueError(f"links must be an integer >= 1, got {links!r}")
         self._loader, self._slots_wanted, self._cache_bytes, self._links = loader, slots, cache_bytes, links
+        self._engine_options = dict(engine_options or {})
         self.spare_links: list[tuple] = []
         self._proc = None
 
@@ -434,7 +434,8 @@ class EngineProcess(EngineLink):
             ours.append((from_child, to_child))
             theirs.append((child_in, child_out))
         self._proc = ctx.Process(target=_engine_main, name="cyb-engine", daemon=True,
-                                 args=(self._loader, self._slots_wanted, self._cache_bytes, torch.get_num_threads(),
+                                 args=(self._loader, self._slots_wanted, self._cache_bytes, self._engine_options,
+                                       torch.get_num_threads(),
                                        [t[0] for t in theirs], [t[1] for t in theirs]))
         self._proc.start()
         for inbox, outbox in theirs:

@@ -18,6 +18,16 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_WINDOW_S = 10.0
 #: seconds between two shares of an HTTP process's counters with the others
 SHARE_PERIOD_S = 0.5
+#: what the engine worker's snapshot holds, in order (:func:`engine_snapshot`)
+SNAPSHOT = ("slots_in_use", "queued", "steps", "decode_positions", "prefill_positions", "prefix_hit_blocks",
+            "prefix_lookup_blocks", "prefix_hit_columns", "preemptions", "cache_blocks", "free_blocks")
+
+
+def engine_snapshot(engine) -> tuple:
+    """The :data:`SNAPSHOT` of a :class:`cyb.engine.Engine` now."""
+    stats = engine.stats
+    return (engine.slots_in_use, engine.queued, *(stats.get(name, 0) for name in SNAPSHOT[2:9]),
+            getattr(engine, "num_blocks", 0), getattr(engine, "free_blocks", 0))
 
 
 class Metrics:
@@ -93,7 +103,8 @@ class Metrics:
     def render(self, worker, slots: int, draining: bool, peers=()) -> str:
         """Prometheus text exposition of everything counted, with the engine's gauges; ``peers``:
         the other HTTP processes' :meth:`shareable` counters, added to this one's."""
-        in_use, queued, steps, decode_pos, prefill_pos = worker.snapshot
+        snap = dict(zip(SNAPSHOT, worker.snapshot))
+        in_use, queued, steps, decode_pos, prefill_pos = (snap.get(k, 0) for k in SNAPSHOT[:5])
         c = self.total([self.shareable(), *peers])
         lines: list[str] = []
 
@@ -123,6 +134,20 @@ class Metrics:
         metric("cyb_engine_steps_total", "counter", "Engine decoding steps.", [((), steps)])
         metric("cyb_positions_total", "counter", "Positions through the network, by phase.",
                [((("phase", "prefill"),), prefill_pos), ((("phase", "decode"),), decode_pos)])
+        lookups, hits = snap.get("prefix_lookup_blocks", 0), snap.get("prefix_hit_blocks", 0)
+        metric("cyb_prefix_cache_lookup_blocks_total", "counter",
+               "Full blocks of prompt columns looked up in the prefix cache.", [((), lookups)])
+        metric("cyb_prefix_cache_hit_blocks_total", "counter", "Of those, blocks found cached.", [((), hits)])
+        metric("cyb_prefix_cache_hit_rate", "gauge", "Prefix cache hits per block looked up since the start.",
+               [((), hits / lookups if lookups else 0.0)])
+        metric("cyb_prefix_cache_hit_columns_total", "counter",
+               "Prompt columns found cached (not computed again).", [((), snap.get("prefix_hit_columns", 0))])
+        metric("cyb_preemptions_total", "counter",
+               "Rows preempted when the KV cache ran out of blocks (computed again later).",
+               [((), snap.get("preemptions", 0))])
+        metric("cyb_cache_blocks", "gauge", "Blocks of the engine's KV cache.", [((), snap.get("cache_blocks", 0))])
+        metric("cyb_cache_blocks_free", "gauge", "Blocks of the KV cache no request holds (cached prefixes included).",
+               [((), snap.get("free_blocks", 0))])
         metric("cyb_choices_finished_total", "counter", "Choices finished, by finish reason.",
                [((("reason", r),), n) for r, n in sorted(c["finish"].items())])
         lines.append("# HELP cyb_time_to_first_token_seconds Time from a request's start to its first token.")
@@ -147,4 +172,4 @@ def _num(value) -> str:
     return str(value)
 
 
-__all__ = ["Metrics", "RATE_WINDOW_S", "SHARE_PERIOD_S", "TTFT_BUCKETS"]
+__all__ = ["Metrics", "RATE_WINDOW_S", "SHARE_PERIOD_S", "SNAPSHOT", "TTFT_BUCKETS", "engine_snapshot"]

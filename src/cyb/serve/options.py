@@ -20,9 +20,15 @@ class ServeOptions:
         max_model_len: real tokens a request may fill, prompt and ``max_tokens`` together
             (None: the model's position limit, at most 2048).
         slots: requests that decode at once (the engine's rows; None: 256 on CUDA, 64
-            elsewhere); cut to what the cache memory holds.
+            elsewhere); each holds only the cache blocks its request fills.
         cache_bytes: memory for the engine's KV cache (None: the engine's default, 60% of the
             free memory on CUDA, 2 GiB elsewhere).
+        block_size: columns per block of the engine's KV cache (None: the engine's default).
+        prefix_caching: requests whose prompts begin alike share the cached blocks of that
+            beginning (None: the engine's default, on).
+        step_budget: positions per decoding step, prompt chunks included: prompts are written
+            inside the decoding steps (:attr:`cyb.engine.EngineOptions.step_budget`; None:
+            by prefill forwards of their own).
         mode: the mode of requests that do not choose one (None: adaptive for models with dk,
             fixed for the others).
         max_body_bytes: the largest request body accepted.
@@ -43,6 +49,9 @@ class ServeOptions:
     max_model_len: int | None = None
     slots: int | None = None
     cache_bytes: int | None = None
+    block_size: int | None = None
+    prefix_caching: bool | None = None
+    step_budget: int | None = None
     mode: str | None = None
     max_body_bytes: int = 4 << 20
     max_concurrency: int = 1024
@@ -58,7 +67,7 @@ class ServeOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_model_len", "slots", "cache_bytes"):
+        for name in ("max_model_len", "slots", "cache_bytes", "step_budget"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
@@ -74,6 +83,19 @@ class ServeOptions:
                              f"({self.max_concurrency}): each process takes a share of it")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
+        b = self.block_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 256 or b & (b - 1)):
+            raise ValueError(f"block_size must be a power of two from 1 to 256 or None, got {b!r}")
+        if not isinstance(self.prefix_caching, (bool, type(None))):
+            raise ValueError(f"prefix_caching must be True, False or None, got {self.prefix_caching!r}")
+
+    @property
+    def engine_options(self) -> dict:
+        """The :class:`cyb.engine.EngineOptions` fields these options set (beyond slots and cache
+        memory)."""
+        given = {"block_size": self.block_size, "prefix_caching": self.prefix_caching,
+                 "step_budget": self.step_budget}
+        return {k: v for k, v in given.items() if v is not None}
 
 
     @property

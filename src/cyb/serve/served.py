@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from ..data.tokenizer import encode_failure
 from ..engine.layout import RowLayout
 from ..generation.api import default_eos_ids
 from ..generation.text import decode_fn, encode_prompt
 from ..model import hf as _hf
-from .protocol import first_line
 
 #: the context when neither the options nor a smaller position limit set one
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -45,14 +45,14 @@ class ServedModel:
         trained_on: ``(what, characters)`` for a model of a synthetic task that reads characters:
             the task (``"task addition (digits=3)"``) and every character its text had; a text
             prompt with another character is refused (the model never saw it in training).
+            None: the model's own (:attr:`cyb.PauseModel.trained_on`).
     """
 
     def __init__(self, model, name: str, *, max_model_len: int | None = None, mode: str | None = None,
                  chat_template: str | None = None, aliases: tuple[str, ...] = (),
                  trained_on: tuple[str, str] | None = None) -> None:
         self.model = model
-        self.trained_on = trained_on
-        self._alphabet = _char_alphabet(model.tokenizer)
+        self.trained_on = trained_on if trained_on is not None else getattr(model, "trained_on", None)
         self.name = name
         self.names = frozenset((name, *aliases))
         self.tokenizer = model.tokenizer
@@ -114,36 +114,12 @@ class ServedModel:
 
     def encode(self, prompt, index: int = 0) -> list[int]:
         """Token ids of a prompt: text (special tokens such as BOS added as the tokenizer is
-        configured) or a list of ids; ValueError for an empty one, text without a tokenizer,
-        or ids that are not real tokens of the vocabulary."""
+        configured) or a list of ids; ValueError for an empty one, text without a tokenizer or
+        that the model cannot read (:func:`cyb.data.tokenizer.check_text`: characters it never
+        saw, named), or ids that are not real tokens of the vocabulary."""
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError("the model has no tokenizer: send the prompt as a list of token ids")
-        if isinstance(prompt, str):
-            self.check_characters(prompt, f"prompt {index}")
-        try:
-            ids = encode_prompt(self.tokenizer, prompt, index)
-        except ValueError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode this text
-            raise ValueError(f"the tokenizer cannot encode prompt {index}: {_reason(e)}") from None
-        return self.check_ids(ids)
-
-    def check_characters(self, text: str, what: str) -> None:
-        """ValueError naming the characters of ``text`` that the model never saw: those outside
-        its task's (``trained_on``), or, for the character tokenizer, outside its alphabet."""
-        if self.trained_on is not None:
-            task, known = self.trained_on
-            unknown = sorted(set(text) - set(known))
-            if unknown:
-                raise ValueError(f"{what} has {_characters(unknown)} that the model never saw: it was trained on "
-                                 f"{task}, whose text has only the characters {''.join(sorted(known))!r}")
-            return
-        if self._alphabet is not None:
-            unknown = sorted(set(text) - set(self._alphabet))
-            if unknown:
-                raise ValueError(f"{what} has {_characters(unknown)} that the model's character tokenizer does not "
-                                 f"have (it reads only {self._alphabet!r})")
-
+        return self.check_ids(encode_prompt(self.tokenizer, prompt, index, trained_on=self.trained_on))
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """Token ids of chat ``messages`` through the chat template, ending with the
@@ -156,8 +132,8 @@ class ServedModel:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         try:
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"the tokenizer cannot encode the messages: {first_line(e)}") from None
+        except Exception as e:  # noqa: BLE001 - a Rust tokenizer raises a bare Exception
+            raise encode_failure(self.tokenizer, text, "the messages", e) from None
         if not ids:
             raise ValueError("the chat template gave an empty prompt")
         return self.check_ids(ids)
@@ -171,30 +147,6 @@ class ServedModel:
         if self.tokenizer is None:
             return f"<{token}>"
         return self.tokenizer.decode([token], skip_special_tokens=False)
-
-
-def _char_alphabet(tokenizer) -> str | None:
-    """The characters of a synthetic task's character tokenizer, else None."""
-    from ..data.synthetic import CharTokenizer
-    from ..data.synthetic.text_task import is_char_tokenizer
-
-    if tokenizer is None or not is_char_tokenizer(tokenizer):
-        return None
-    return CharTokenizer().alphabet
-
-
-def _characters(chars: list[str]) -> str:
-    shown = ", ".join(repr(c) for c in chars[:8]) + (f" and {len(chars) - 8} more" if len(chars) > 8 else "")
-    return f"the character{'s' if len(chars) > 1 else ''} {shown}"
-
-
-def _reason(e: BaseException) -> str:
-    """A tokenizer's error in the user's terms (a vocabulary without an unknown token meeting a
-    character it lacks says so, not ``Missing [UNK] token``)."""
-    text = first_line(e)
-    if "UNK" in text and "vocab" in text.lower():
-        return "its vocabulary lacks some of the prompt's characters and has no unknown token to stand for them"
-    return text
 
 
 __all__ = ["DEFAULT_MAX_MODEL_LEN", "ServedModel", "position_limit"]

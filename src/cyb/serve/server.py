@@ -16,7 +16,6 @@ quits at once.
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 import socket
 import sys
@@ -30,7 +29,7 @@ import uvicorn  # noqa: E402
 
 from .app import ServerState, create_app  # noqa: E402
 from .metrics import Metrics  # noqa: E402
-from .worker import SWITCH_INTERVAL_S, EngineWorker, default_slots  # noqa: E402
+from .worker import SWITCH_INTERVAL_S, EngineWorker, default_slots, frozen_start_up  # noqa: E402
 
 
 #: who speaks on standard error (each extra HTTP process names itself)
@@ -171,7 +170,8 @@ def build(served, options, *, worker=None, log_level: str = "warning", access_lo
     state = ServerState(served, None, options, metrics)
     if worker is None:
         slots = options.slots or default_slots(served.device)
-        worker = EngineWorker(served, slots=slots, cache_bytes=options.cache_bytes, deliver=state.deliver).start()
+        worker = EngineWorker(served, slots=slots, cache_bytes=options.cache_bytes,
+                              engine_options=options.engine_options, deliver=state.deliver).start()
     else:
         worker.deliver = state.deliver
     state.worker = worker
@@ -196,7 +196,8 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
     ``options.http_processes`` links when there are several HTTP processes)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     count = options.http_processes
-    try:
+    socks: list[socket.socket] = []
+    try:  # whatever fails before the server runs stops the engine's process, which would keep the command alive
         if count > 1:
             from .http_processes import reuse_port_supported
 
@@ -205,11 +206,13 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
             if len(getattr(worker, "spare_links", ())) != count - 1:
                 raise ValueError("several HTTP processes need the engine in its own process (--engine process)")
         socks = bind_shared(options.host, options.port, count) if count > 1 else [bind(options.host, options.port)]
-    except ValueError:
+        state, server = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
+    except BaseException:
         if worker is not None:
             worker.stop()
+        for sock in socks:
+            sock.close()
         raise
-    state, server = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without --api-key: anyone who reaches this port can use the model")
     others = None
@@ -225,15 +228,10 @@ def serve(served, options, *, worker=None, log_level: str = "warning", access_lo
             except RuntimeError as e:
                 raise ValueError(str(e)) from None
             threading.Thread(target=_watch, args=(others, server), daemon=True).start()
-        # what start-up built (torch, transformers, the tokenizer: hundreds of thousands of objects)
-        # lives as long as the process: frozen out of the collector, whose full passes walked it all
-        # (0.1 s each on the CPU here) while the event loop answered no stream (as in the engine's
-        # process, cyb.serve.engine_process)
-        gc.collect()
-        gc.freeze()
         processes = f"; {count} HTTP processes" if count > 1 else ""
         say("listening: " + describe(state, url) + processes)
-        server.run(sockets=[socks[0]])
+        with frozen_start_up():
+            server.run(sockets=[socks[0]])
     finally:
         if others is not None:
             others.signal(signal.SIGTERM)
@@ -263,8 +261,6 @@ def serve_http_process(index, served, options, link, state, sock, log_level, acc
     _, uv = build(served, options, worker=worker, log_level=log_level, access_log=access_log)
     worker.on_end = lambda: uv.handle_exit(0, None)  # drains as on SIGTERM; its requests have failed already
     worker.start_reading()
-    gc.collect()
-    gc.freeze()
 
     def tell_ready() -> None:
         while not uv.started and not uv.should_exit:
@@ -273,7 +269,8 @@ def serve_http_process(index, served, options, link, state, sock, log_level, acc
 
     threading.Thread(target=tell_ready, daemon=True).start()
     try:
-        uv.run(sockets=[sock])
+        with frozen_start_up():
+            uv.run(sockets=[sock])
     finally:
         worker.stop()
         sock.close()

@@ -18,6 +18,8 @@ Emitted)`` (or what ``pack`` makes of them) or a :class:`WorkerFailure`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import gc
 import logging
 import queue
 import threading
@@ -26,6 +28,7 @@ from collections import deque
 from typing import Callable
 
 from ..engine import Emitted, Engine, EngineOptions, choose_positions
+from .metrics import SNAPSHOT, engine_snapshot
 from .protocol import first_line
 
 log = logging.getLogger("cyb.serve")
@@ -40,6 +43,22 @@ SCORE_POSITIONS = 16384
 #: the engine's own process made each request wait 5 ms to be read: at 256 closed-loop clients
 #: on an H200 the server delivered 0.64x its engine offline, and 0.90x with it
 SWITCH_INTERVAL_S = 0.0005
+
+
+@contextlib.contextmanager
+def frozen_start_up():
+    """What start-up built (torch, transformers, the model: hundreds of thousands of objects) frozen
+    out of the collector while the body serves (``gc.freeze``: its full passes walked them all, 0.1
+    s each on a CPU and 0.2-0.27 s on an H200, while no row decoded and no stream was answered),
+    and given back to it at the end (``gc.unfreeze``), so that the interpreter's exit frees them: a
+    frozen object is never collected, and triton's nanobind bindings (imported with torch) then
+    report each of theirs still alive at exit as leaked, about 30 lines on standard error."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class WorkerFailure:
@@ -82,17 +101,20 @@ class EngineWorker:
         served: the :class:`~cyb.serve.served.ServedModel`.
         slots: rows that decode at once (cut by the engine to the cache memory).
         cache_bytes: the engine's cache memory (None: its default).
+        engine_options: other :class:`cyb.engine.EngineOptions` fields (``block_size``,
+            ``prefix_caching``; None: the defaults).
         deliver: called from the worker thread with each step's ``[(job, items)]``.
         pack: what each of a job's new tokens is in ``items``, from the choice's index and the
             :class:`~cyb.engine.Emitted` (None: the pair ``(index, emitted)``); the engine's
             process packs them as the tuples it sends, in the same pass.
     """
 
-    def __init__(self, served, *, slots: int, cache_bytes: int | None = None,
+    def __init__(self, served, *, slots: int, cache_bytes: int | None = None, engine_options: dict | None = None,
                  deliver: Callable[[list], None], pack: Callable[[int, Emitted], object] | None = None) -> None:
         self.served = served
         self._slots_wanted = slots
         self._cache_bytes = cache_bytes
+        self._engine_options = dict(engine_options or {})
         self._deliver = deliver
         self._pack = pack or _pair
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -103,8 +125,8 @@ class EngineWorker:
         self._start_error: BaseException | None = None
         self.engine: Engine | None = None
         self.failures = 0
-        #: ``(slots in use, requests queued, engine steps, decode positions, prefill positions)``
-        self.snapshot = (0, 0, 0, 0, 0)
+        #: the engine's gauges and counters after its last step (:data:`~.metrics.SNAPSHOT`)
+        self.snapshot = (0,) * len(SNAPSHOT)
         self.alive = False
 
     # ------------------------------------------------------------------ from other threads
@@ -151,8 +173,8 @@ class EngineWorker:
         served = self.served
         # the engine's own admission: under a queue longer than the free slots, prompts start in
         # groups (a few large prefill forwards); starting each as soon as a slot is free halved the
-        # throughput of a mixed load (benchmarks/engine_traffic.py, docs/benchmarks.md)
-        options = EngineOptions(max_slots=self._slots_wanted, cache_bytes=self._cache_bytes)
+        # throughput of a mixed load (benchmarks/engine_traffic.py, docs/record/benchmarks/serving.md)
+        options = EngineOptions(max_slots=self._slots_wanted, cache_bytes=self._cache_bytes, **self._engine_options)
         # the default mode decides the positions a step feeds: a fixed-mode model feeds whole
         # blocks (one step per token, not M); requests of the other mode decide the same tokens
         positions = choose_positions(served.model, [served.default_mode], self._slots_wanted)
@@ -182,9 +204,7 @@ class EngineWorker:
                     self._score_some()
                 if self.engine.busy:
                     self._step()
-                e = self.engine
-                self.snapshot = (e.slots_in_use, e.queued, e.stats["steps"], e.stats["decode_positions"],
-                                 e.stats["prefill_positions"])
+                self.snapshot = engine_snapshot(self.engine)
         finally:
             self.alive = False
 
