@@ -26,7 +26,8 @@ For each model, in this order (each piece's JSON is written to ``--out`` when it
    off where the engine has the option.  After the ``none`` case, ``MODEL-JOB-anchor.json``:
    transformers' continuous batching on the same requests;
 3. ``MODEL-preemption-CASE.json``: 64 requests of the mixed job with a cache a quarter of what
-   they need, against a cache that holds them all (:func:`cyb.bench.size_runs.preemption_check`).
+   they need, against a cache that holds them all (:func:`cyb.bench.size_runs.preemption_check`),
+   the model in float32.
 
 Then ``summary.json`` (every record and the goals), the table and the goals as MET / MISSED / N/A
 lines (:mod:`cyb.bench.size_goals`).  ``--budget-s`` bounds the call: a piece starts only while
@@ -211,6 +212,10 @@ def run_model(call: Call, name: str) -> None:
     if not a.no_check:
         job = make_job("mixed", limit, quick=a.quick, requests=CHECK_REQUESTS if not a.quick else None, seed=a.seed)
         slots = max(1, min(job.spec.concurrency, len(job.items)) // 2)
+        # in float32: in bf16 a different batch alone changes most answers of a model with random
+        # weights (its sums depend on the batch, and its logits are full of near ties)
+        for pm, _ in models.values():
+            pm.float()
         for case, (pm, mode) in models.items():
             record = {"kind": "serve_sizes_preemption", "model": name, "case": case, "status": "skipped",
                       "reason": "time budget spent"}

@@ -79,3 +79,19 @@ def test_the_anchor_sits_beside_the_run_without_pauses():
               "anchor": {"status": "ok", "real_tokens_per_s": 812.4}}
     table = size_table([run(), run(case="private-adaptive"), anchor]).splitlines()
     assert table[2].split(" | ")[6] == "812" and table[3].split(" | ")[6] == ""
+
+
+def test_preemption_reads_not_measured_where_a_different_batch_alone_changes_answers():
+    """bf16 sums depend on the batch: where half the slots (nothing preempted) change answers too,
+    the changed count says nothing about the cache, and the line says so."""
+    def check(changed, noise, failed=0):
+        return {"kind": "serve_sizes_preemption", "model": "smollm2-1.7b", "case": "none", "status": "ok",
+                "check": {"preemptions": 3, "failed": failed, "changed": changed, "noise": noise, "requests": 64,
+                          "dtype": "bfloat16"}}
+
+    noisy, clean, broken = (lines_of([check(*c)])[0] for c in ((14, 21), (0, 3), (2, 5, 1)))
+    assert noisy.startswith("N/A    no failed or changed request under preemption (smollm2-1.7b, none)")
+    assert "14 changed of 64; 21 differ at half the rows with the large cache (bfloat16)" in noisy
+    assert "equality is not read here" in noisy
+    assert clean.startswith("MET    no failed or changed request under preemption (smollm2-1.7b, none): 0 ")
+    assert broken.startswith("MISSED no failed or changed request under preemption (smollm2-1.7b, none): 3 ")

@@ -275,7 +275,8 @@ def preemption_check(pm, items, *, mode: str, slots: int, small_fraction: float 
     return {"requests": len(items), "slots": slots, "large_gib": large / 2**30, "small_gib": small / 2**30,
             "reference": {k: ref[k] for k in keep}, "half_slots": {k: half[k] for k in keep},
             "small_cache": {k: tight[k] for k in keep}, "preemptions": tight["preemptions"],
-            "changed": changed, "noise": noise, "failed": ref["failed"] + half["failed"] + tight["failed"]}
+            "changed": changed, "noise": noise, "failed": ref["failed"] + half["failed"] + tight["failed"],
+            "dtype": str(next(pm.parameters()).dtype).removeprefix("torch.")}
 
 
 __all__ = ["batch_one", "ceiling", "ceiling_rows", "copy_bandwidth", "engine_job", "preemption_check", "steady",
