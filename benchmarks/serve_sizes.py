@@ -206,8 +206,10 @@ def run_model(call: Call, name: str) -> None:
                     anchor.update(status=anchor["anchor"]["status"], reason=anchor["anchor"].get("reason", ""))
                 call.write(f"{name}-{job_name}-anchor", anchor)
                 got = anchor.get("anchor") or {}
+                late = (f", {got['unfinished']} unfinished when its {got['seconds']:.0f} s ran out"
+                        if got.get("timed_out") else "")
                 call.log(name, job_name, "transformers continuous batching:", anchor["status"],
-                         f"{got.get('real_tokens_per_s') or 0:,.0f} tok/s, failed {got.get('failed')}",
+                         f"{got.get('real_tokens_per_s') or 0:,.0f} tok/s, failed {got.get('failed')}{late}",
                          anchor.get("reason") or "")
     if not a.no_check:
         job = make_job("mixed", limit, quick=a.quick, requests=CHECK_REQUESTS if not a.quick else None, seed=a.seed)

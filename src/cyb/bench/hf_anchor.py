@@ -73,7 +73,11 @@ def continuous_batching(hf_model, items, *, concurrency: int, cache_bytes: int |
     attention where installed (else it keeps the model's sdpa); ``prefix_sharing``: its block
     sharing.  A model that attends through cyb's pause attention (a :class:`cyb.PauseModel` wrapped
     it) runs with plain sdpa here, the same kernel without pauses; its implementation is put back
-    after."""
+    after.
+
+    In the result, ``failed`` counts requests that ended with an error or the wrong length,
+    ``unfinished`` those with no result when ``timeout_s`` ran out (``timed_out``) or the loop
+    stopped; tokens per second count the finished ones."""
     from transformers import GenerationConfig
 
     config, given = _cb_config(max_requests_per_batch=concurrency, num_blocks=_blocks(hf_model, cache_bytes),
@@ -116,20 +120,22 @@ def continuous_batching(hf_model, items, *, concurrency: int, cache_bytes: int |
     finally:
         if hf_model.config._attn_implementation != attn_before:
             hf_model.set_attn_implementation(attn_before)
-    ttft, gaps, failed, tokens = [], [], 0, 0
+    ttft, gaps, failed, unfinished, tokens = [], [], 0, 0, 0
     for rid, (_, n) in zip(ids, items):
         r = results.get(rid)
-        if r is None or r.error is not None or len(r.generated_tokens) != n:
-            failed += 1
-        if r is None:
+        if r is None:  # not done when the time ran out (or the loop stopped)
+            unfinished += 1
             continue
+        if r.error is not None or len(r.generated_tokens) != n:
+            failed += 1
         tokens += len(r.generated_tokens)
         stamps = getattr(r, "timestamps", None) or []
         if stamps:
             ttft.append((stamps[0] - r.created_time) * 1e3)
             gaps += [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
     out = {"seconds": seconds, "warm_up_s": warm_s, "requests": len(items), "finished": len(results),
-           "failed": failed, "real_tokens": tokens, "real_tokens_per_s": tokens / seconds if seconds > 0 else None,
+           "failed": failed, "unfinished": unfinished, "timed_out": unfinished > 0 and seconds >= timeout_s,
+           "real_tokens": tokens, "real_tokens_per_s": tokens / seconds if seconds > 0 else None,
            "attn_implementation": attn_used, "config": {k: v for k, v in given.items()},
            "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p99": percentile(ttft, 99),
            "itl_ms_p50": percentile(gaps, 50), "itl_ms_p99": percentile(gaps, 99)}
