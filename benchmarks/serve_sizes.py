@@ -133,7 +133,7 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
               "cache_bytes": cache_bytes}
     if not call.allows():
         return {**record, "status": "skipped", "reason": "time budget spent"}
-    options = {"block_size": a.block_size, "step_budget": a.step_budget}
+    options = engine_choices(a)
     fewshot = job.name == "fewshot" and has_option("prefix_caching")
     kw = dict(mode=mode, max_model_len=spec.max_model_len, slots=spec.concurrency, cache_bytes=cache_bytes,
               clients=spec.concurrency)
@@ -171,6 +171,12 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
             if (record.get("serve") or {}).get("status") == "ok":
                 record["serve_vs_ceiling"] = record["serve"]["real_tokens_per_s"] / record["ceiling_tok_s"]
     return record
+
+
+def engine_choices(a) -> dict:
+    """The :class:`~cyb.engine.EngineOptions` fields the command line chose (None: the default)."""
+    return {"block_size": a.block_size, "step_budget": a.step_budget, "prefill_chunk": a.prefill_chunk,
+            "prefill_rows": a.prefill_rows}
 
 
 def run_model(call: Call, name: str) -> None:
@@ -223,8 +229,7 @@ def run_model(call: Call, name: str) -> None:
                       "reason": "time budget spent"}
             if call.allows():
                 check = guarded(lambda: sr.preemption_check(pm, job.items, mode=mode, slots=slots,
-                                                            options={"block_size": a.block_size,
-                                                                     "step_budget": a.step_budget}), device)
+                                                            options=engine_choices(a)), device)
                 record.update(status=check["status"], reason=check.get("reason", ""), check=check)
             call.write(f"{name}-preemption-{case}", record)
             c = record.get("check") or {}
@@ -275,6 +280,10 @@ def main(argv=None) -> int:
     ap.add_argument("--block-size", type=int, default=None, help="EngineOptions.block_size, where the engine has it")
     ap.add_argument("--step-budget", type=int, default=None,
                     help="EngineOptions.step_budget (prompts inside the decoding steps), where the engine has it")
+    ap.add_argument("--prefill-chunk", type=int, default=None,
+                    help="EngineOptions.prefill_chunk: prompt columns a row writes per prefill forward")
+    ap.add_argument("--prefill-rows", type=int, default=None,
+                    help="EngineOptions.prefill_rows: rows a prefill forward writes at most")
     ap.add_argument("--steady-steps", type=int, default=50, help="timed steps of the ceiling's steady rate")
     ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the call")
     ap.add_argument("--no-anchor", action="store_true", help="leave out transformers' continuous batching")

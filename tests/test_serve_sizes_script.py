@@ -66,9 +66,13 @@ def test_quick_run_writes_every_piece_and_its_goals(tmp_path, capsys):
 def test_a_gemma3_model_with_sliding_windows_runs_the_eval_job(tmp_path):
     out = tmp_path / "gemma"
     assert script.main(["--quick", "--out", str(out), "--models", "tiny-gemma3", "--jobs", "eval", "--cases",
-                        "shared-fixed", "--no-anchor", "--no-check", "--no-batch1", "--no-ceiling"]) == 0
+                        "shared-fixed", "--no-anchor", "--no-check", "--no-batch1", "--no-ceiling",
+                        "--prefill-chunk", "32", "--prefill-rows", "1"]) == 0
     r = json.loads((out / "tiny-gemma3-eval-shared-fixed.json").read_text())
     assert r["status"] == "ok" and r["engine"]["failed"] == 0 and r["num_steps"] == 3
+    assert r["engine"]["options"]["prefill_chunk"] == 32 and r["engine"]["options"]["prefill_rows"] == 1
+    stats = r["engine"]["stats"]  # a forward writes one row's 32 columns at most
+    assert stats["prefill_forwards"] * 32 >= stats["prefill_positions"] > 32
     assert r["engine"]["positions_per_step"] == 3  # fixed mode: every pause fed, a whole block a step
 
 
