@@ -334,6 +334,18 @@ def varlen_step(lengths, *, heads=4, kv_heads=2, dim=16, cols=120, padding=2, se
     return query, key, value, last, torch.tensor(start, dtype=torch.int32), kw
 
 
+def _paged_step(key, value, last, start, lengths, block_size):
+    """A flattened step's rows in a pool of ``block_size`` columns (None: as they are, no table):
+    ``(key, value, table)``, each row's blocks up to the last column any of its queries sees."""
+    if block_size is None:
+        return key, value, None
+    per_row = torch.full((len(lengths), 1), -1)
+    for i in range(len(lengths)):
+        if lengths[i]:
+            per_row[i] = last[start[i]:start[i + 1]].max()
+    return pooled(key, value, per_row, block_size)
+
+
 @pytest.mark.parametrize("block_size,max_queries,splits", [(None, None, False), (16, 8, False), (64, None, True)],
                          ids=["rows", "paged16-max8", "paged64-splits"])
 def test_varlen_kernel_interpreted(triton_interpreted, monkeypatch, block_size, max_queries, splits):
@@ -344,13 +356,7 @@ def test_varlen_kernel_interpreted(triton_interpreted, monkeypatch, block_size, 
         monkeypatch.setattr(ra, "PROGRAMS_PER_SM", 40)
     lengths = [1, 0, 37, 1, 3]
     query, key, value, last, start, kw = varlen_step(lengths)
-    table = None
-    if block_size is not None:
-        per_row = torch.full((len(lengths), 1), -1)
-        for i in range(len(lengths)):
-            if lengths[i]:
-                per_row[i] = last[start[i]:start[i + 1]].max()
-        key, value, table = pooled(key, value, per_row, block_size)
+    key, value, table = _paged_step(key, value, last, start, lengths, block_size)
     columns = key.shape[2] if table is None else table.shape[1] * block_size
     assert (plan(len(lengths), 2, 2, columns, query.device, queries=max_queries or len(last),
                  tokens=len(last)).splits > 1) == splits
@@ -404,13 +410,7 @@ def test_foreign_below_kernel_interpreted(triton_interpreted, monkeypatch, block
     lengths = [1, 0, 37, 1, 3]
     query, key, value, last, start, kw = varlen_step(lengths)
     below = _below(last)
-    table = None
-    if block_size is not None:
-        per_row = torch.full((len(lengths), 1), -1)
-        for i in range(len(lengths)):
-            if lengths[i]:
-                per_row[i] = last[start[i]:start[i + 1]].max()
-        key, value, table = pooled(key, value, per_row, block_size)
+    key, value, table = _paged_step(key, value, last, start, lengths, block_size)
     out = row_attention_varlen(query, key, value, last, start, block_table=table, foreign_below=below, **kw)
     ref = row_attention_varlen_reference(query, key, value, last, start, block_table=table, foreign_below=below,
                                          **kw)
