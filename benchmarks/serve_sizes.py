@@ -24,7 +24,9 @@ For each model, in this order (each piece's JSON is written to ``--out`` when it
    counted per token, TTFT, preemptions and prefix-cache hits where the engine counts them, and
    its ceiling (:func:`cyb.bench.size_runs.ceiling`); the few-shot job again with prefix caching
    off where the engine has the option.  After the ``none`` case, ``MODEL-JOB-anchor.json``:
-   transformers' continuous batching on the same requests;
+   transformers' continuous batching on the same requests.  Each ``--variants`` entry (engine
+   options such as ``step_budget=2048`` or ``prefill_chunk=512,prefill_rows=1``) runs the job and
+   case again under those options, against the same ceiling: ``MODEL-JOB-CASE@VARIANT.json``;
 3. ``MODEL-preemption-CASE.json``: 64 requests of the mixed job with a cache a quarter of what
    they need, against a cache that holds them all (:func:`cyb.bench.size_runs.preemption_check`),
    the model in float32.
@@ -125,15 +127,20 @@ def _line(r: dict) -> str:
     return ", ".join(parts)
 
 
-def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, cache_bytes: int) -> dict:
-    """One model, job and case: the engine, the few-shot job without prefix caching, the ceiling."""
+def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, cache_bytes: int,
+             variant: dict | None = None, steady: dict | None = None) -> dict:
+    """One model, job and case: the engine, the few-shot job without prefix caching, the ceiling
+    (``steady``: the steady rate measured already, for a ``variant`` of the command line's engine
+    options)."""
     a, spec = call.a, job.spec
     record = {"kind": "serve_sizes_run", "model": name, "job": job.name, "case": case, "mode": mode,
               "num_steps": pm.vocab.num_steps, "concurrency": spec.concurrency, "job_summary": job.summary(),
               "cache_bytes": cache_bytes}
+    if variant:
+        record["variant"] = ",".join(f"{k}={v}" for k, v in variant.items())
     if not call.allows():
         return {**record, "status": "skipped", "reason": "time budget spent"}
-    options = engine_choices(a)
+    options = {**engine_choices(a), **(variant or {})}
     fewshot = job.name == "fewshot" and has_option("prefix_caching")
     kw = dict(mode=mode, max_model_len=spec.max_model_len, slots=spec.concurrency, cache_bytes=cache_bytes,
               clients=spec.concurrency)
@@ -158,19 +165,41 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
             record["prefix_off"] = guarded(lambda: sr.engine_job(pm, job.items, options={**options,
                                                                                          "prefix_caching": False},
                                                                  deadline=call.deadline(), **kw), call.device)
-    if not a.no_ceiling and call.budget.allows(MIN_RUN_S / 2):
+    if steady is None and not a.no_ceiling and call.budget.allows(MIN_RUN_S / 2):
         rows, length = sr.ceiling_rows(pm, record["job_summary"], concurrency=spec.concurrency,
                                        cache_bytes=cache_bytes)
         length = min(length, spec.max_model_len)
-        st = guarded(lambda: sr.steady(pm, rows=rows, mode=mode, prompt_len=length, id_limit=limit,
-                                       timed=a.steady_steps), call.device)
-        record["steady"] = st
+        steady = guarded(lambda: sr.steady(pm, rows=rows, mode=mode, prompt_len=length, id_limit=limit,
+                                           timed=a.steady_steps), call.device)
+    if steady is not None:
+        st = record["steady"] = steady
         if st["status"] == "ok":
             record["ceiling_tok_s"] = sr.ceiling(engine, st)
             record["vs_ceiling"] = engine["real_tokens_per_s"] / record["ceiling_tok_s"]
             if (record.get("serve") or {}).get("status") == "ok":
                 record["serve_vs_ceiling"] = record["serve"]["real_tokens_per_s"] / record["ceiling_tok_s"]
     return record
+
+
+#: engine options a variant may set (integers)
+VARIANT_OPTIONS = ("step_budget", "prefill_chunk", "prefill_rows", "block_size")
+
+
+def parse_variant(spec: str) -> dict:
+    """``"step_budget=2048,prefill_rows=1"`` as ``{"step_budget": 2048, "prefill_rows": 1}``."""
+    out = {}
+    for part in spec.split(","):
+        key, eq, value = part.partition("=")
+        if key not in VARIANT_OPTIONS or not eq or not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"a variant is OPTION=N[,OPTION=N] with OPTION one of "
+                                             f"{', '.join(VARIANT_OPTIONS)} and N >= 1, got {spec!r}")
+        out[key] = int(value)
+    return out
+
+
+def variant_slug(variant: dict) -> str:
+    """A variant as a file-name part: ``step_budget-2048_prefill_rows-1``."""
+    return "_".join(f"{k}-{v}" for k, v in variant.items())
 
 
 def engine_choices(a) -> dict:
@@ -201,6 +230,11 @@ def run_model(call: Call, name: str) -> None:
             record = run_case(call, name, job, case, pm, mode, limit, cache_bytes)
             call.write(f"{name}-{job_name}-{case}", record)
             call.log(name, job_name, case, _line(record))
+            for variant in a.variants:
+                other = run_case(call, name, job, case, pm, mode, limit, cache_bytes, variant=variant,
+                                 steady=record.get("steady"))
+                call.write(f"{name}-{job_name}-{case}@{variant_slug(variant)}", other)
+                call.log(name, job_name, case, f"[{other['variant']}]", _line(other))
             if case == "none" and not a.no_anchor:
                 anchor = {"kind": "serve_sizes_anchor", "model": name, "job": job_name, "status": "skipped",
                           "reason": "time budget spent"}
@@ -284,6 +318,9 @@ def main(argv=None) -> int:
                     help="EngineOptions.prefill_chunk: prompt columns a row writes per prefill forward")
     ap.add_argument("--prefill-rows", type=int, default=None,
                     help="EngineOptions.prefill_rows: rows a prefill forward writes at most")
+    ap.add_argument("--variants", nargs="+", type=parse_variant, default=[], metavar="OPTION=N[,OPTION=N]",
+                    help="run each job and case again under these engine options (of "
+                         f"{', '.join(VARIANT_OPTIONS)}), against the same ceiling")
     ap.add_argument("--steady-steps", type=int, default=50, help="timed steps of the ceiling's steady rate")
     ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the call")
     ap.add_argument("--no-anchor", action="store_true", help="leave out transformers' continuous batching")

@@ -10,6 +10,7 @@
 #   SERVE=1 ...                      # the mixed job through cyb serve too (starlette and uvicorn in .whl/)
 #   STEP_BUDGET=1024 ...             # prompts written inside the decoding steps (EngineOptions.step_budget)
 #   PREFILL_CHUNK=512 PREFILL_ROWS=1 ...   # smaller prefill forwards between the decoding steps
+#   VARIANTS="step_budget=2048 prefill_chunk=512,prefill_rows=1" ...   # each job and case again under these
 #   python benchmarks/serve_sizes.py --from OUT1 OUT2 ...               # later: the goals of several calls
 #
 # Writes to $OUT (default outputs/serve_sizes): MODEL-*.json, summary.json, goals.txt and
@@ -31,6 +32,7 @@ MORE=()
 [[ -n "${STEP_BUDGET:-}" ]] && MORE+=(--step-budget "$STEP_BUDGET")
 [[ -n "${PREFILL_CHUNK:-}" ]] && MORE+=(--prefill-chunk "$PREFILL_CHUNK")
 [[ -n "${PREFILL_ROWS:-}" ]] && MORE+=(--prefill-rows "$PREFILL_ROWS")
+[[ -n "${VARIANTS:-}" ]] && MORE+=(--variants $VARIANTS)
 if [[ -n "${SMOKE:-}" ]]; then
     echo "== smoke: tiny models on the GPU"
     timeout -k 10 120 $PY benchmarks/serve_sizes.py --quick --device cuda --out "$OUT/smoke" --jobs mixed \

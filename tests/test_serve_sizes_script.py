@@ -109,3 +109,26 @@ def test_the_mixed_job_through_cyb_serve(tmp_path):
     assert r["serve_vs_ceiling"] == pytest.approx(served["real_tokens_per_s"] / r["ceiling_tok_s"])
     goals = json.loads((out / "summary.json").read_text())["goals"]
     assert any(g["target"].startswith("served inter-token p99") for g in goals)
+
+
+def test_variants_run_again_under_their_options_against_the_same_ceiling(tmp_path, capsys):
+    out = tmp_path / "variants"
+    assert script.main(["--quick", "--out", str(out), "--models", "tiny", "--jobs", "mixed", "--cases", "none",
+                        "--variants", "prefill_chunk=16,prefill_rows=1", "--no-anchor", "--no-check",
+                        "--no-batch1"]) == 0
+    printed = capsys.readouterr().out
+    base = json.loads((out / "tiny-mixed-none.json").read_text())
+    other = json.loads((out / "tiny-mixed-none@prefill_chunk-16_prefill_rows-1.json").read_text())
+    assert "variant" not in base and other["variant"] == "prefill_chunk=16,prefill_rows=1"
+    assert other["engine"]["options"]["prefill_chunk"] == 16 and other["engine"]["failed"] == 0
+    assert other["ceiling_tok_s"] == base["ceiling_tok_s"]  # measured once
+    assert "| tiny | mixed | none [prefill_chunk=16,prefill_rows=1] |" in printed
+    assert any(x.startswith(("MET", "MISSED")) and "(tiny, mixed, none [prefill_chunk=16,prefill_rows=1])" in x
+               for x in printed.splitlines())
+
+
+@pytest.mark.parametrize("spec", ["step_budget", "step_budget=0", "temperature=1", "prefill_chunk=x"])
+def test_bad_variants_are_refused(spec, capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--quick", "--out", "/tmp/x", "--variants", spec])
+    assert "a variant is OPTION=N" in capsys.readouterr().err

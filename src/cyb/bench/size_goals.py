@@ -41,7 +41,12 @@ def _runs(records, kind: str) -> list[dict]:
 
 
 def _label(r: dict) -> str:
-    return f"{r['model']}, {r['job']}, {r['case']}"
+    return f"{r['model']}, {r['job']}, {_case(r)}"
+
+
+def _case(r: dict) -> str:
+    """The run's case, with the engine options of its variant (``--variants``) where it has one."""
+    return f"{r['case']} [{r['variant']}]" if r.get("variant") else r["case"]
 
 
 def _missing(target: str, op: str, threshold, r: dict) -> dict:
@@ -92,7 +97,7 @@ def size_goals(records) -> list[dict]:
     for r in runs:
         if r["job"] != "fewshot":
             continue
-        target = f"few-shot job >= {PREFIX_GOAL} x faster with prefix caching ({r['model']}, {r['case']})"
+        target = f"few-shot job >= {PREFIX_GOAL} x faster with prefix caching ({r['model']}, {_case(r)})"
         if r.get("status") != "ok":
             out.append(_missing(target, ">=", PREFIX_GOAL, r))
             continue
@@ -169,19 +174,19 @@ def goal_lines(checks) -> list[str]:
 
 
 def size_table(records) -> str:
-    """The Markdown table of the runs: one line per model, job and case."""
+    """The Markdown table of the runs: one line per model, job, case and variant."""
     headers = ["model", "job", "case", "tok/s", "ceiling tok/s", "/ ceiling", "transformers CB tok/s", "served tok/s",
                "slots peak / mean", "one slot of max_model_len", "ITL p50 / p99 ms", "p99 / p50", "TTFT p50 / p99 ms",
                "prefix off tok/s", "prefix hit rate", "preemptions", "failed"]
     anchors = {(a["model"], a["job"]): a.get("anchor") or {} for a in _runs(records, "serve_sizes_anchor")}
     rows = []
     for r in _runs(records, "serve_sizes_run"):
-        head = [r["model"], r["job"], r["case"]]
+        head = [r["model"], r["job"], _case(r)]
         if r.get("status") != "ok":
             rows.append(head + [f"{r.get('status')}: {r.get('reason', '')}"[:80]] + [""] * (len(headers) - 4))
             continue
         e, off, served = r["engine"], r.get("prefix_off") or {}, r.get("serve") or {}
-        anchor = anchors.get((r["model"], r["job"]), {}) if r["case"] == "none" else {}
+        anchor = anchors.get((r["model"], r["job"]), {}) if r["case"] == "none" and not r.get("variant") else {}
         rows.append(head + [
             _fmt(e["real_tokens_per_s"], ",.0f"), _fmt(r.get("ceiling_tok_s"), ",.0f"),
             _fmt(r.get("vs_ceiling"), ".2f"),
