@@ -8,8 +8,9 @@
 # (`git rev-parse --short HEAD` there, with nothing uncommitted): a copy of the tree on another
 # machine can carry older git metadata, so the script does not ask git.
 #
-# Wheels in .whl/ (the server's stack and the OpenAI client, which the serve tests need) are
-# installed first (benchmarks/gpu_env.sh).  Writes $OUT/gpu-tests.log (default results/benchmarks).
+# Wheels in .whl/ (the server's stack and the OpenAI client, which the serve tests need; bash
+# benchmarks/gpu_wheels.sh fetches them) are installed first (benchmarks/gpu_env.sh).  Writes
+# $OUT/gpu-tests.log (default results/benchmarks).
 #
 # One process takes more than ten minutes on an H100 (most of it compiling kernels); with the
 # pytest-xdist wheel in .whl/, `-n 4 --dist loadfile` runs the test files in four processes on
