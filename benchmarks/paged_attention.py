@@ -46,6 +46,7 @@ if "--quick" in sys.argv and not torch.cuda.is_available():  # before anything i
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
+from cyb.bench.timing import graphed  # noqa: E402
 from cyb.kernels import row_attention as ra  # noqa: E402
 
 BLOCK_SIZES = (16, 32, 64, 128)
@@ -232,15 +233,7 @@ class Timer:
             fn()
             return None
         if graph:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            fn = g.replay
+            fn = graphed(fn)
         return float(self.do_bench(fn, warmup=25, rep=100))
 
 

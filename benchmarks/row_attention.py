@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
+from cyb.bench.timing import graphed  # noqa: E402
 from cyb.kernels import row_attention as ra  # noqa: E402
 from cyb.kernels import triton_row_attention as tra  # noqa: E402
 
@@ -54,18 +55,6 @@ def main(argv=None):
 
     def bench(fn):
         return do_bench(fn, warmup=25, rep=200)
-
-    def graphed(fn):
-        """``fn`` captured as a CUDA graph (after a warm-up call): its replay."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
 
     gb_s = bandwidth_gb_s(bench)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gb_s": gb_s,

@@ -128,6 +128,20 @@ def kernel_ms(fn: Callable[[], object], *, device: torch.device, calls: int = 2)
     return total_us / calls / 1e3 if total_us else None
 
 
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` (CUDA work on the current device) run once on a side stream as a warm-up, then
+    captured as a CUDA graph: returns the graph's replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def guarded(fn: Callable[[], dict], device: torch.device) -> dict:
     """``{"status": "ok", **fn()}``, or ``{"status": "oom"}`` / ``{"status": "error", ...}``.
 
