@@ -172,9 +172,9 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
         steady = guarded(lambda: sr.steady(pm, rows=rows, mode=mode, prompt_len=length, id_limit=limit,
                                            timed=a.steady_steps), call.device)
     if steady is not None:
-        st = record["steady"] = steady
-        if st["status"] == "ok":
-            record["ceiling_tok_s"] = sr.ceiling(engine, st)
+        record["steady"] = steady
+        if steady["status"] == "ok":
+            record["ceiling_tok_s"] = sr.ceiling(engine, steady)
             record["vs_ceiling"] = engine["real_tokens_per_s"] / record["ceiling_tok_s"]
             if (record.get("serve") or {}).get("status") == "ok":
                 record["serve_vs_ceiling"] = record["serve"]["real_tokens_per_s"] / record["ceiling_tok_s"]

@@ -133,7 +133,7 @@ def size_goals(records) -> list[dict]:
             out.append(_check(target, None, "==", 0, f"{why}; {c['failed']} failed, {c['changed']} changed"))
         else:
             note = (f"{c['preemptions']} preemptions, {c['failed']} failed, {c['changed']} changed of {c['requests']}; "
-                    f"{c['noise']} differ at half the rows with the large cache ({c.get('dtype', 'bf16')})")
+                    f"{c['noise']} differ at half the rows with the large cache ({c.get('dtype', 'bfloat16')})")
             if c["changed"] and c["noise"] and not c["failed"]:
                 # a different batch alone changes answers: equality cannot be read at this size
                 out.append(_check(target, None, "==", 0, note + "; the numerics of a different batch "
