@@ -108,6 +108,44 @@ def test_the_step_budget_bounds_the_chunks(triton_interpreted):
         pass
 
 
+def _warmed_then_run(pm, name, device_warm_up: bool):
+    """An engine with a step budget whose mixed steps were warmed (the runner's warm-up steps on
+    the CPU, :meth:`Engine.warm_up` on CUDA) and then runs :data:`TAILS`: the rows are as they
+    were, and every request decides the reference's tokens."""
+    from cyb.engine.readout import SamplingKind
+
+    prompts = [encode(STEM + t) for t in TAILS]
+    budgets = [9, 7, 11, 6, 8]
+    keys = row_keys(len(prompts), seed=23)
+    reqs = requests(prompts, budgets, "adaptive", SAMPLED, keys)
+    options = EngineOptions(max_slots=3, block_size=16, capacity_multiple=16, prefill_chunk=16, positions="one",
+                            row_attention=True, step_budget=40)
+    engine = Engine.sized_for(pm, reqs, options=options)
+    before = [t.clone() for t in engine.rows.snapshot()]
+    if device_warm_up:
+        engine.warm_up()
+    else:
+        with torch.inference_mode():
+            for n in (1, engine.slots):
+                engine.runner.warm_mixed(n, engine.q, 40 - n * engine.q, SamplingKind())
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.rows.snapshot()))
+    index = {engine.submit(r): i for i, r in enumerate(reqs)}
+    got = {i: ([], [], []) for i in range(len(reqs))}
+    while engine.busy:
+        for e in engine.step():
+            tokens, steps, d = got[index[e.request]]
+            tokens.append(e.token), steps.append(e.steps), d.append(list(e.d))
+    assert engine.stats["mixed_steps"] > 0
+    for i, p in enumerate(prompts):
+        assert_same(got[i], ref(pm, name, p, budgets[i], "adaptive", SAMPLED, keys[i]))
+
+
+@pytest.mark.parametrize("visibility", ["private", "gated"])
+def test_warming_mixed_steps_changes_nothing(triton_interpreted, small_chunks, visibility):
+    """The warm-up's mixed steps write only the scratch columns: nothing a request reads."""
+    _warmed_then_run(layout_model(visibility), visibility, device_warm_up=False)
+
+
 def test_step_budget_is_refused_where_it_cannot_run(triton_interpreted):
     with pytest.raises(ValueError, match="step_budget"):
         EngineOptions(step_budget=0)
@@ -128,3 +166,11 @@ def test_cuda_mixed_steps(small_chunks, visibility):
                         preempt=True)
         assert engine.runner.use_graph
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("visibility", ["shared", "gated"])
+def test_cuda_warm_up_with_a_step_budget(small_chunks, visibility):
+    """On CUDA, :meth:`Engine.warm_up` with a step budget runs its mixed steps into the scratch
+    columns: nothing a request reads."""
+    _warmed_then_run(layout_model(visibility).to("cuda"), visibility, device_warm_up=True)

@@ -435,6 +435,17 @@ def test_plan_tiles_cover_the_queries():
         assert group * p.q_tile <= max(group, ra.MAX_TILE_ROWS)
         varlen = plan(rows, group, 8, 4096, cpu, queries=queries, tokens=rows * queries + 5)
         assert varlen.q_tiles >= -(-(rows * queries + 5) // varlen.q_tile) + rows + 1
+        cap = max(1, ra.MAX_TILE_ROWS // group)
+        assert varlen.q_tile == cap or varlen.q_tile & (varlen.q_tile - 1) == 0
+
+
+def test_varlen_steps_of_different_longest_rows_share_a_tile():
+    """A mixed step's longest row changes from step to step; its tiles (a compiled variant of the
+    kernel each) do not, within a power of two."""
+    cpu = torch.device("cpu")
+    tiles = {q: plan(300, 1, 32, 4096, cpu, queries=q, tokens=256 + q).q_tile for q in range(1, 600)}
+    assert {tiles[q] for q in range(65, 600)} == {ra.MAX_TILE_ROWS}
+    assert {tiles[q] for q in range(33, 65)} == {64} and tiles[5] == 8 and tiles[1] == 1
 
 
 def test_paged_wrong_inputs_are_refused():

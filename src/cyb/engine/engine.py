@@ -157,11 +157,17 @@ class Engine:
         row bucket (1, 2, 4, ... up to the slots) is captured now: under load no step then
         waits for a capture.  Otherwise, where steps are fused, the graphs of one row and of
         two (compiling the fused kernels, which then serve every later capture: a few seconds
-        once per process)."""
+        once per process).  With a step budget, a mixed step of one row and one of every slot
+        (into the scratch columns) compile the kernels that mixed steps run."""
         self.capture_prefill()
         runner = self.runner
         if not runner.use_graph:
             return
+        if self.mixing:  # (mixed steps run eagerly: a small one and a full one compile their kernels)
+            with torch.inference_mode():
+                for n in sorted({1, self.slots}):
+                    runner.warm_mixed(n, self.q, max(self.options.step_budget - n * self.q, MIN_MIXED_CHUNK),
+                                      SamplingKind())
         if runner.row_attention:
             counts = {self._rows_bucket(n) for n in range(1, self.slots + 1)}
         elif runner.fused:

@@ -255,13 +255,29 @@ class Runner:
             # a decoding row's queries are all of its current token; a chunk's, each of its own
             below = torch.cat([rows.real_col[:n].unsqueeze(1).expand(n, q).reshape(-1),
                                starts.to(dev, non_blocking=True)])
-        varlen = (last, query_start, foreign, below, flat_pos[0], key_pos, table, max([q, *counts]))
+        # (no bound on a row's queries: every step then shares one tile size and one compiled kernel)
+        varlen = (last, query_start, foreign, below, flat_pos[0], key_pos, table, None)
         # (the mask is not read: attention goes through pause_varlen; a small one keeps the
         # decoder's mask handling as it is)
         mask = self._mask(last.clamp(min=0).unsqueeze(0), 1, flat_pos)
         with growing_attention(dev):
             hidden = self._forward(flat_ids, flat_pos, mask, pause_varlen=varlen)
         rows.advance(n, self.model.logits(hidden[0, :n * q].view(n, q, -1)), kind)
+
+    def warm_mixed(self, n: int, q: int, chunk: int, kind: SamplingKind) -> None:
+        """One mixed step of rows ``0 .. n-1`` and a chunk of ``chunk`` positions of slot 0, every
+        position writing into the scratch columns (the null block) and the rows left as they were:
+        run before the first request, it compiles the kernels the load's mixed steps will use
+        (only a few variants serve every shape; see :mod:`cyb.kernels.triton_row_attention`)."""
+        rows = self.rows
+        saved = rows.snapshot()
+        rows.active.zero_()
+        span = max(1, rows.last_col + 1 - rows.scratch_col)
+        cols = rows.scratch_col + torch.arange(chunk) % span
+        zeros = torch.zeros(chunk, dtype=torch.long)
+        self.mixed(n, q, kind, [0], [chunk], zeros, zeros, cols, zeros,
+                   starts=cols if self.tags is not None else None)
+        rows.restore(saved)
 
     def decode(self, n: int, q: int, limit: int, kind: SamplingKind) -> None:
         """One decoding step of rows ``0 .. n-1`` (:attr:`Rows.out` holds what it decided)."""

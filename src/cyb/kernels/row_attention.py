@@ -182,7 +182,8 @@ def plan(rows: int, group: int, kv_heads: int, columns: int, device: torch.devic
          tokens: int | None = None) -> Plan:
     """The :class:`Plan` of a call with ``rows`` rows of up to ``queries`` queries each; with
     ``tokens`` (varlen), the queries of all rows flattened into that many tokens."""
-    q_tile = query_tile(group, max(1, queries))
+    # (varlen: a power of two, so that steps whose longest row differs share a compiled kernel)
+    q_tile = query_tile(group, max(1, queries) if tokens is None else 1 << (max(1, queries) - 1).bit_length())
     if tokens is None:
         q_tiles = math.ceil(queries / q_tile)
         splits, split_len = split_plan(rows * q_tiles, kv_heads, columns, device)

@@ -24,6 +24,14 @@ program ``j`` finds its row and tile from ``query_start`` itself (:func:`_varlen
 grid (``cdiv(T, QT) + n + 1`` tiles, enough for any split of ``T`` into ``n`` rows) follows from
 the shapes only.  The tokens past ``query_start[n]`` form one more row that sees nothing.
 
+A mixed step's shapes change from step to step (its rows, its tokens, how the columns are
+split), and a kernel compiled inside a timed step stalls every row: the sizes that vary are not
+specialised on (``do_not_specialize``), the rows ``query_start`` holds are scanned in blocks of
+at least :data:`MIN_VARLEN_ROWS`, the combine kernel of a varlen call is as wide as the most
+splits its columns allow, and varlen tiles hold a power of two of queries
+(:func:`cyb.kernels.row_attention.plan`), so that two compiled variants of the partial kernel
+(one split or several) serve every step.
+
 They run on CUDA tensors, and on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton
 was first imported.
 """
@@ -37,6 +45,11 @@ import triton.language as tl
 from .chunk_ops import interpreting
 
 LOG2E = 1.4426950408889634
+#: the fewest rows of ``query_start`` a varlen program scans at once (``BLOCK_R``): one compiled
+#: variant for every step of up to 511 rows (a scan of 512 integers costs nothing beside a tile)
+MIN_VARLEN_ROWS = 512
+#: sizes of a call that change from step to step: never compiled into the kernels
+_VARYING = ("n", "tokens", "q_tiles", "splits")
 #: warps of a program of the partial kernel with tiles of at most 64 query rows (8 above)
 NUM_WARPS = 4
 #: software-pipelining stages of a program of the partial kernel
@@ -106,7 +119,7 @@ def _varlen_tile(qstart_ptr, n, tokens, j, QT: tl.constexpr, BLOCK_R: tl.constex
     return row, first, (j - first_tile) * QT, count
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VARYING)
 def _partial_kernel(
     q_ptr, k_ptr, v_ptr, last_ptr, foreign_ptr, gate_ptr, below_ptr, qpos_ptr, kpos_ptr, table_ptr, qstart_ptr,
     out_ptr, o_ptr, lse_ptr,
@@ -206,7 +219,7 @@ def _partial_kernel(
         tl.store(lse_ptr + part, lse, mask=in_tile)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("tokens", "splits"))
 def _combine_kernel(o_ptr, lse_ptr, out_ptr, tokens, heads, splits, D: tl.constexpr, BLOCK_S: tl.constexpr,
                     BLOCK_D: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)  # query token
@@ -282,11 +295,14 @@ def launch(query, key, value, last, foreign, gate, query_pos, key_pos, block_tab
         G=group, QT=q_tile, D=dim, HAS_GATE=has_gate, HAS_BELOW=has_below, WINDOW=mode, PAGED=paged,
         BLOCK_SIZE=key.shape[2] if paged else 1, VARLEN=varlen, DIRECT=direct, DYNAMIC_LOOP=not interpreting(),
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=block_d, BLOCK_R=max(2, triton.next_power_of_2(rows + 1)),
+        BLOCK_D=block_d, BLOCK_R=max(MIN_VARLEN_ROWS, triton.next_power_of_2(rows + 1)) if varlen else 2,
         num_warps=NUM_WARPS if block_m <= 64 else 2 * NUM_WARPS, num_stages=NUM_STAGES,
     )
     if not direct:
+        # (varlen: as wide as the most splits, every column tile one, so one variant serves all)
+        widest = triton.cdiv(block_table.shape[1] * key.shape[2] if paged else key.shape[2], block_n) if varlen else splits
+        block_s = max(2, triton.next_power_of_2(widest))
         _combine_kernel[(tokens, heads)](
             o_part, lse_part, out, tokens, heads, splits,
-            D=dim, BLOCK_S=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=1,
+            D=dim, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4 if varlen and block_s > 16 else 1,
         )
