@@ -26,7 +26,7 @@ For each model, in this order (each piece's JSON is written to ``--out`` when it
    off where the engine has the option.  After the ``none`` case, ``MODEL-JOB-anchor.json``:
    transformers' continuous batching on the same requests.  Each ``--variants`` entry (engine
    options such as ``step_budget=2048`` or ``prefill_chunk=512,prefill_rows=1``) runs the job and
-   case again under those options, against the same ceiling: ``MODEL-JOB-CASE@VARIANT.json``;
+   case again under those options, against the same ceiling: ``MODEL-JOB-CASE--VARIANT.json`` (file names of letters, digits, ``-`` and ``_`` only);
 3. ``MODEL-preemption-CASE.json``: 64 requests of the mixed job with a cache a quarter of what
    they need, against a cache that holds them all (:func:`cyb.bench.size_runs.preemption_check`),
    the model in float32.
@@ -233,7 +233,7 @@ def run_model(call: Call, name: str) -> None:
             for variant in a.variants:
                 other = run_case(call, name, job, case, pm, mode, limit, cache_bytes, variant=variant,
                                  steady=record.get("steady"))
-                call.write(f"{name}-{job_name}-{case}@{variant_slug(variant)}", other)
+                call.write(f"{name}-{job_name}-{case}--{variant_slug(variant)}", other)
                 call.log(name, job_name, case, f"[{other['variant']}]", _line(other))
             if case == "none" and not a.no_anchor:
                 anchor = {"kind": "serve_sizes_anchor", "model": name, "job": job_name, "status": "skipped",

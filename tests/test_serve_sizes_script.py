@@ -118,7 +118,7 @@ def test_variants_run_again_under_their_options_against_the_same_ceiling(tmp_pat
                         "--no-batch1"]) == 0
     printed = capsys.readouterr().out
     base = json.loads((out / "tiny-mixed-none.json").read_text())
-    other = json.loads((out / "tiny-mixed-none@prefill_chunk-16_prefill_rows-1.json").read_text())
+    other = json.loads((out / "tiny-mixed-none--prefill_chunk-16_prefill_rows-1.json").read_text())
     assert "variant" not in base and other["variant"] == "prefill_chunk=16,prefill_rows=1"
     assert other["engine"]["options"]["prefill_chunk"] == 16 and other["engine"]["failed"] == 0
     assert other["ceiling_tok_s"] == base["ceiling_tok_s"]  # measured once
