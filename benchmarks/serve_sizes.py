@@ -288,15 +288,23 @@ def report(records: list[dict], out: str | None) -> None:
 
 
 def load_records(folders) -> list[dict]:
-    """Every record of :data:`KINDS` in the JSON files of ``folders`` (summaries left out)."""
+    """Every record of :data:`KINDS` in the JSON files of ``folders`` (summaries left out), by
+    folder, then kind, model, job and case (in :data:`CASES` order), each plain run before its
+    variants (by name)."""
     records = []
-    for folder in folders:
-        for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    for rank, folder in enumerate(folders):
+        for path in glob.glob(os.path.join(folder, "*.json")):
             with open(path) as f:
                 data = json.load(f)
             if data.get("kind") in KINDS:
-                records.append(data)
-    return records
+                records.append((rank, data))
+
+    def order(item):
+        rank, r = item
+        case = r.get("case", "")
+        return (rank, KINDS.index(r["kind"]), r.get("model", ""), r.get("job", ""),
+                CASES.index(case) if case in CASES else len(CASES), r.get("variant") or "")
+    return [r for _, r in sorted(records, key=order)]
 
 
 def main(argv=None) -> int:
