@@ -26,7 +26,8 @@ For each model, in this order (each piece's JSON is written to ``--out`` when it
    off where the engine has the option.  After the ``none`` case, ``MODEL-JOB-anchor.json``:
    transformers' continuous batching on the same requests.  Each ``--variants`` entry (engine
    options such as ``step_budget=2048`` or ``prefill_chunk=512,prefill_rows=1``) runs the job and
-   case again under those options, against the same ceiling: ``MODEL-JOB-CASE--VARIANT.json`` (file names of letters, digits, ``-`` and ``_`` only);
+   case again under those options, against the same ceiling: ``MODEL-JOB-CASE--VARIANT.json``
+   (file names of letters, digits, ``-`` and ``_`` only);
 3. ``MODEL-preemption-CASE.json``: 64 requests of the mixed job with a cache a quarter of what
    they need, against a cache that holds them all (:func:`cyb.bench.size_runs.preemption_check`),
    the model in float32.
