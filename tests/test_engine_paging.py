@@ -60,6 +60,7 @@ def run(pm, reqs, options, *, lookahead=False, arrive=None):
         step += 1
         assert step < 3000
     assert engine.slots_in_use == 0 and engine.free_blocks == engine.num_blocks  # every block back
+    assert not engine.pager.writing  # no prompt block left marked as being written
     return got, engine
 
 
@@ -113,6 +114,31 @@ def test_prefix_hits_skip_the_cached_columns(visibility):
         else:
             assert engine.stats["prefix_lookup_blocks"] == engine.stats["prefix_hit_blocks"] == 0
     assert written[True] < written[False]
+
+
+@pytest.mark.parametrize("visibility", ["shared", "private", "gated"])
+def test_requests_arriving_together_write_a_shared_prefix_once(visibility):
+    """A few-shot job in small: prompts that share a prefix of several blocks, all submitted at
+    once to an empty engine.  The first writes the prefix (in several prefill forwards); the
+    others wait for it instead of writing it again each, then find it cached: every full block
+    of the shared prefix is written once, and every request decides the reference's tokens."""
+    pm = layout_model(visibility)
+    stem = "the quick brown fox jumps over 12+34="
+    prompts = [encode(stem + t) for t in ["5", "67", "8", "9x", "ab"]]
+    keys = row_keys(len(prompts), seed=5)
+    reqs = requests(prompts, [5] * len(prompts), "adaptive", SAMPLED, keys)
+    block = 4
+    options = EngineOptions(max_slots=4, block_size=block, prefill_chunk=8)
+    got, engine = run(pm, reqs, options)
+    for i, p in enumerate(prompts):
+        assert_same(got[i], ref(pm, visibility, p, 5, "adaptive", SAMPLED, keys[i]))
+    ids = [engine.layout.prefill(list(p)).ids.tolist() for p in prompts]
+    common = 0  # columns every prefill starts with
+    while all(len(r) > common and r[common] == ids[0][common] for r in ids):
+        common += 1
+    stats = engine.stats
+    assert common // block >= 4 and stats["prefix_hit_blocks"] >= (len(prompts) - 1) * (common // block), stats
+    assert stats["prefix_waits"] > 0
 
 
 @pytest.mark.parametrize("lookahead", [False, True], ids=["sync", "lookahead"])

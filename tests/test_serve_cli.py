@@ -28,6 +28,7 @@ def test_a_missing_serve_extra_is_one_line_with_the_install_command(monkeypatch,
     (["serve", "x", "--chat-template", "/no/such/file.jinja"], "--chat-template /no/such/file.jinja: no such file"),
     (["serve", "x", "--grace-period", "-1"], "--grace-period must be a finite number of seconds >= 0"),
     (["serve", "x", "--block-size", "24"], "--block-size must be a power of two from 1 to 256"),
+    (["serve", "x", "--prefill-rows", "0"], "--prefill-rows must be an integer >= 1, got 0"),
     (["serve", "x", "--host", "nosuch.invalid"], "--host nosuch.invalid: no address of that name ("),
     (["serve", "x", "--chat-template", "latin1.jinja"], "--chat-template latin1.jinja is not UTF-8 text (byte 0xe9: "),
 ])
@@ -57,3 +58,5 @@ def test_options_from_the_command_line(monkeypatch, tmp_path):
     paged = options_from(build_parser().parse_args(["serve", "m", "--block-size", "32", "--no-prefix-caching",
                                                     "--step-budget", "1024"]))
     assert paged.engine_options == {"block_size": 32, "prefix_caching": False, "step_budget": 1024}
+    prefill = options_from(build_parser().parse_args(["serve", "m", "--prefill-chunk", "512", "--prefill-rows", "1"]))
+    assert prefill.engine_options == {"prefill_chunk": 512, "prefill_rows": 1}

@@ -39,6 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-budget", type=int, default=None, metavar="N",
                    help="write prompts inside the decoding steps, at most N positions a step with the decoding "
                         "rows' (needs row attention: CUDA; default: prefill forwards of their own)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prompt columns one request writes per prefill forward at most (default: the engine's, "
+                        "2048); with --prefill-rows 1, 512 bounds the pause a prompt puts between two tokens of "
+                        "the requests already decoding, for some throughput")
+    p.add_argument("--prefill-rows", type=int, default=None, metavar="N",
+                   help="a prefill forward computes at most N x --prefill-chunk positions (default: the "
+                        "engine's, 2)")
     p.add_argument("--mode", choices=("fixed", "adaptive"), default=None,
                    help="mode of requests that do not choose one (default: adaptive for models with <don't know>, "
                         "fixed for the others)")
@@ -87,7 +94,7 @@ def _check_host(host: str) -> None:
 _FLAGS = {"port": "--port", "max_model_len": "--max-model-len", "slots": "--slots", "max_concurrency":
           "--max-concurrency", "max_body_bytes": "--max-body-bytes", "max_choices": "--max-choices",
           "grace_s": "--grace-period", "http_processes": "--http-processes", "block_size": "--block-size",
-          "step_budget": "--step-budget"}
+          "step_budget": "--step-budget", "prefill_chunk": "--prefill-chunk", "prefill_rows": "--prefill-rows"}
 
 
 def _in_flag_words(message: str) -> str:
@@ -129,7 +136,8 @@ def options_from(args):
         return ServeOptions(host=args.host, port=args.port, api_key=key, model_name=args.served_model_name,
                             max_model_len=args.max_model_len, slots=args.slots, cache_bytes=cache,
                             block_size=args.block_size, prefix_caching=False if args.no_prefix_caching else None,
-                            step_budget=args.step_budget, mode=args.mode,
+                            step_budget=args.step_budget, prefill_chunk=args.prefill_chunk,
+                            prefill_rows=args.prefill_rows, mode=args.mode,
                             max_body_bytes=args.max_body_bytes, max_concurrency=args.max_concurrency,
                             max_choices=args.max_choices, grace_s=args.grace_period, chat_template=template,
                             http_processes=http)

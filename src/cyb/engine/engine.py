@@ -166,8 +166,7 @@ class Engine:
         if self.mixing:  # (mixed steps run eagerly: a small one and a full one compile their kernels)
             with torch.inference_mode():
                 for n in sorted({1, self.slots}):
-                    runner.warm_mixed(n, self.q, max(self.options.step_budget - n * self.q, MIN_MIXED_CHUNK),
-                                      SamplingKind())
+                    runner.warm_mixed(n, self.q, self._mixed_prompt_budget(n), SamplingKind())
         if runner.row_attention:
             counts = {self._rows_bucket(n) for n in range(1, self.slots + 1)}
         elif runner.fused:
@@ -465,10 +464,14 @@ class Engine:
             done.record()
         return host, ros, done
 
+    def _mixed_prompt_budget(self, decoding: int) -> int:
+        """Prompt positions a mixed step with ``decoding`` rows carries: what those rows leave
+        of the step budget, at least :data:`MIN_MIXED_CHUNK`."""
+        return max(self.options.step_budget - decoding * self.q, MIN_MIXED_CHUNK)
+
     def _mixed_chunks(self, decoding: int) -> list[tuple[Tracked, int]]:
-        """The prompt chunks the next decoding step carries: what ``decoding`` rows leave of
-        the step budget, at least :data:`MIN_MIXED_CHUNK` positions."""
-        return self.scheduler.mixed_chunks(max(self.options.step_budget - decoding * self.q, MIN_MIXED_CHUNK))
+        """The prompt chunks the next decoding step carries (:meth:`_mixed_prompt_budget`)."""
+        return self.scheduler.mixed_chunks(self._mixed_prompt_budget(decoding))
 
     def _chunk_plan(self, chunks: list[tuple[Tracked, int]]):
         """``(slots, counts, ids, positions, columns, owners)`` of ``chunks`` (host tensors

@@ -9,7 +9,10 @@ tables (:class:`~cyb.engine.cache.PagedCache`):
   cached already are taken as they are (their columns are not written again: the row's prefill
   starts after them); new blocks for the rest.  A request is admitted only if that leaves a
   reserve free (the engine's: a block for each running row, at least :data:`RESERVE` of the
-  pool), so that the rows running can grow a while before one is preempted;
+  pool), so that the rows running can grow a while before one is preempted.  A request whose
+  next uncached prompt block is being written by a row admitted earlier waits instead (admission
+  stops there until that row's prefill has written it): requests that share a prefix and arrive
+  together then write it once, not once each;
 * :meth:`Pager.grow`: a decoding row takes more blocks before a step may write past the ones it
   holds (the engine preempts rows when none is free);
 * :meth:`Pager.written`: after a prefill forward, the full blocks of prompt columns a row has
@@ -61,7 +64,8 @@ class Pager:
         prefix_caching: share full blocks of prompt columns between rows.
         stats: the engine's counters, where ``prefix_lookup_blocks`` (full prompt blocks looked
             up), ``prefix_hit_blocks`` (found cached), ``prefix_hit_columns`` (prompt columns not
-            written again) and ``prefix_evictions`` are counted.
+            written again), ``prefix_evictions`` and ``prefix_waits`` (times admission waited
+            for a prompt block another row was writing) are counted.
     """
 
     def __init__(self, cache: PagedCache, *, prefix_caching: bool, stats: dict) -> None:
@@ -71,7 +75,10 @@ class Pager:
         self.prefix_caching = prefix_caching
         self.reserve = max(1, int(self.pool.usable * RESERVE))
         self.stats = stats
-        for name in ("prefix_lookup_blocks", "prefix_hit_blocks", "prefix_hit_columns", "prefix_evictions"):
+        #: keys of prompt blocks that rows hold but have not written yet -> how many such rows
+        self.writing: dict[bytes, int] = {}
+        for name in ("prefix_lookup_blocks", "prefix_hit_blocks", "prefix_hit_columns", "prefix_evictions",
+                     "prefix_waits"):
             stats.setdefault(name, 0)
 
     def blocks_for(self, columns: int) -> int:
@@ -88,16 +95,23 @@ class Pager:
         """Give ``t`` (about to be admitted) blocks for its first ``columns`` columns (its
         prefill and first step), cached prefix blocks first; False when they do not fit with a
         reserve left free for the ``running`` rows (one block each, at least :attr:`reserve`;
-        none when nothing runs).  The prefix found counts as written (``t.written``)."""
+        none when nothing runs), or when the first prompt block not cached is one that a running
+        row is writing (``t`` finds it cached once that row's prefill has written it).  The
+        prefix found counts as written (``t.written``)."""
         pool = self.pool
         keys = self._keys(t)
         hits = pool.lookup(keys)
+        if len(hits) < len(keys) and keys[len(hits)] in self.writing:
+            self.stats["prefix_waits"] += 1
+            return False
         new = self.blocks_for(columns) - len(hits)
         if pool.free - pool.unheld(hits) - new < (max(self.reserve, running) if running else 0):
             return False
         pool.take(hits)
         t.blocks = hits + pool.allocate(new)
         t.written, t.registered = len(hits) * self.block_size, len(hits)
+        for key in keys[len(hits):]:
+            self.writing[key] = self.writing.get(key, 0) + 1
         stats = self.stats
         stats["prefix_lookup_blocks"] += len(keys)
         stats["prefix_hit_blocks"] += len(hits)
@@ -131,7 +145,17 @@ class Pager:
         full = min(t.written, t.prefill.prompt_columns) // self.block_size
         for i in range(t.registered, full):
             self.pool.register(t.blocks[i], t.keys[i])
+        self._written(t.keys[t.registered:full])
         t.registered = max(t.registered, full)
+
+    def _written(self, keys: list[bytes]) -> None:
+        """A row no longer has ``keys`` to write (written, or the row let go)."""
+        for key in keys:
+            left = self.writing[key] - 1
+            if left:
+                self.writing[key] = left
+            else:
+                del self.writing[key]
 
     def release(self, t, slot: int | None = None) -> None:
         """``t`` gives its blocks back; its slot's table (``slot``: another one it held) points
@@ -139,6 +163,9 @@ class Pager:
         slot = t.slot if slot is None else slot
         if slot is not None:
             self.cache.clear(slot, len(t.blocks))
+        if t.blocks and t.keys:
+            self._written(t.keys[t.registered:])
+            t.registered = len(t.keys)
         self.pool.release(t.blocks)
         t.blocks = []
 

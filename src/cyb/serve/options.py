@@ -29,6 +29,10 @@ class ServeOptions:
         step_budget: positions per decoding step, prompt chunks included: prompts are written
             inside the decoding steps (:attr:`cyb.engine.EngineOptions.step_budget`; None:
             by prefill forwards of their own).
+        prefill_chunk: prompt columns one row writes per prefill forward at most
+            (:attr:`cyb.engine.EngineOptions.prefill_chunk`; None: the engine's default).
+        prefill_rows: a prefill forward computes at most ``prefill_rows x prefill_chunk``
+            positions (:attr:`cyb.engine.EngineOptions.prefill_rows`; None: the engine's default).
         mode: the mode of requests that do not choose one (None: adaptive for models with dk,
             fixed for the others).
         max_body_bytes: the largest request body accepted.
@@ -52,6 +56,8 @@ class ServeOptions:
     block_size: int | None = None
     prefix_caching: bool | None = None
     step_budget: int | None = None
+    prefill_chunk: int | None = None
+    prefill_rows: int | None = None
     mode: str | None = None
     max_body_bytes: int = 4 << 20
     max_concurrency: int = 1024
@@ -67,7 +73,7 @@ class ServeOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_model_len", "slots", "cache_bytes", "step_budget"):
+        for name in ("max_model_len", "slots", "cache_bytes", "step_budget", "prefill_chunk", "prefill_rows"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
@@ -94,7 +100,8 @@ class ServeOptions:
         """The :class:`cyb.engine.EngineOptions` fields these options set (beyond slots and cache
         memory)."""
         given = {"block_size": self.block_size, "prefix_caching": self.prefix_caching,
-                 "step_budget": self.step_budget}
+                 "step_budget": self.step_budget, "prefill_chunk": self.prefill_chunk,
+                 "prefill_rows": self.prefill_rows}
         return {k: v for k, v in given.items() if v is not None}
 
 
