@@ -44,6 +44,7 @@ import glob
 import json
 import os
 import sys
+import tarfile
 import time
 
 import torch
@@ -68,6 +69,8 @@ MIN_RUN_S = 20.0
 RESERVE_S = 10.0
 #: requests of the mixed job in the preemption check
 CHECK_REQUESTS = 64
+#: the archive benchmarks/serve_sizes_gpu.sh packs a call's records into (a device call returns 8 files)
+RECORDS_ARCHIVE = "records.tar.gz"
 
 
 def _models(name: str, cases, *, dtype, device, m: int, log):
@@ -289,14 +292,23 @@ def report(records: list[dict], out: str | None) -> None:
 
 
 def load_records(folders) -> list[dict]:
-    """Every record of :data:`KINDS` in the JSON files of ``folders`` (summaries left out), by
+    """Every record of :data:`KINDS` in the JSON files of ``folders`` and in their
+    ``records.tar.gz`` (benchmarks/serve_sizes_gpu.sh packs them so; summaries left out), by
     folder, then kind, model, job and case (in :data:`CASES` order), each plain run before its
     variants (by name)."""
     records = []
     for rank, folder in enumerate(folders):
+        texts = []
         for path in glob.glob(os.path.join(folder, "*.json")):
             with open(path) as f:
-                data = json.load(f)
+                texts.append(f.read())
+        packed = os.path.join(folder, RECORDS_ARCHIVE)
+        if os.path.exists(packed):
+            with tarfile.open(packed) as tar:
+                texts += [tar.extractfile(m).read().decode() for m in tar.getmembers()
+                          if m.isfile() and m.name.endswith(".json")]
+        for text in texts:
+            data = json.loads(text)
             if data.get("kind") in KINDS:
                 records.append((rank, data))
 

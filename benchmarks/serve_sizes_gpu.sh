@@ -13,8 +13,9 @@
 #   VARIANTS="step_budget=2048 prefill_chunk=512,prefill_rows=1" ...   # each job and case again under these
 #   python benchmarks/serve_sizes.py --from OUT1 OUT2 ...               # later: the goals of several calls
 #
-# Writes to $OUT (default outputs/serve_sizes): MODEL-*.json, summary.json, goals.txt and
-# serve_sizes.log (everything, with the device and versions first).
+# Writes to $OUT (default outputs/serve_sizes): records.tar.gz (every piece's MODEL-*.json, packed
+# once the call ends: a device call returns at most 8 files; a call killed before then leaves them
+# loose), summary.json, goals.txt and serve_sizes.log (everything, with the device and versions first).
 set -uo pipefail
 
 START=$(date +%s)
@@ -44,4 +45,10 @@ timeout -k 10 ${LIMIT_S:-460} $PY benchmarks/serve_sizes.py --out "$OUT" --model
     --budget-s ${BUDGET_S:-$(( ${LIMIT_S:-460} - 30 - ($(date +%s) - START) ))} \
     ${MORE[@]+"${MORE[@]}"} ${EXTRA:-}
 rc=$?
+# (a device call returns at most 8 files: the records go back as one archive; `--from` reads it)
+records=()
+for f in "$OUT"/*.json; do [[ -f $f && $(basename "$f") != summary.json ]] && records+=("$(basename "$f")"); done
+if (( ${#records[@]} )); then
+    tar -czf "$OUT/records.tar.gz" -C "$OUT" "${records[@]}" && (cd "$OUT" && rm -f "${records[@]}")
+fi
 echo "== exit $rc after $(( $(date +%s) - START )) s$( ((rc == 124)) && echo ' (time limit: the JSON of the pieces that ended is kept)')"

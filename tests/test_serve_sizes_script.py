@@ -127,6 +127,26 @@ def test_variants_run_again_under_their_options_against_the_same_ceiling(tmp_pat
                for x in printed.splitlines())
 
 
+def test_records_packed_as_the_gpu_script_packs_them_are_read_back(tmp_path, capsys):
+    """benchmarks/serve_sizes_gpu.sh packs a call's records into records.tar.gz (a device call
+    returns 8 files); --from reads them there as it reads loose files."""
+    import subprocess
+
+    out = tmp_path / "packed"
+    assert script.main(["--quick", "--out", str(out), "--models", "tiny", "--jobs", "mixed", "--cases", "none",
+                        "private-adaptive", "--no-anchor", "--no-check", "--no-batch1"]) == 0
+    first = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("MET", "MISSED", "N/A"))]
+    loose = sorted(p.name for p in out.glob("*.json") if p.name != "summary.json")
+    assert len(loose) == 2
+    subprocess.run(["tar", "-czf", str(out / script.RECORDS_ARCHIVE), "-C", str(out), *loose], check=True)
+    for name in loose:
+        (out / name).unlink()
+    assert [r["case"] for r in script.load_records([str(out)])] == ["none", "private-adaptive"]
+    assert script.main(["--from", str(out)]) == 0
+    again = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("MET", "MISSED", "N/A"))]
+    assert again == first
+
+
 @pytest.mark.parametrize("spec", ["step_budget", "step_budget=0", "temperature=1", "prefill_chunk=x"])
 def test_bad_variants_are_refused(spec, capsys):
     with pytest.raises(SystemExit):
