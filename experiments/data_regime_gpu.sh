@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The data-regime study (experiments/data_regime.py) on a GPU machine that cannot reach the network,
-# staged as the SmolLM2 suites are (experiments/stage_smollm2.sh: SmolLM2 in .data/gguf/part00..03,
-# one part per call, techdocs in .data/techdocs, the wheels in .whl):
+# staged as the SmolLM2 suites are (experiments/stage_smollm2.sh: SmolLM2 in .data/gguf/part00,
+# part01, ... of experiments/split_smollm2.sh, one part per call, techdocs in .data/techdocs, the
+# wheels in .whl):
 #
 #   bash experiments/data_regime_gpu.sh time [SECONDS]          # a step's time per row, then the plan's estimate
 #   bash experiments/data_regime_gpu.sh start SECONDS [WAIT]    # the cells, in a session of their own for SECONDS

