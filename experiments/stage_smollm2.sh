@@ -4,13 +4,15 @@
 # its .git folder, so one part per call; each is copied into /tmp/cyb, which outlives a call while
 # the machine stays up), is joined once every part is there, checked and converted to a plain
 # folder; techdocs comes from .data/techdocs (or an earlier call's /tmp/cyb/techdocs); the wheels in
-# .whl (liger-kernel, gguf, peft, accelerate) go to /tmp/site.
+# .data/wheels (gguf, liger-kernel: split_smollm2.sh fetches them) and .whl go to /tmp/site.
 mkdir -p /tmp/cyb
 for part in .data/gguf/part[0-9][0-9]; do [ -f "$part" ] && cp "$part" /tmp/cyb/; done
 [ -d .data/techdocs ] && cp -r .data/techdocs /tmp/cyb/
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
-fi
+for wheels in .data/wheels .whl; do
+  if ls $wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site $wheels/*.whl 2>/dev/null
+  fi
+done
 export PYTHONPATH=$PWD/src:/tmp/site CYB_DATA=/tmp/cyb/techdocs CYB_SMOLLM2=/tmp/cyb/smollm2 \
        PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 stage_smollm2() {  # join, check and convert once every part is in /tmp/cyb
