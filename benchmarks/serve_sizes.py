@@ -3,6 +3,7 @@
     python benchmarks/serve_sizes.py --out DIR [--models smollm2-1.7b] [--jobs mixed eval fewshot]
         [--cases none shared-fixed private-adaptive] [--requests N] [--cache-gib 48] [--budget-s 420]
         [--no-anchor] [--no-ceiling] [--no-batch1] [--no-check] [--block-size B] [--step-budget N] [--serve]
+        [--profile]
     python benchmarks/serve_sizes.py --from DIR [DIR ...]     # the table and goals of earlier runs
     python benchmarks/serve_sizes.py --quick --out DIR        # a tiny model on the CPU, in seconds
 
@@ -32,6 +33,10 @@ For each model, in this order (each piece's JSON is written to ``--out`` when it
    they need, against a cache that holds them all (:func:`cyb.bench.size_runs.preemption_check`),
    the model in float32.
 
+With ``--profile`` each job's engine run is profiled (:mod:`cyb.bench.engine_profile`): its record's
+``profile`` holds the host and device time of the engine's phases and the costliest operators and
+kernels (and its rates carry the profiler's cost).
+
 Then ``summary.json`` (every record and the goals), the table and the goals as MET / MISSED / N/A
 lines (:mod:`cyb.bench.size_goals`).  ``--budget-s`` bounds the call: a piece starts only while
 enough of it is left, and a job that runs past it aborts its requests (``stopped_early``).
@@ -40,6 +45,7 @@ enough of it is left, and a job that runs past it aborts its requests (``stopped
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -53,6 +59,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from cyb.bench import size_runs as sr  # noqa: E402
 from cyb.bench.engine_features import features, has_option  # noqa: E402
+from cyb.bench.engine_profile import profiled  # noqa: E402
 from cyb.bench.hf_anchor import continuous_batching  # noqa: E402
 from cyb.bench.jobs import make_job  # noqa: E402
 from cyb.bench.models import NAMED_CONFIGS, adaptive_fixture, build_named_model, random_ids  # noqa: E402
@@ -148,10 +155,15 @@ def run_case(call: Call, name: str, job, case: str, pm, mode: str, limit: int, c
     fewshot = job.name == "fewshot" and has_option("prefix_caching")
     kw = dict(mode=mode, max_model_len=spec.max_model_len, slots=spec.concurrency, cache_bytes=cache_bytes,
               clients=spec.concurrency)
-    engine = guarded(lambda: sr.engine_job(pm, job.items, options={**options, **({"prefix_caching": True} if fewshot
-                                                                                  else {})},
-                                           deadline=call.deadline(), **kw), call.device)
+    with profiled(call.device) if a.profile else contextlib.nullcontext() as profile:
+        engine = guarded(lambda: sr.engine_job(pm, job.items, options={**options, **({"prefix_caching": True}
+                                                                                      if fewshot else {})},
+                                               deadline=call.deadline(), **kw), call.device)
     record.update(status=engine["status"], engine=engine)
+    if profile is not None:  # (under the profiler: its times carry the profiler's cost)
+        record["profile"] = {"phases": profile.phases, "text": profile.text}
+        call.log(f"{name} {job.name} {case}{' [' + record['variant'] + ']' if variant else ''}: profiled\n"
+                 + profile.text.split("\n\n")[0])
     if engine["status"] != "ok":
         record["reason"] = engine.get("reason", engine["status"])
         return record
@@ -352,6 +364,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-check", action="store_true", help="leave out the preemption check")
     ap.add_argument("--serve", action="store_true",
                     help="the mixed job through cyb serve too (needs starlette and uvicorn)")
+    ap.add_argument("--profile", action="store_true",
+                    help="run each job's engine under torch.profiler with the engine's phases labelled; the "
+                         "record's 'profile' holds the tables (its times then carry the profiler's cost)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny models in float32 (a smoke run), on the CPU")
     ap.add_argument("--device", default=None, help="cuda (default) or cpu (default with --quick)")

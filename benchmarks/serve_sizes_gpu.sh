@@ -11,6 +11,7 @@
 #   STEP_BUDGET=1024 ...             # prompts written inside the decoding steps (EngineOptions.step_budget)
 #   PREFILL_CHUNK=512 PREFILL_ROWS=1 ...   # smaller prefill forwards between the decoding steps
 #   VARIANTS="step_budget=2048 prefill_chunk=512,prefill_rows=1" ...   # each job and case again under these
+#   PROFILE=1 ...                    # each engine run under torch.profiler, the engine's phases labelled
 #   python benchmarks/serve_sizes.py --from OUT1 OUT2 ...               # later: the goals of several calls
 #
 # Writes to $OUT (default outputs/serve_sizes): records.tar.gz (every piece's MODEL-*.json, packed
@@ -34,6 +35,7 @@ MORE=()
 [[ -n "${PREFILL_CHUNK:-}" ]] && MORE+=(--prefill-chunk "$PREFILL_CHUNK")
 [[ -n "${PREFILL_ROWS:-}" ]] && MORE+=(--prefill-rows "$PREFILL_ROWS")
 [[ -n "${VARIANTS:-}" ]] && MORE+=(--variants $VARIANTS)
+[[ -n "${PROFILE:-}" ]] && MORE+=(--profile)
 if [[ -n "${SMOKE:-}" ]]; then
     echo "== smoke: tiny models on the GPU"
     timeout -k 10 120 $PY benchmarks/serve_sizes.py --quick --device cuda --out "$OUT/smoke" --jobs mixed \

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from benchmarks import serve_sizes as script
 from cyb.bench.jobs import make_job
@@ -145,6 +146,35 @@ def test_records_packed_as_the_gpu_script_packs_them_are_read_back(tmp_path, cap
     assert script.main(["--from", str(out)]) == 0
     again = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("MET", "MISSED", "N/A"))]
     assert again == first
+
+
+def test_a_profiled_run_says_where_the_engine_spends_its_time(tmp_path):
+    """--profile: the record holds the engine's phases (host and device time, calls) and the
+    profiler's tables; the engine's methods are its own again afterwards."""
+    from cyb.engine.engine import Engine
+
+    step = Engine.__dict__["step"]
+    out = tmp_path / "profiled"
+    assert script.main(["--quick", "--out", str(out), "--models", "tiny", "--jobs", "mixed", "--cases", "none",
+                        "--no-anchor", "--no-check", "--no-batch1", "--profile"]) == 0
+    record = json.loads((out / "tiny-mixed-none.json").read_text())
+    phases = record["profile"]["phases"]
+    assert record["status"] == "ok" and phases["Engine.step"]["calls"] >= 1
+    assert phases["Runner.decode"]["cpu_ms"] > 0 and phases["Engine.submit"]["calls"] == record["engine"]["requests"]
+    assert "| phase | calls | host ms | device ms |" in record["profile"]["text"]
+    assert Engine.__dict__["step"] is step
+
+
+def test_profiled_restores_the_methods_when_the_block_fails():
+    from cyb.bench.engine_profile import profiled
+    from cyb.engine.runner import Runner
+
+    decode = Runner.__dict__["decode"]
+    with pytest.raises(RuntimeError, match="inside"):
+        with profiled(torch.device("cpu")):
+            assert Runner.__dict__["decode"] is not decode
+            raise RuntimeError("inside")
+    assert Runner.__dict__["decode"] is decode
 
 
 @pytest.mark.parametrize("spec", ["step_budget", "step_budget=0", "temperature=1", "prefill_chunk=x"])
