@@ -56,15 +56,6 @@ def _phases_labelled():
             setattr(cls, method, fn)
 
 
-def _device_us(event) -> float:
-    """Microseconds of device time of a profiler average (the attribute's name changed in torch 2.4)."""
-    for name in ("device_time_total", "cuda_time_total"):
-        value = getattr(event, name, None)
-        if value is not None:
-            return float(value)
-    return 0.0
-
-
 def phase_table(averages) -> dict:
     """``{phase: {"calls", "cpu_ms", "device_ms"}}`` of the labelled phases in ``averages``
     (``profiler.key_averages()``): host time inside the range, and device time of the kernels
@@ -73,7 +64,8 @@ def phase_table(averages) -> dict:
     out = {}
     for e in averages:
         if e.key in names:
-            out[e.key] = {"calls": int(e.count), "cpu_ms": e.cpu_time_total / 1e3, "device_ms": _device_us(e) / 1e3}
+            out[e.key] = {"calls": int(e.count), "cpu_ms": e.cpu_time_total / 1e3,
+                          "device_ms": e.device_time_total / 1e3}
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["cpu_ms"]))
 
 
@@ -101,11 +93,8 @@ def profiled(device: torch.device):
     result.phases = phase_table(averages)
     lines = ["| phase | calls | host ms | device ms |", "|---|---:|---:|---:|"]
     lines += [f"| {k} | {v['calls']} | {v['cpu_ms']:.1f} | {v['device_ms']:.1f} |" for k, v in result.phases.items()]
-    sort_device = "device_time_total" if device.type == "cuda" else "cpu_time_total"
-    try:
-        by_device = averages.table(sort_by=sort_device, row_limit=30)
-    except (AttributeError, KeyError):  # (torch before 2.4 names it cuda_time_total)
-        by_device = averages.table(sort_by="cuda_time_total", row_limit=30)
+    by_device = averages.table(sort_by="device_time_total" if device.type == "cuda" else "cpu_time_total",
+                               row_limit=30)
     result.text = "\n".join(lines) + "\n\n" + by_device + "\n" + averages.table(sort_by="self_cpu_time_total",
                                                                                 row_limit=30)
 
