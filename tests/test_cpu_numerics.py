@@ -68,6 +68,33 @@ def test_the_pin_reaches_torch_and_mkl_and_a_late_pin_is_reported():
     assert "torch computes with DEFAULT, not the pinned AVX2" in out
 
 
+_COMPILED_SMALL_OPS = """
+import torch
+from cyb.cpu_numerics import align_compiler, pin
+pin()
+align_compiler()
+def rms(x, w):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+def mlp(x, a, b):
+    return torch.nn.functional.silu(x @ a) * (x @ b)
+g = torch.Generator().manual_seed(0)
+x, w = torch.randn(2, 7, 64, generator=g), torch.randn(64, generator=g)
+a, b = torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)
+torch.testing.assert_close(torch.compile(rms, dynamic=True)(x, w), rms(x, w))
+torch.testing.assert_close(torch.compile(mlp, dynamic=True)(x, a, b), mlp(x, a, b), atol=1e-4, rtol=1e-4)
+print("same", torch.backends.cpu.get_cpu_capability())
+"""
+
+
+@pytest.mark.skipif(not cpu_numerics.x86_64() or not set(cpu_numerics.NEEDS) <= (cpu_numerics.cpu_flags() or set()),
+                    reason="pins x86-64 CPUs with AVX2")
+def test_compiled_kernels_under_the_pin_give_the_eager_numbers():
+    """torch.compile's C++ kernels in a pinned process (``cyb train --set train.compile=true`` on a
+    CPU): without :func:`cyb.cpu_numerics.align_compiler`, torch 2.13 compiled wrong numbers on an
+    AVX-512 CPU under ``ATEN_CPU_CAPABILITY=avx2``."""
+    assert "same AVX2" in _run(_COMPILED_SMALL_OPS)
+
+
 def _offered() -> list[str]:
     """torch's instruction sets this CPU offers (``default`` always)."""
     flags = cpu_numerics.cpu_flags() or set()

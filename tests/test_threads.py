@@ -95,6 +95,8 @@ def test_the_command_line_sets_threads_only_as_the_program(monkeypatch):
 
     calls = []
     monkeypatch.setattr(threads, "configure", lambda: calls.append(1) or 1)
+    # (the program also pins the CPU's numerics in os.environ, which would outlive this test)
+    monkeypatch.setattr("cyb.cpu_numerics.pin", lambda: {})
     monkeypatch.setattr("sys.argv", ["cyb", "train", "--help-config"])
     assert cli.main() == 0 and calls == [1]
     assert cli.main(["train", "--help-config"]) == 0 and calls == [1]  # a caller's process is left alone

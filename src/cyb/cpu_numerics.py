@@ -111,6 +111,26 @@ def check() -> str | None:
     return None
 
 
+#: Vector width in bits of each ``ATEN_CPU_CAPABILITY`` that Inductor's C++ kernels can take.
+_CAPABILITY_BITS = {"avx2": 256, "avx512": 512}
+
+
+def align_compiler() -> None:
+    """Before ``torch.compile`` runs on a CPU: when ``ATEN_CPU_CAPABILITY`` names an instruction
+    set (as :func:`pin` does), Inductor's C++ kernels are told its vector width too.  Left to
+    read the variable itself (``cpp.simdlen`` unset), torch 2.13's Inductor compiled wrong
+    numbers on an AVX-512 CPU under ``avx2``: an RMSNorm came out 1e37 off, a gated MLP 460 off
+    (``tests/test_cpu_numerics.py``).  With the width set, the compiled kernels match eager ones.
+    Imports Inductor's configuration only where the variable is set; leaves a width someone set."""
+    bits = _CAPABILITY_BITS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower())
+    if bits is None:
+        return
+    import torch._inductor.config as inductor
+
+    if inductor.cpp.simdlen is None:
+        inductor.cpp.simdlen = bits
+
+
 def describe() -> str:
     """A few words for a run's header: whether the CPU's numerics are pinned."""
     return "pinned numerics" if _state["pinned"] else "this CPU's numerics"

@@ -30,7 +30,7 @@ from .build import build_model, build_tokenizer, resolve_device
 from .checkpoint import (begin_checkpoint, fault, list_checkpoints, load_checkpoint, load_sharded_state,
                          save_checkpoint, save_sharded_state, temporary_dir)
 from .config import RunConfig
-from .cpu_numerics import describe as describe_numerics
+from .cpu_numerics import align_compiler, describe as describe_numerics
 from .data.packing import resolved_shuffle
 from .distributed import (all_reduce_sum, barrier, full_model_state, full_optim_state,
                           gather_objects, init_distributed, load_full_optim_state, main_first, no_sync,
@@ -156,6 +156,7 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         if t.compile:
+            align_compiler()
             for layer in model.decoder_layers():
                 layer.compile()
         # method.pause_rows frozen: the rows as they start (a resumed run's are its checkpoint's)
