@@ -35,3 +35,17 @@ def triton_interpreted():
 
     if type(tl.max).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported without TRITON_INTERPRET=1 earlier in this process")
+
+
+@pytest.fixture(autouse=True)
+def _the_pin_stays_in_its_test():
+    """``cyb.cpu_numerics.pin()`` (the command line run as the program) writes the instruction-set
+    variables into ``os.environ`` for the rest of the process; a test that leaves them there
+    changes later tests in the same process (torch.compile's CPU kernels read them), and so
+    their results depend on which tests ran before."""
+    from cyb.cpu_numerics import PINNED
+
+    before = {k: os.environ.get(k) for k in PINNED}
+    yield
+    after = {k: os.environ.get(k) for k in PINNED}
+    assert after == before, f"this test left the CPU numerics pinned in os.environ: {after}"
