@@ -119,9 +119,10 @@ def align_compiler() -> None:
     """Before ``torch.compile`` runs on a CPU: when ``ATEN_CPU_CAPABILITY`` names an instruction
     set (as :func:`pin` does), Inductor's C++ kernels are told its vector width too.  Left to
     read the variable itself (``cpp.simdlen`` unset), torch 2.13's Inductor compiled wrong
-    numbers on an AVX-512 CPU under ``avx2``: an RMSNorm came out 1e37 off, a gated MLP 460 off
-    (``tests/test_cpu_numerics.py``).  With the width set, the compiled kernels match eager ones.
-    Imports Inductor's configuration only where the variable is set; leaves a width someone set."""
+    numbers on an AVX-512 CPU under ``avx2``: an RMSNorm came out 1e34 to 4e37 off, a gated MLP
+    464 off (``tests/test_cpu_numerics.py``).  With the width set, the compiled kernels match
+    eager ones.  Imports Inductor's configuration only where the variable is set; leaves a width
+    someone set."""
     bits = _CAPABILITY_BITS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower())
     if bits is None:
         return
