@@ -44,6 +44,11 @@ def test_pin_leaves_the_machine_its_own_when_asked_or_when_it_cannot(capsys):
         cpu_numerics.pin({cpu_numerics.ENV: "fast"}, flags={"avx2", "fma"}, threads_fixed=True)
 
 
+#: the pin acts only on x86-64 CPUs with AVX2 and FMA
+PINNABLE = cpu_numerics.x86_64() and set(cpu_numerics.NEEDS) <= (cpu_numerics.cpu_flags() or set())
+pinnable = pytest.mark.skipif(not PINNABLE, reason="pins x86-64 CPUs with AVX2")
+
+
 def _child_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ISA_VARS and k not in ("OMP_NUM_THREADS", "CYB_NUM_THREADS")}
     env.update(TQDM_DISABLE="1", **extra)
@@ -57,8 +62,7 @@ def _run(code: str, **env) -> str:
     return proc.stdout + proc.stderr
 
 
-@pytest.mark.skipif(not cpu_numerics.x86_64() or not set(cpu_numerics.NEEDS) <= (cpu_numerics.cpu_flags() or set()),
-                    reason="pins x86-64 CPUs with AVX2")
+@pinnable
 def test_the_pin_reaches_torch_and_mkl_and_a_late_pin_is_reported():
     out = _run("from cyb.cpu_numerics import pin, check; pin(); import torch; a = torch.ones(64, 64); a @ a;"
                "print(torch.backends.cpu.get_cpu_capability(), check())", MKL_VERBOSE="1")
@@ -86,8 +90,7 @@ print("same", torch.backends.cpu.get_cpu_capability())
 """
 
 
-@pytest.mark.skipif(not cpu_numerics.x86_64() or not set(cpu_numerics.NEEDS) <= (cpu_numerics.cpu_flags() or set()),
-                    reason="pins x86-64 CPUs with AVX2")
+@pinnable
 def test_compiled_kernels_under_the_pin_give_the_eager_numbers():
     """torch.compile's C++ kernels in a pinned process (``cyb train --set train.compile=true`` on a
     CPU): without :func:`cyb.cpu_numerics.align_compiler`, torch 2.13 compiled wrong numbers on an
@@ -139,7 +142,7 @@ def test_the_same_training_under_every_instruction_set_gives_identical_weights(t
     assert len(set(native.values())) == 2, f"the instruction sets gave the same weights unpinned: {native}"
 
 
-@pytest.mark.skipif(QEMU is None or not cpu_numerics.x86_64() or not set(cpu_numerics.NEEDS) <= (cpu_numerics.cpu_flags() or set()),
+@pytest.mark.skipif(QEMU is None or not PINNABLE,
                     reason="needs qemu-x86_64 (Debian's qemu-user) on an x86-64 CPU with AVX2")
 def test_another_cpu_model_trains_the_same_weights(tmp_path):
     """The promise itself: the short training gives the same weights on this CPU and on an
