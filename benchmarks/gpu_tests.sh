@@ -25,6 +25,7 @@ source benchmarks/gpu_env.sh > /dev/null
     echo "device $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     echo "command: pytest -m gpu tests/ $*"
-    # -v: one line a test, so that a run cut short by a time limit still says which tests were left
-    python3 -m pytest -m gpu -p no:cacheprovider -v tests/ "$@" 2>&1
+    # -v: one line a test, so that a run cut short by a time limit still says which tests were left;
+    # faulthandler_timeout: a test past 300 s prints every thread's stack (where a compile hangs)
+    python3 -m pytest -m gpu -p no:cacheprovider -v -o faulthandler_timeout=300 tests/ "$@" 2>&1
 } | tee "$OUT/gpu-tests.log"
