@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments import data_regime as suite
+from experiments import data_regime_plan
 from experiments import data_regime_cells as dc
 from experiments.run_suite import smollm2_model
 
@@ -80,7 +80,7 @@ def _launch(cfg: dict, folder: Path, gpu: str) -> tuple[subprocess.Popen, float]
 
 
 def _config(row: dc.Row, files: dict, root: Path, steps: int, name: str) -> dict:
-    cfg = suite.cell_config(dc.Cell(row, "1x3", 0), files, root, steps=steps)
+    cfg = data_regime_plan.cell_config(dc.Cell(row, "1x3", 0), files, root, steps=steps)
     cfg["data"]["fraction"] = TIMING_SHARE
     cfg["train"]["out_dir"] = str(root / name)
     return cfg
@@ -113,7 +113,7 @@ def main(args, cells: list, files: dict) -> int:
     gpus = args.gpus.split(",")
     if "tokenise_chars_per_s" not in timing:
         timing["tokenise_chars_per_s"] = tokenise_speed(files["train"])
-        timing["corpus_chars"] = suite.DEFAULT_TIMING["corpus_chars"]
+        timing["corpus_chars"] = data_regime_plan.DEFAULT_TIMING["corpus_chars"]
     rows = [r for r in dc.ROWS if any(c.row.key == r.key for c, _ in cells) and r.key not in timing["rows"]]
     # the rows with pauses first: they set most of the plan's time
     rows.sort(key=lambda r: -r.step_cost)
@@ -147,8 +147,9 @@ def main(args, cells: list, files: dict) -> int:
     missing = [r.key for r in dc.ROWS if r.key not in timing["rows"]]
     print(f"wrote {path}" + (f"; not timed yet: {', '.join(missing)} (run again)" if missing else ""))
     best = args.best or "cyb-ad16"  # the CYB row best at one epoch (results/experiments/smollm2-epoch)
-    plan = suite.planned({}, [int(x) for x in args.seeds.split(",")], best)
+    plan = data_regime_plan.planned({}, [int(x) for x in args.seeds.split(",")], best)
     print(f"the plan: every figure cell, and 2x3 and 3x3 for the baseline and {best} (more passes where they "
           "still improve, and third seeds, come on top)")
-    print(suite.estimate(plan, suite.load_timing(out), set(), hold_s=args.hold, per_gpu=max(1, args.per_gpu)))
+    print(data_regime_plan.estimate(plan, data_regime_plan.load_timing(out), set(), hold_s=args.hold,
+                                    per_gpu=max(1, args.per_gpu)))
     return 0

@@ -13,6 +13,7 @@ import pytest
 
 from cyb.config import RunConfig
 from experiments import data_regime as suite
+from experiments import data_regime_plan as plan
 from experiments import data_regime_cells as dc
 from experiments import data_regime_report as rep
 
@@ -22,13 +23,13 @@ FILES = {"train": "data/train.jsonl.gz", "valid": "data/valid.jsonl.gz", "valid_
 
 
 def test_the_plan_holds_every_figure_cell_of_two_seeds_and_the_baselines_convergence(tmp_path):
-    cells = suite.planned({}, [0, 1])
+    cells = plan.planned({}, [0, 1])
     names = [c.name for c, _ in cells]
     assert len(names) == len(set(names)) == 2 * (4 * 4 + 2) + 2 * 2
     assert {c.regime for c, _ in cells if c.row.key == "base4x"} == {"1x1", "1x3"}
     assert {c.regime for c, _ in cells if c.row.key == "base"} == {"1x1", "2x1", "1x2", "1x3", "2x3", "3x3"}
     assert not any(c.row.cyb and c.regime == "2x3" for c, _ in cells)  # the best CYB row is not known yet
-    by_name = {j.name: j for j in suite.jobs(cells, FILES, tmp_path, suite.DEFAULT_TIMING)}
+    by_name = {j.name: j for j in suite.jobs(cells, FILES, tmp_path, plan.DEFAULT_TIMING)}
     for job in by_name.values():
         cfg = RunConfig.from_dict(job.cfg).validate()
         assert cfg.data.valid_source == FILES["valid_in"] and cfg.data.shuffle == "corpus" and cfg.data.block_len == 256
@@ -102,8 +103,8 @@ def test_a_third_seed_is_asked_where_two_seeds_differ_by_more_than_a_third_of_th
     loose = _synthetic(gain=1.1, tbys=0.8, spread=0.05)
     asked = rep.third_seed(loose)
     assert ("cyb", "1x1") in asked and ("base", "1x1") in asked and ("tbys", "1x1") not in asked
-    plan = suite.planned(loose, [0, 1])
-    assert any(c.name == "dr-cyb-1x1-s2" and priority == 100 for c, priority in plan)
+    cells_now = plan.planned(loose, [0, 1])
+    assert any(c.name == "dr-cyb-1x1-s2" and priority == 100 for c, priority in cells_now)
 
 
 def test_convergence_runs_the_best_cyb_row_and_adds_passes_while_they_improve():
@@ -120,7 +121,7 @@ def test_convergence_runs_the_best_cyb_row_and_adds_passes_while_they_improve():
     for seed in (0, 1):
         cells.setdefault(("base", "4x3"), {})[seed] = _result("base", "4x3", seed, 10.45)
     assert rep.convergence_regimes(cells, "base", [0, 1]) == ["2x3", "3x3", "4x3"]  # 4x3 did not improve
-    planned = {c.name for c, _ in suite.planned(cells, [0, 1])}
+    planned = {c.name for c, _ in plan.planned(cells, [0, 1])}
     assert {"dr-cyb-ad16-2x3-s1", "dr-cyb-ad16-3x3-s0", "dr-base-4x3-s1"} <= planned
     assert not any(n.startswith("dr-cyb-2x3") or "5x3" in n for n in planned)
 
@@ -205,7 +206,7 @@ def test_cells_of_the_suite_train_on_a_cpu_and_a_second_call_skips_them(tmp_path
     docs = _techdocs_like(tmp_path / "techdocs")
     monkeypatch.setenv("CYB_DATA", str(tmp_path / "techdocs"))
     monkeypatch.setenv("CYB_SMOLLM2", str(_tiny_pretrained(tmp_path / "smol", docs)))
-    monkeypatch.setattr(suite, "SCALE", dict(block_len=16, batch=4, lr=1e-3, warmup=1, compile=False))
+    monkeypatch.setattr(plan, "SCALE", dict(block_len=16, batch=4, lr=1e-3, warmup=1, compile=False))
     monkeypatch.setattr(suite, "KEPT", tmp_path / "kept")
     monkeypatch.chdir(tmp_path)
     args = ["run", "--out", "out", "--gpus", "cpu", "--per-gpu", "2", "--seeds", "0", "--rows", "base", "--regimes", "1x1,2x1"]
@@ -233,7 +234,7 @@ def test_cells_of_the_suite_train_on_a_cpu_and_a_second_call_skips_them(tmp_path
     timing = json.loads((tmp_path / "out" / "timing.json").read_text())
     assert set(timing["rows"]) == {"base"} and timing["rows"]["base"]["steps"] == 20 and timing["measured"]
     assert timing["tokenise_chars_per_s"] > 0 and "not timed yet: tbys" in said and "GPU-hours alone" in said
-    assert suite.load_timing(tmp_path / "out")["rows"]["base"]["step_s"] == timing["rows"]["base"]["step_s"]
+    assert plan.load_timing(tmp_path / "out")["rows"]["base"]["step_s"] == timing["rows"]["base"]["step_s"]
 
 
 def test_a_timing_run_reads_its_steady_step_start_up_evaluation_and_save(tmp_path):
@@ -253,12 +254,12 @@ def test_a_timing_run_reads_its_steady_step_start_up_evaluation_and_save(tmp_pat
 
 
 def test_the_estimate_counts_what_is_left_and_the_holds_it_takes():
-    cells = suite.planned({}, [0, 1], best="cyb-ad16")
-    timing = {**suite.DEFAULT_TIMING, "load": {"2": 1.5}, "measured": True, "device": "NVIDIA H100"}
+    cells = plan.planned({}, [0, 1], best="cyb-ad16")
+    timing = {**plan.DEFAULT_TIMING, "load": {"2": 1.5}, "measured": True, "device": "NVIDIA H100"}
     done = {c.name for c, _ in cells if c.regime == "1x1"}
-    text = suite.estimate(cells, timing, done, hold_s=1500, per_gpu=2)
+    text = plan.estimate(cells, timing, done, hold_s=1500, per_gpu=2)
     assert "measured on NVIDIA H100" in text and "| all | 44 |" in text and "(not counted)" not in text
     assert "it does not fit one hold even alone" in text  # 4,857 adapter steps at the assumed 0.35 s
-    left = sum(suite.expected_seconds(c, timing) for c, _ in cells if c.name not in done)
+    left = sum(plan.expected_seconds(c, timing) for c, _ in cells if c.name not in done)
     assert f"left: {left / 3600:.1f} GPU-hours alone; with 2 cell(s) per GPU (each 1.50x slower)" in text
     assert f"{left * 1.5 / 2 / 3600:.1f} hours of one GPU" in text
