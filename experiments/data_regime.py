@@ -51,7 +51,7 @@ SUITE = "data-regime"
 KEPT = REPO / "results" / "experiments" / SUITE  # what earlier sessions finished
 def jobs(cells: list[tuple[dc.Cell, int]], files: dict, out: Path, timing: dict) -> list[Job]:
     return [Job(cell.name, SUITE, f"{cell.row.label} [{cell.regime}]", cell.seed, cell_config(cell, files, out),
-                cost=expected_seconds(cell, timing), priority=priority, whole_file=False,
+                cost=expected_seconds(cell, timing), priority=priority, whole_file=False, decode=True,
                 command=f"python experiments/data_regime.py run --seeds {cell.seed} --only {cell.name} --out {out}")
             for cell, priority in cells]
 

@@ -82,12 +82,18 @@ def load_timing(*folders: Path) -> dict:
     return DEFAULT_TIMING
 
 
+#: seconds of a cell's decoding through the engine after training (experiments/text_decoding.py: a
+#: process of its own, the model loaded again, 64 prompts x 64 tokens); assumed, not timed by ``time``
+DECODE_S = 20.0
+
+
 def expected_seconds(cell: dc.Cell, timing: dict) -> float:
     """A cell's seconds alone on a GPU: start-up (the model, compiling), tokenising its share of
-    the text, its steps, the held-out evaluation and the saves."""
+    the text, its steps, the held-out evaluation, the saves and the decoding through the engine."""
     t = timing["rows"][cell.row.key]
     tokenise = dc.share(cell.regime) * timing["corpus_chars"] / timing["tokenise_chars_per_s"]
-    return t["startup_s"] + tokenise + cell.nominal_steps * t["step_s"] + t["eval_s"] + 5 * t["save_s"]
+    return (t["startup_s"] + tokenise + cell.nominal_steps * t["step_s"] + t["eval_s"] + 5 * t["save_s"]
+            + t.get("decode_s", DECODE_S))
 
 
 def estimate(cells: list[tuple[dc.Cell, int]], timing: dict, done: set[str], *, hold_s: float = 1500,

@@ -50,6 +50,7 @@ class Result:
     ppl: float
     share: float  # of the training text's characters read (1.0: all)
     mean_steps: float | None  # E[S] on the held-out rows (CYB), else None
+    decode_positions: float | None  # positions per token decoding held-out prompts through the engine
     steps: int
     command: str
 
@@ -68,7 +69,8 @@ def load(folder: Path) -> list[Result]:
         state = r.get("training_state") or {}
         share = (state.get("data_fraction") or {}).get("share", dc.share(regime))
         out.append(Result(row, regime, seed, float(r["final"]["ppl"]), float(share), r["final"].get("mean_steps"),
-                          int(r["final"].get("step", 0)), r.get("command", "")))
+                          (r.get("decode") or {}).get("positions_per_token"), int(r["final"].get("step", 0)),
+                          r.get("command", "")))
     return sorted(out, key=lambda x: (x.row, x.regime, x.seed))
 
 
@@ -235,20 +237,26 @@ def _cell_text(cells: Cells, row: str, regime: str) -> str:
 
 
 def _decode_positions(cells: Cells, row: dc.Row) -> str:
+    """Positions per token decoding through the engine at 1x3 (``experiments/text_decoding.py``:
+    the mean over seeds), else what the method fixes (a baseline 1, TBYS M), else CYB's
+    teacher-forced E[S], marked."""
+    at = [r for (k, g), seeds in cells.items() if k == row.key and g == "1x3" for r in seeds.values()]
+    measured = [r.decode_positions for r in at if r.decode_positions is not None]
+    if measured:
+        return f"{statistics.fmean(measured):.2f}"
     if row.method["name"] in ("baseline", "baseline_nx"):
         return "1"
     if row.method["name"] == "tbys":
         return str(row.method["num_steps"])
-    es = [r.mean_steps for (k, g), seeds in cells.items() if k == row.key and g == "1x3"
-          for r in seeds.values() if r.mean_steps]
-    return f"{statistics.fmean(es):.2f}" if es else ""
+    es = [r.mean_steps for r in at if r.mean_steps]
+    return f"{statistics.fmean(es):.2f} (E[S], teacher-forced)" if es else ""
 
 
 def figure_table(cells: Cells) -> str:
     """Held-out perplexity per row and regime (mean ± half the seeds' range), the paper's
     number, the cost of each row and its command."""
     head = ("| row | " + " | ".join(dc.FIGURE) + " | paper (Gemma1-2B, one regime) | training positions per "
-            "real token | forwards per step | decode positions per token (E[S] at 1x3) | command |")
+            "real token | forwards per step | decode positions per token (the engine, at 1x3) | command |")
     lines = [head, "|---|" + "---:|" * (len(dc.FIGURE) + 4) + "---|"]
     for row in dc.ROWS:
         if not any(k == row.key for k, _ in cells):

@@ -36,6 +36,7 @@ class Job:
     reasoning: bool = False  # a reasoning-gym task: cyb eval scores its generated answers
     row: dict = field(default_factory=dict)
     whole_file: bool = True  # text: also score the whole held-out file (cyb eval --data)
+    decode: bool = False  # text: also count the positions a token costs through the engine (decode.json)
     command: str | None = None  # the rerun command, where run_suite.py's (rerun_command) is not it
 
 
@@ -89,6 +90,9 @@ def final_row(job: Job, out: Path, scale: str = "gpu") -> dict:
         if whole.is_file():
             w = json.loads(whole.read_text())["perplexity"]
             row["whole_file"] = {"ppl": w["ppl"], "tokens": w["tokens"]}
+        decode = run / "decode.json"
+        if job.decode and decode.is_file():
+            row["decode"] = json.loads(decode.read_text())
         state = run / "final" / "training_state.json"
         if state.is_file():
             row["training_state"] = json.loads(state.read_text())
@@ -116,6 +120,9 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
         if job.whole_file:  # and the whole held-out file, Jargon File included
             script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
                        f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
+        if job.decode:  # the positions a token costs, greedy through the engine, on the run's held-out prompts
+            script += (f" && {sys.executable} {Path(__file__).resolve().parent / 'text_decoding.py'} {out / job.name} "
+                       f"--data {job.cfg['data']['valid_source']}")
     log = open(log_dir / f"{job.name}.log", "w")
     return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

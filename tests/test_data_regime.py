@@ -49,8 +49,8 @@ def test_the_plan_holds_every_figure_cell_of_two_seeds_and_the_baselines_converg
     assert {j.seed for j in order[:18]} == {0} and all("x3-" in j.name for j in order[-4:])
 
 
-def _result(row, regime, seed, ppl, share=None, es=None):
-    return rep.Result(row, regime, seed, ppl, dc.share(regime) if share is None else share, es, 100, "cmd")
+def _result(row, regime, seed, ppl, share=None, es=None, decoded=None):
+    return rep.Result(row, regime, seed, ppl, dc.share(regime) if share is None else share, es, decoded, 100, "cmd")
 
 
 def _synthetic(gain=3.0, tbys=1.0, spread=0.0, seeds=(0, 1)) -> rep.Cells:
@@ -61,7 +61,8 @@ def _synthetic(gain=3.0, tbys=1.0, spread=0.0, seeds=(0, 1)) -> rep.Cells:
         for row, times in (("base", 1.0), ("cyb", gain), ("cyb-ad16", gain * 1.2), ("tbys", tbys), ("base4x", 2.0)):
             for regime in dc.BY_KEY[row].regimes:
                 x = dc.share(regime) * (1.5 if regime == "2x1" else 1.0) * times
-                results.append(_result(row, regime, seed, 12 - math.log(3 * x) + spread * seed, es=1.1))
+                results.append(_result(row, regime, seed, 12 - math.log(3 * x) + spread * seed, es=1.1,
+                                       decoded=1.25 if row == "cyb" else None))
     return rep.cells_of(results)
 
 
@@ -148,6 +149,8 @@ def _write_summary(folder, cells: rep.Cells):
                 row = {"name": dc.cell_name(r.row, r.regime, r.seed), "final": {"ppl": r.ppl, "mean_steps": r.mean_steps,
                        "step": r.steps}, "returncode": 0, "command": "cmd",
                        "training_state": {"data_fraction": {"share": r.share}} if r.share < 1 else {}}
+                if r.decode_positions is not None:
+                    row["decode"] = {"positions_per_token": r.decode_positions}
                 f.write(json.dumps(row) + "\n")
         f.write(json.dumps({"name": "dr-cyb-1x1-s9", "returncode": -9}) + "\n")  # cut: not a result
 
@@ -159,7 +162,9 @@ def test_the_report_writes_the_tables_and_the_figure_from_the_summary(tmp_path):
     assert rep.main([str(tmp_path)]) == 0
     text = (tmp_path / "tables.md").read_text()
     assert "| Baseline | 12.00 ± 0.00 | 11.59 ± 0.00 | 11.31 ± 0.00 | 10.90 ± 0.00 | 12.173 | 1 | 1 | 1 |" in text
-    assert "| CYB 3 pauses, private |" in text and "| 11.657 | 4 | 4 | 1.10 |" in text
+    # decode positions: counted through the engine where the cells did, else the teacher-forced E[S], marked
+    assert "| CYB 3 pauses, private |" in text and "| 11.657 | 4 | 4 | 1.25 |" in text
+    assert "| 4 | 4 | 1.10 (E[S], teacher-forced) |" in text
     assert "--rows cyb-ad16 --seeds 0,1" in text and "## Cells that need a third seed\n\nnone" in text
     assert (tmp_path / "data_regime.png").stat().st_size > 10_000
     page = tmp_path / "page.md"  # the record page's markers get the same tables
@@ -235,6 +240,26 @@ def test_cells_of_the_suite_train_on_a_cpu_and_a_second_call_skips_them(tmp_path
     assert set(timing["rows"]) == {"base"} and timing["rows"]["base"]["steps"] == 20 and timing["measured"]
     assert timing["tokenise_chars_per_s"] > 0 and "not timed yet: tbys" in said and "GPU-hours alone" in said
     assert plan.load_timing(tmp_path / "out")["rows"]["base"]["step_s"] == timing["rows"]["base"]["step_s"]
+
+
+def test_a_cyb_cell_counts_the_positions_its_tokens_cost_through_the_engine(tmp_path, monkeypatch):
+    """A CYB cell (private pauses, a dk output) decodes held-out prompts adaptively after training:
+    decode.json and its summary row say how many steps its new tokens took (1 to M each)."""
+    docs = _techdocs_like(tmp_path / "techdocs")
+    monkeypatch.setenv("CYB_DATA", str(tmp_path / "techdocs"))
+    monkeypatch.setenv("CYB_SMOLLM2", str(_tiny_pretrained(tmp_path / "smol", docs)))
+    monkeypatch.setattr(plan, "SCALE", dict(block_len=16, batch=4, lr=1e-3, warmup=1, compile=False))
+    monkeypatch.setattr(suite, "KEPT", tmp_path / "kept")
+    monkeypatch.chdir(tmp_path)
+    assert suite.main(["run", "--out", "out", "--gpus", "cpu", "--seeds", "0", "--only", "dr-cyb-1x1-s0"]) == 0
+    [row] = map(json.loads, (tmp_path / "out" / "summary.jsonl").read_text().splitlines())
+    decode = row["decode"]
+    assert row["returncode"] == 0 and decode["mode"] == "adaptive" and decode["num_steps"] == 4
+    assert decode["pause_visibility"] == "private" and decode["new_tokens"] == 64 * decode["prompts"]
+    assert 1.0 <= decode["positions_per_token"] <= 4.0
+    assert decode["teacher_forced_mean_steps"] == row["final"]["mean_steps"]
+    [result] = rep.load(tmp_path / "out")
+    assert result.decode_positions == decode["positions_per_token"]
 
 
 def test_a_timing_run_reads_its_steady_step_start_up_evaluation_and_save(tmp_path):
