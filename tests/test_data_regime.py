@@ -204,16 +204,22 @@ def _techdocs_like(folder, n=60):
     return docs
 
 
-def test_cells_of_the_suite_train_on_a_cpu_and_a_second_call_skips_them(tmp_path, monkeypatch, capsys):
-    """Two cells through the driver (each a `cyb train` of its own): a third of the documents
-    once, and that third twice; the same held-out rows; the data share and the steps in the
-    summary; a second call runs nothing."""
+def _tiny_study(tmp_path, monkeypatch) -> None:
+    """The study at a CPU's scale in ``tmp_path`` (its working folder): techdocs-like documents, a
+    tiny pretrained model, blocks of 16 and batches of 4, no kept cells."""
     docs = _techdocs_like(tmp_path / "techdocs")
     monkeypatch.setenv("CYB_DATA", str(tmp_path / "techdocs"))
     monkeypatch.setenv("CYB_SMOLLM2", str(_tiny_pretrained(tmp_path / "smol", docs)))
     monkeypatch.setattr(plan, "SCALE", dict(block_len=16, batch=4, lr=1e-3, warmup=1, compile=False))
     monkeypatch.setattr(suite, "KEPT", tmp_path / "kept")
     monkeypatch.chdir(tmp_path)
+
+
+def test_cells_of_the_suite_train_on_a_cpu_and_a_second_call_skips_them(tmp_path, monkeypatch, capsys):
+    """Two cells through the driver (each a `cyb train` of its own): a third of the documents
+    once, and that third twice; the same held-out rows; the data share and the steps in the
+    summary; a second call runs nothing."""
+    _tiny_study(tmp_path, monkeypatch)
     args = ["run", "--out", "out", "--gpus", "cpu", "--per-gpu", "2", "--seeds", "0", "--rows", "base", "--regimes", "1x1,2x1"]
     assert suite.main(args) == 0
     rows = {r["name"]: r for r in map(json.loads, (tmp_path / "out" / "summary.jsonl").read_text().splitlines())}
@@ -245,12 +251,7 @@ def test_cells_of_the_suite_train_on_a_cpu_and_a_second_call_skips_them(tmp_path
 def test_a_cyb_cell_counts_the_positions_its_tokens_cost_through_the_engine(tmp_path, monkeypatch):
     """A CYB cell (private pauses, a dk output) decodes held-out prompts adaptively after training:
     decode.json and its summary row say how many steps its new tokens took (1 to M each)."""
-    docs = _techdocs_like(tmp_path / "techdocs")
-    monkeypatch.setenv("CYB_DATA", str(tmp_path / "techdocs"))
-    monkeypatch.setenv("CYB_SMOLLM2", str(_tiny_pretrained(tmp_path / "smol", docs)))
-    monkeypatch.setattr(plan, "SCALE", dict(block_len=16, batch=4, lr=1e-3, warmup=1, compile=False))
-    monkeypatch.setattr(suite, "KEPT", tmp_path / "kept")
-    monkeypatch.chdir(tmp_path)
+    _tiny_study(tmp_path, monkeypatch)
     assert suite.main(["run", "--out", "out", "--gpus", "cpu", "--seeds", "0", "--only", "dr-cyb-1x1-s0"]) == 0
     [row] = map(json.loads, (tmp_path / "out" / "summary.jsonl").read_text().splitlines())
     decode = row["decode"]
