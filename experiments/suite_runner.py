@@ -120,9 +120,8 @@ def launch(job: Job, out: Path, device: str, log_dir: Path, whole_valid: str) ->
         if job.whole_file:  # and the whole held-out file, Jargon File included
             script += (f" && {sys.executable} -m cyb eval {out / job.name} --data {whole_valid} --tokens 0 "
                        f"--passages 0 --out {out / job.name / 'eval-whole-file'} --no-progress")
-        if job.decode:  # the positions a token costs, greedy through the engine, on the run's held-out prompts
-            script += (f" && {sys.executable} {Path(__file__).resolve().parent / 'text_decoding.py'} {out / job.name} "
-                       f"--data {job.cfg['data']['valid_source']}")
+        if job.decode:  # the positions a token costs, greedy through the engine, after held-out rows
+            script += f" && {sys.executable} {Path(__file__).resolve().parent / 'text_decoding.py'} {out / job.name}"
     log = open(log_dir / f"{job.name}.log", "w")
     return subprocess.Popen(["bash", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

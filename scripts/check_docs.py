@@ -219,6 +219,13 @@ def eval_demo_generate(ctx: Context) -> str:
     return _lines_between(out, "task:", "  generating the first 512 answers in adaptive")
 
 
+def eval_tinyfull_generate(ctx: Context) -> str:
+    ctx.run("tinyfull")
+    w = ctx.work
+    out = ctx.shell(f"cyb eval {w}/tinyfull --generate 16 --out {w}/tinyfull/eval-generate --no-progress")[0]
+    return _lines_between(out, "generation:", "  adaptive mode:")
+
+
 def pause_stats_tinyfull(ctx: Context) -> str:
     eval_tinyfull(ctx)
     text = ctx.path("tinyfull/eval/pause_stats.md").read_text()
@@ -380,6 +387,7 @@ BLOCKS: dict[str, Block] = {
     "eval-tinyfull": Block(eval_tinyfull),
     "eval-add": Block(eval_add),
     "eval-demo-generate": Block(eval_demo_generate),
+    "eval-tinyfull-generate": Block(eval_tinyfull_generate),
     "pause-stats-tinyfull": Block(pause_stats_tinyfull),
     "measure-table": Block(measure_table, (re.compile(r"\| [\d,?]+ \| [^|]+ \|$", re.M),)),
     "serve-curl": Block(lambda ctx: serve_example(ctx)["curl"], SERVE_VOLATILE),

@@ -172,6 +172,54 @@ def test_eval_data_scores_every_token_of_every_document(tmp_path, method):
     assert not cut["data"]["complete"] and "--tokens 0 scores them all" in evaluate.__globals__["format_summary"](cut)
 
 
+@pytest.mark.parametrize("method,visibility", [("cyb", "private"), ("cyb", "shared"), ("tbys", "shared"),
+                                               ("baseline", "shared")])
+def test_eval_generate_on_a_text_run_counts_the_positions_of_its_continuations(tmp_path, method, visibility):
+    """--generate N on a text run: N held-out rows continued in fixed mode (M positions a token)
+    and, with dk, adaptively (1 to M), each continuation what generate() gives its prompt alone;
+    the summary says so; the perplexity is the one without --generate."""
+    from cyb.eval import load_model
+    from cyb.eval.text_generation import NEW_TOKENS, held_out_prompts
+    from cyb.generation import generate
+
+    kw = {"pause_visibility": visibility} if method == "cyb" else {}
+    run = _text_run(tmp_path, method, **({"num_steps": 1} if method == "baseline" else kw))
+    plain = evaluate(run, batch_size=3, progress=False, write=False)
+    metrics = evaluate(run, batch_size=3, progress=False, write=False, generate=5)
+    assert metrics["perplexity"] == plain["perplexity"] and "generation" not in plain
+    g = metrics["generation"]
+    m = 1 if method == "baseline" else M
+    assert g["prompts"] == 5 and g["new_tokens"] == NEW_TOKENS and g["prompt_tokens"] == 6  # half a row of 12
+    assert g["fixed"]["positions_per_token"] == m
+    if method == "cyb":
+        assert 1.0 <= g["adaptive"]["positions_per_token"] <= M and 0.0 <= g["adaptive"]["same_as_fixed"] <= 1.0
+    else:
+        assert "adaptive" not in g
+    target = resolve_target(run)
+    model = load_model(target, device="cpu")
+    spec = resolve_data(target.config)
+    prompts = held_out_prompts(spec.batches(model.tokenizer, 3), 5)
+    [first] = generate(model, [prompts[0]], mode="adaptive" if method == "cyb" else "fixed",
+                       max_new_tokens=NEW_TOKENS, eos_token_ids=())
+    assert len(first.token_ids) == NEW_TOKENS  # an end-of-sequence token does not stop it
+    lines = evaluate.__globals__["format_summary"](metrics)
+    assert f"generation: {NEW_TOKENS} tokens after the first 6 tokens (mean) of 5 held-out rows" in lines
+    assert f"fixed mode: {m:.2f} positions per token" in lines
+
+
+def test_held_out_prompts_take_at_most_half_a_row():
+    import torch
+
+    from cyb.eval.text_generation import held_out_prompts
+
+    rows = [{"ids": torch.arange(12).view(2, 6)},
+            {"ids": torch.arange(300).view(1, 300), "attention_mask": torch.ones(1, 300, dtype=torch.long)},
+            {"ids": torch.arange(8).view(1, 8), "attention_mask": torch.tensor([[1, 0, 0, 0, 0, 0, 0, 0]])}]
+    got = held_out_prompts(rows, 10)
+    assert got == [[0, 1, 2], [6, 7, 8], list(range(128))]  # a row of one real token gives none
+    assert held_out_prompts(rows, 1) == [[0, 1, 2]]
+
+
 def test_eval_of_held_out_blocks_too_long_for_the_data_names_block_len(tmp_path):
     from cyb.eval.data import EvalData
 

@@ -59,7 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generate", type=int, default=0, metavar="N",
                    help="a task run: also generate the answers to the first N held-out prompts, "
                         "free-running, in fixed and adaptive mode, and report their exact match "
-                        "and positions per token (default: 0, the teacher-forced readout only)")
+                        "and positions per token; text: continue the first 128 tokens (at most half) "
+                        "of the first N held-out rows by 64 tokens in both modes and report the "
+                        "positions per token (default: 0, the teacher-forced readout only)")
     p.add_argument("--answer-mode", default="adaptive", choices=("adaptive", "fixed"),
                    help="a reasoning-gym task run (data.task: reasoning-gym:NAME): generate the answers to "
                         "the held-out questions in this mode and score them with the task's own verifier "

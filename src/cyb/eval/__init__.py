@@ -5,6 +5,9 @@
   any text source).
 * :mod:`cyb.eval.collect`: running the model over those rows into per-token records, which the
   pure statistics of :mod:`cyb.analysis` turn into numbers.
+* :mod:`cyb.eval.task_scores`, :mod:`cyb.eval.reasoning_scores`, :mod:`cyb.eval.text_generation`:
+  what the model writes, free-running (a task's answers, a reasoning-gym task's verified answers,
+  continuations of held-out text and the positions they cost).
 """
 
 from .data import EvalData, resolve_data

@@ -353,6 +353,10 @@ def format_summary(metrics: dict) -> str:
         from .reasoning_scores import format_reasoning
 
         lines.append(format_reasoning(metrics["reasoning_gym"]))
+    if metrics.get("generation"):
+        from .text_generation import format_text_generation
+
+        lines.append(format_text_generation(metrics["generation"]))
     lat = metrics.get("latency")
     if lat:
         lines.append(f"latency: mean E[S] {lat['mean_steps']:.3f} steps ({lat['mean_pauses']:.3f} pauses); "
@@ -424,7 +428,9 @@ def evaluate(
         min_count, top_k, attribution: Table 2 settings (see :mod:`cyb.analysis.pause_stats`).
         command: the command line, stored in ``metrics.json``.
         generate: a task run: also generate the answers to the first ``generate`` held-out
-            prompts in fixed and adaptive mode (:func:`cyb.eval.task_scores.score_task`).
+            prompts in fixed and adaptive mode (:func:`cyb.eval.task_scores.score_task`); text:
+            continue the first ``generate`` held-out rows in both modes and count the positions
+            per token (:mod:`cyb.eval.text_generation`).
         answer_mode: a reasoning-gym task run: the mode its answers to every scored held-out
             question are generated in, ``adaptive`` or ``fixed``, before the task's verifier
             scores them (:func:`cyb.eval.reasoning_scores.score_reasoning`).
@@ -463,6 +469,11 @@ def evaluate(
     method = method_of(target, model)
     has_dk = model.settings.use_dk
     seed = target.config.train.seed if target.config is not None else 0
+    prompts = None
+    if spec.kind == "text" and generate > 0:  # (taken before the scoring pass: a pass of its own over the rows)
+        from .text_generation import held_out_prompts
+
+        prompts = held_out_prompts(spec.batches(model.tokenizer, batch_size, trained_on=model.trained_on), generate)
     with gates.foreign_attention(model.hf_model) as through:
         records = collect_records(model, method, spec.batches(model.tokenizer, batch_size, trained_on=model.trained_on), max_tokens=max_tokens,
                                   precision=precision, impl=impl, progress=progress, num_passages=num_passages,
@@ -489,6 +500,10 @@ def evaluate(
 
         metrics["task"] = score_task(model, spec.config, tokenizer, max_rows=spec.max_rows,
                                      generate=generate)
+    if prompts is not None:  # continuations of held-out rows: positions per token as the model writes
+        from .text_generation import score_text_generation
+
+        metrics["generation"] = score_text_generation(model, prompts)
     answer_rows = None
     if reasoning:  # the task's verifier
         from .reasoning_scores import score_reasoning
