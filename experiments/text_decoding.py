@@ -9,8 +9,8 @@ where the model has ``<don't know>`` (Recipe 2: a pause only after dk).  ``posit
 is that of the mode the model decodes in (adaptive with dk, else fixed: TBYS M, a baseline 1): the
 network positions a token costs at inference.  Beside it, ``teacher_forced_mean_steps``: the E[S]
 of the run's final held-out evaluation (the expected steps under the model's own stopping
-distribution, where the engine counts its decisions).  The perplexity pass runs on the same
-rows only.
+distribution, where the engine counts its decisions).  No perplexity pass: training's final
+evaluation scored these rows already.
 """
 
 from __future__ import annotations
@@ -23,16 +23,19 @@ from pathlib import Path
 
 def decode_cost(run: Path, prompts: int = 64) -> dict:
     """``decode.json``'s fields for ``run`` (see the module docstring)."""
-    from cyb.eval import evaluate
+    from cyb.eval import load_model, resolve_data, resolve_target
+    from cyb.eval.text_generation import held_out_prompts, score_text_generation
 
-    metrics = evaluate(run, generate=prompts, max_tokens=prompts * 256, progress=False, write=False)
-    g = metrics["generation"]
+    target = resolve_target(run)
+    model = load_model(target)
+    rows = resolve_data(target.config).batches(model.tokenizer, 8, trained_on=model.trained_on)
+    g = score_text_generation(model, held_out_prompts(rows, prompts))
     mode = "adaptive" if "adaptive" in g else "fixed"
     final = run / "final_metrics.json"
     forced = json.loads(final.read_text()).get("mean_steps") if final.is_file() else None
-    return {"mode": mode, "num_steps": metrics["target"]["num_steps"], "prompts": g["prompts"],
-            "new_tokens": g["new_tokens"], "positions_per_token": g[mode]["positions_per_token"],
-            "teacher_forced_mean_steps": forced, "generation": g, "device": metrics["device"]}
+    return {"mode": mode, "num_steps": model.num_steps, "prompts": g["prompts"], "new_tokens": g["new_tokens"],
+            "positions_per_token": g[mode]["positions_per_token"], "teacher_forced_mean_steps": forced,
+            "generation": g, "device": str(model.device)}
 
 
 def main(argv: list[str] | None = None) -> int:
